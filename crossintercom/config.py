@@ -1,0 +1,134 @@
+"""One frozen settings object built from defaults, ``config.json``, environment and options.
+
+Precedence, lowest first: built-in defaults, ``$CROSSINTERCOM_HOME/config.json``, environment
+variables, explicit keyword overrides (command-line options). Environment variables exist only
+for settings that are safe to inherit (DESIGN §7): never targets, reply ids or ``--fresh``.
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import os
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+from crossintercom.errors import ConfigError
+
+ENV_HOME = "CROSSINTERCOM_HOME"
+ENV_STORE = "CROSSINTERCOM_STORE"
+ENV_HOST_ID = "CROSSINTERCOM_HOST_ID"
+ENV_GROUP = "CROSSINTERCOM_GROUP"
+ENV_AS = "CROSSINTERCOM_AS"
+ENV_JSON = "CROSSINTERCOM_JSON"
+
+# AF_UNIX sun_path is 108 bytes on Linux including the terminating NUL.
+MAX_SOCKET_PATH = 107
+
+
+def default_host_id() -> str:
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = str(os.getuid())
+    return f"{user}@{socket.gethostname()}"
+
+
+def valid_host_id(host_id: str) -> bool:
+    return (
+        0 < len(host_id) <= 255
+        and host_id.isprintable()
+        and not any(c.isspace() for c in host_id)
+        and "/" not in host_id
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    home: Path
+    host_id: str
+    store_url: str | None = None
+    group: str | None = None
+    max_frame_bytes: int = 8 * 1024 * 1024
+    max_message_bytes: int = 1024 * 1024
+    idle_exit_s: float = 5.0
+    ack_timeout_s: float = 10.0
+    retention_s: float = 7 * 86400.0
+    dedup_max_records: int = 10_000
+    dedup_max_bytes: int = 64 * 1024 * 1024
+    dedup_ttl_s: float = 720.0
+    remote_ack_wait_s: float = 5.0
+    lease_s: float = 15.0
+    max_in_flight: int = 1000
+
+    @property
+    def socket_path(self) -> Path:
+        return self.home / "broker.sock"
+
+    @property
+    def inbox_dir(self) -> Path:
+        return self.home / "inbox"
+
+    def file(self, name: str) -> Path:
+        return self.home / name
+
+
+_TUNABLES = {
+    f.name: f.type
+    for f in fields(Settings)
+    if f.name not in {"home", "host_id", "store_url", "group"}
+}
+
+
+def load_settings(env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
+    """Build settings; raises ``ConfigError`` with a readable message on bad input."""
+    env = os.environ if env is None else env
+    home_raw = overrides.pop("home", None) or env.get(ENV_HOME) or "~/.crossintercom"
+    home = Path(os.path.expanduser(str(home_raw)))
+    if not home.is_absolute():
+        home = Path.cwd() / home
+    values: dict[str, Any] = {}
+    cfg_path = home / "config.json"
+    if cfg_path.exists():
+        values.update(_read_config(cfg_path))
+    for key, var in (("store_url", ENV_STORE), ("host_id", ENV_HOST_ID), ("group", ENV_GROUP)):
+        if env.get(var):
+            values[key] = env[var]
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    host_id = values.pop("host_id", None) or default_host_id()
+    if not valid_host_id(str(host_id)):
+        raise ConfigError(
+            f"invalid host id {host_id!r}: use 1-255 printable characters without spaces or '/'"
+        )
+    settings = Settings(home=home, host_id=str(host_id))
+    try:
+        return replace(settings, **values)
+    except TypeError as exc:
+        raise ConfigError(f"unknown setting: {exc}") from None
+
+
+def _read_config(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{path}: not readable JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: must hold a JSON object")
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        if key in {"store_url", "host_id", "group"}:
+            if value is not None and not isinstance(value, str):
+                raise ConfigError(f"{path}: {key!r} must be a string")
+            out[key] = value
+        elif key in _TUNABLES:
+            if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+                raise ConfigError(f"{path}: {key!r} must be a positive number")
+            out[key] = int(value) if _TUNABLES[key] in (int, "int") else float(value)
+        else:
+            raise ConfigError(
+                f"{path}: unknown setting {key!r}; known: {', '.join(sorted(_TUNABLES))}"
+            )
+    return out

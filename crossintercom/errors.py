@@ -1,0 +1,129 @@
+"""One base exception; every error carries a stable ``code``.
+
+A subclass's docstring is its default message, so raising ``StoreUnavailable()`` reads well
+without repeating text at every raise site.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+
+class CrossintercomError(Exception):
+    """crossintercom failed."""
+
+    code: ClassVar[str] = "error"
+    # CLI exit code when this error ends a command (DESIGN §8: 1 = operational error).
+    exit_code: ClassVar[int] = 1
+
+    def __init__(self, message: str | None = None, **details: Any) -> None:
+        self.message = message or (self.__doc__ or self.code).strip()
+        self.details = details
+        super().__init__(self.message)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"code": self.code, "message": self.message, **self.details}
+
+
+class UsageError(CrossintercomError):
+    """Invalid argument."""
+
+    code = "invalid_argument"
+    exit_code = 2
+
+
+class ConfigError(CrossintercomError):
+    """Invalid configuration."""
+
+    code = "invalid_config"
+
+
+class RuntimeDirError(CrossintercomError):
+    """The runtime directory cannot be used."""
+
+    code = "runtime_dir"
+
+
+class ProtocolError(CrossintercomError):
+    """Malformed frame."""
+
+    code = "bad_frame"
+
+    def __init__(self, message: str | None = None, *, code: str | None = None, **details: Any):
+        super().__init__(message, **details)
+        if code is not None:
+            self.code = code  # type: ignore[misc]
+
+
+class BrokerUnavailable(CrossintercomError):
+    """The local broker is not reachable."""
+
+    code = "broker_unavailable"
+
+
+class Disconnected(CrossintercomError):
+    """The connection to the broker was lost."""
+
+    code = "disconnected"
+
+
+class RemoteError(CrossintercomError):
+    """The broker answered with an error frame."""
+
+    def __init__(self, code: str, message: str, **details: Any) -> None:
+        super().__init__(message, **details)
+        self.code = code  # type: ignore[misc]
+
+
+class AuthorityError(CrossintercomError):
+    """The dedup authority files are unusable; run `crossintercom broker --reset-authority`."""
+
+    code = "authority_corrupt"
+
+
+class StoreError(CrossintercomError):
+    """The shared store failed."""
+
+    code = "store_error"
+
+
+class StoreUnavailable(StoreError):
+    """The shared store is not reachable."""
+
+    code = "store_unavailable"
+
+
+class StoreURLError(StoreError):
+    """Unsupported store URL; use postgresql://… or sqlite:///path."""
+
+    code = "bad_store_url"
+
+
+class SchemaMissing(StoreError):
+    """The store has no crossintercom schema; run `crossintercom db upgrade`."""
+
+    code = "schema_missing"
+
+
+class SchemaTooNew(StoreError):
+    """The store's schema is newer than this crossintercom; upgrade crossintercom."""
+
+    code = "schema_too_new"
+
+
+class SchemaOutdated(StoreError):
+    """The store's schema is older than this crossintercom; run `crossintercom db upgrade`."""
+
+    code = "schema_outdated"
+
+
+class PayloadConflict(StoreError):
+    """The same message id was already used with a different payload."""
+
+    code = "payload_conflict"
+
+
+class MessageTooLarge(StoreError):
+    """The message exceeds the store's size limit."""
+
+    code = "too_large"
