@@ -127,3 +127,18 @@ class MessageTooLarge(StoreError):
     """The message exceeds the store's size limit."""
 
     code = "too_large"
+
+
+class StoreInDoubt(StoreError):
+    """The connection to the store was lost during COMMIT; the write may or may not have landed.
+
+    Resolve it by reading the row by id (``MailboxStore.get_message``) after reconnecting.
+    """
+
+    code = "store_in_doubt"
+
+
+class StoreReadOnly(StoreError):
+    """The store cannot be written: check the file and directory permissions."""
+
+    code = "store_read_only"

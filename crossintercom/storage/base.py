@@ -1,0 +1,151 @@
+"""The one store interface the relay codes against, and the plain rows it returns."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Literal, Protocol, Self
+
+from crossintercom.models import SessionInfo
+
+DeliveryState = Literal["queued", "delivered", "refused", "expired"]
+AckOutcome = Literal["delivered", "refused"]
+
+
+@dataclass(frozen=True, slots=True)
+class HostRow:
+    host_id: str
+    generation: int
+    heartbeat: int
+
+
+@dataclass(frozen=True, slots=True)
+class OutboundItem:
+    """One (message, recipient) pair to enqueue; a group message is several items, one id."""
+
+    message_id: str
+    sender_host: str
+    recipient_host: str
+    recipient_session: str
+    digest: str
+    payload: dict[str, Any]
+    size: int
+
+
+@dataclass(frozen=True, slots=True)
+class EnqueueResult:
+    message_id: str
+    recipient_session: str
+    state: str
+    inserted: bool
+    code: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class MessageRow:
+    message_id: str
+    digest: str
+    states: dict[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class InboundRow:
+    seq: int
+    message_id: str
+    recipient_session: str
+    payload: dict[str, Any]
+    sender_host: str
+
+
+@dataclass(frozen=True, slots=True)
+class Ack:
+    message_id: str
+    recipient_session: str
+    outcome: AckOutcome
+    code: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ReceiptRow:
+    id: int
+    message_id: str
+    recipient_session: str
+    recipient_host: str
+    outcome: str
+    code: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class StoreSettings:
+    max_message_bytes: int = 1_048_576
+    retention_s: int = 7 * 86400
+
+
+class Waiter(Protocol):
+    """Blocks until a wake-up hint arrives for one host, or a timeout passes.
+
+    A hint never carries data: after ``wait`` returns, the caller queries the store. The first
+    ``wait`` after entering (and after every reconnect) returns True at once, so the caller
+    catches up on whatever arrived while nobody listened.
+    """
+
+    def __enter__(self) -> Self: ...
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None: ...
+
+    def wait(self, timeout: float) -> bool: ...
+
+    def notify_self(self) -> None: ...
+
+
+class MailboxStore(Protocol):
+    url_masked: str
+
+    def close(self) -> None: ...
+
+    def check_schema(self) -> None: ...
+
+    def claim_host(self, host_id: str) -> int: ...
+
+    def heartbeat(self, host_id: str, generation: int) -> bool: ...
+
+    def hosts(self) -> list[HostRow]: ...
+
+    def publish_sessions(
+        self, host_id: str, generation: int, sessions: Sequence[SessionInfo]
+    ) -> bool: ...
+
+    def roster(self) -> list[SessionInfo]: ...
+
+    def enqueue(self, items: Sequence[OutboundItem]) -> list[EnqueueResult]: ...
+
+    def get_message(self, message_id: str) -> MessageRow | None: ...
+
+    def claim_inbound(
+        self,
+        host_id: str,
+        generation: int,
+        *,
+        limit: int = 500,
+        session_ids: Collection[str] | None = None,
+    ) -> list[InboundRow]: ...
+
+    def ack(self, host_id: str, generation: int, acks: Sequence[Ack]) -> int: ...
+
+    def receipts(self, host_id: str, generation: int, *, limit: int = 500) -> list[ReceiptRow]: ...
+
+    def consume_receipts(self, host_id: str, generation: int, receipt_ids: Sequence[int]) -> None: ...
+
+    def expire(self) -> int: ...
+
+    def purge(self, *, batch: int = 1000) -> int: ...
+
+    def settings(self) -> StoreSettings: ...
+
+    def waiter(self, host_id: str) -> Waiter: ...

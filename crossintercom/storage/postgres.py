@@ -1,0 +1,66 @@
+"""PostgreSQL backend: psycopg 3 under SQLAlchemy Core, NOTIFY wake-ups."""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+import psycopg
+from sqlalchemy import Connection, create_engine
+from sqlalchemy.exc import DBAPIError
+
+from crossintercom.errors import StoreUnavailable
+from crossintercom.storage import queries as q
+from crossintercom.storage.sqlstore import SqlMailboxStore, one_line
+from crossintercom.storage.urls import StoreURL
+from crossintercom.storage.wakeup import KEEPALIVES, PostgresWaiter, channel_name
+
+# Two pooled connections plus the listener: at most three per store object.
+POOL_SIZE = 2
+CONNECT_TIMEOUT_S = 5
+
+
+def hint_for(message: str) -> str:
+    """What a person should check, from libpq's reason."""
+    lowered = message.lower()
+    if "password" in lowered or "authentication" in lowered or "role" in lowered:
+        return "check the user name and password in the store URL"
+    if "database" in lowered and "does not exist" in lowered:
+        return "create that database, or fix its name in the store URL"
+    return "check the host and port in the store URL and that PostgreSQL is running there"
+
+
+class PostgresStore(SqlMailboxStore):
+    dialect = "postgresql"
+    skip_locked = True
+
+    def __init__(self, parsed: StoreURL) -> None:
+        engine = create_engine(
+            parsed.url,
+            pool_size=POOL_SIZE,
+            max_overflow=0,
+            pool_pre_ping=True,
+            connect_args={"connect_timeout": CONNECT_TIMEOUT_S, **KEEPALIVES},
+        )
+        super().__init__(parsed, engine)
+
+    def _unavailable(self, exc: BaseException) -> StoreUnavailable:
+        reason = one_line(exc)
+        return StoreUnavailable(
+            f"cannot reach the store {self.url_masked}: {reason}; {hint_for(reason)}"
+        )
+
+    def _is_connection_error(self, exc: DBAPIError) -> bool:
+        return isinstance(exc.orig, psycopg.OperationalError | psycopg.InterfaceError)
+
+    def _notify_in_txn(self, conn: Connection, host_ids: Collection[str]) -> None:
+        # Delivered at commit, once per channel per transaction (Postgres folds duplicates).
+        for host_id in sorted(host_ids):
+            conn.execute(q.PG_NOTIFY, {"channel": channel_name(host_id)})
+
+    def notify_hosts(self, host_ids: Collection[str]) -> None:
+        self._run(lambda c: self._notify_in_txn(c, host_ids))
+
+    def waiter(self, host_id: str) -> PostgresWaiter:
+        return PostgresWaiter(
+            self.parsed.libpq_conninfo(), host_id, lambda: self.notify_hosts({host_id})
+        )

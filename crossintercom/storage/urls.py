@@ -1,0 +1,63 @@
+"""Store URLs: which backend a URL names, and how to show it without its password."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import ArgumentError
+
+from crossintercom.errors import StoreURLError
+
+POSTGRES_SCHEMES = ("postgresql", "postgresql+psycopg")
+SQLITE_SCHEMES = ("sqlite", "sqlite+pysqlite")
+
+_USERINFO_PASSWORD = re.compile(r"(://[^:/@]*:)[^@]*@")
+_QUERY_PASSWORD = re.compile(r"(password=)[^&\s]*", re.IGNORECASE)
+
+
+def mask_url(url: str) -> str:
+    """The URL with any password replaced by ``***``; safe to print or log."""
+    masked = _USERINFO_PASSWORD.sub(r"\1***@", url)
+    return _QUERY_PASSWORD.sub(r"\1***", masked)
+
+
+@dataclass(frozen=True, slots=True)
+class StoreURL:
+    kind: Literal["postgres", "sqlite"]
+    url: URL  # the SQLAlchemy URL, driver made explicit
+    masked: str
+    path: Path | None = None  # the database file, for SQLite
+
+    def libpq_conninfo(self) -> str:
+        """The URL as libpq reads it, for the dedicated listener connection."""
+        return self.url.set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+def parse_store_url(raw: str) -> StoreURL:
+    """Pick the backend from the URL scheme alone; anything else is refused up front."""
+    masked = mask_url(raw)
+    try:
+        url = make_url(raw)
+    except ArgumentError:
+        raise StoreURLError(
+            f"cannot parse store URL {masked}; use postgresql://USER@HOST/DB or sqlite:///PATH"
+        ) from None
+    if url.drivername in POSTGRES_SCHEMES:
+        if not url.database:
+            raise StoreURLError(f"store URL {masked} names no database; add /DBNAME")
+        return StoreURL("postgres", url.set(drivername="postgresql+psycopg"), masked)
+    if url.drivername in SQLITE_SCHEMES:
+        if not url.database or url.database == ":memory:":
+            raise StoreURLError(
+                f"store URL {masked} names no file; a shared store needs sqlite:///PATH"
+            )
+        path = Path(url.database).expanduser().absolute()
+        return StoreURL("sqlite", url.set(drivername="sqlite", database=str(path)), masked, path)
+    raise StoreURLError(
+        f"unsupported store URL scheme {url.drivername!r} in {masked}; "
+        "use postgresql://USER@HOST/DB or sqlite:///PATH"
+    )
