@@ -1,0 +1,567 @@
+"""Dedup authority (DESIGN §5): decisions, durability, TTL, bounds and refusal of bad files."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from crossintercom.errors import AuthorityError
+from crossintercom.local_broker.authority import Decision, DedupAuthority
+
+REPO = Path(__file__).resolve().parents[1]
+OUTCOME = {"id": "m1", "outcome": "delivered", "recipient": "s-1"}
+
+
+class FakeClock:
+    """A settable clock; used for both the monotonic and the wall clock."""
+
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def mono() -> FakeClock:
+    return FakeClock(1_000.0)
+
+
+@pytest.fixture
+def wall() -> FakeClock:
+    return FakeClock(1_700_000_000.0)
+
+
+@pytest.fixture
+def open_auth(
+    tmp_path: Path, mono: FakeClock, wall: FakeClock
+) -> Iterator[Callable[..., DedupAuthority]]:
+    opened: list[DedupAuthority] = []
+
+    def _open(**kw: Any) -> DedupAuthority:
+        kw.setdefault("clock", mono)
+        kw.setdefault("wall", wall)
+        auth = DedupAuthority(tmp_path, **kw)
+        opened.append(auth)
+        return auth
+
+    yield _open
+    for auth in opened:
+        auth.close()
+
+
+# -- decisions ---------------------------------------------------------------------------------
+
+
+def test_decisions(open_auth: Callable[..., DedupAuthority]) -> None:
+    auth = open_auth()
+    assert auth.reserve("m1", b"payload") == Decision("new")
+    assert auth.reserve("m1", b"payload") == Decision("uncertain")
+    assert auth.reserve("m1", b"payload", remote=True) == Decision("forward_again")
+    assert auth.reserve("m1", b"other") == Decision("conflict")
+    auth.accept("m1", OUTCOME)
+    assert auth.reserve("m1", b"payload") == Decision("retained", OUTCOME)
+    assert auth.reserve("m1", b"payload", remote=True) == Decision("retained", OUTCOME)
+    assert auth.reserve("m1", b"other").kind == "conflict"
+
+
+def test_files_created_private_and_hold_no_text(tmp_path: Path) -> None:
+    with DedupAuthority(tmp_path) as auth:
+        auth.reserve("m1", b"a very secret message text")
+        auth.accept("m1", OUTCOME)
+    key = tmp_path / DedupAuthority.KEY
+    assert key.stat().st_mode & 0o777 == 0o600
+    assert key.stat().st_size == 32
+    assert (tmp_path / DedupAuthority.FILE).stat().st_mode & 0o777 == 0o600
+    for path in tmp_path.iterdir():
+        assert b"secret message" not in path.read_bytes()
+
+
+def test_outcome_with_text_refused(open_auth: Callable[..., DedupAuthority]) -> None:
+    auth = open_auth()
+    auth.reserve("m1", b"p")
+    with pytest.raises(ValueError, match="text"):
+        auth.accept("m1", {"id": "m1", "receipts": [{"text": "hello"}]})
+    with pytest.raises(KeyError):
+        auth.accept("nope", OUTCOME)
+    assert auth.reserve("m1", b"p").kind == "uncertain"
+
+
+def test_accept_survives_restart(open_auth: Callable[..., DedupAuthority]) -> None:
+    auth = open_auth()
+    auth.reserve("m1", b"p")
+    auth.reserve("m2", b"q")
+    auth.accept("m1", OUTCOME)
+    auth.close()
+    auth = open_auth()
+    assert auth.reserve("m1", b"p") == Decision("retained", OUTCOME)
+    assert auth.reserve("m2", b"q").kind == "uncertain"
+    assert auth.reserve("m2", b"x").kind == "conflict"
+    assert auth.stats()[0] == 2
+
+
+def test_second_open_refused_while_in_use(open_auth: Callable[..., DedupAuthority]) -> None:
+    open_auth()
+    with pytest.raises(AuthorityError, match="in use"):
+        open_auth()
+
+
+_CHILD = """
+import sys
+from pathlib import Path
+from crossintercom.local_broker.authority import DedupAuthority
+auth = DedupAuthority(Path(sys.argv[1]))
+assert auth.reserve("reserved-only", b"p").kind == "new"
+assert auth.reserve("accepted", b"q").kind == "new"
+auth.accept("accepted", {"id": "accepted", "outcome": "queued"})
+print("ready", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_records_survive_sigkill(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    with subprocess.Popen(
+        [sys.executable, "-c", _CHILD, str(tmp_path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env=env,
+        text=True,
+    ) as child:
+        assert child.stdout is not None
+        assert child.stdout.readline().strip() == "ready"
+        os.kill(child.pid, signal.SIGKILL)
+        assert child.wait(timeout=30) == -signal.SIGKILL
+    with DedupAuthority(tmp_path) as auth:
+        assert auth.reserve("reserved-only", b"p").kind == "uncertain"
+        assert auth.reserve("reserved-only", b"p", remote=True).kind == "forward_again"
+        assert auth.reserve("accepted", b"q") == Decision(
+            "retained", {"id": "accepted", "outcome": "queued"}
+        )
+
+
+def test_release_and_abandon(open_auth: Callable[..., DedupAuthority]) -> None:
+    auth = open_auth()
+    auth.reserve("m1", b"p")
+    auth.accept("m1", OUTCOME)
+    with pytest.raises(ValueError, match="accepted"):
+        auth.abandon("m1")
+    auth.release("m1")
+    auth.release("m1")  # a repeated confirmation is harmless
+    assert auth.stats() == (0, 0)
+    assert auth.reserve("m1", b"p").kind == "new"
+    auth.abandon("m1")
+    assert auth.reserve("m1", b"other").kind == "new"
+    auth.abandon("never-seen")
+    for i in range(5):
+        auth.reserve(f"b{i}", b"p")
+    auth.accept_many([(f"b{i}", {"id": f"b{i}"}) for i in range(3)])
+    auth.release_many([f"b{i}" for i in range(5)] + ["unknown", "b0"])
+    assert auth.stats() == (1, auth.stats()[1])  # only m1 left
+    auth.close()
+    auth = open_auth()
+    assert auth.reserve("b0", b"p").kind == "new"
+    assert auth.reserve("m1", b"p").kind == "conflict"  # m1 was re-reserved with b"other"
+
+
+# -- time --------------------------------------------------------------------------------------
+
+
+def test_ttl_expiry(open_auth: Callable[..., DedupAuthority], mono: FakeClock) -> None:
+    auth = open_auth(ttl_s=720.0)
+    auth.reserve("m1", b"p")
+    mono.now += 100
+    auth.reserve("m2", b"p")
+    auth.accept("m2", OUTCOME)
+    mono.now += 619.9
+    assert auth.sweep() == 0
+    assert auth.reserve("m1", b"p").kind == "uncertain"
+    mono.now += 0.1
+    assert auth.reserve("m1", b"other").kind == "new"  # m1 expired, so the id is free again
+    assert auth.reserve("m2", b"p").kind == "retained"
+    mono.now += 100
+    assert auth.sweep() == 1
+    assert auth.stats()[0] == 1
+
+
+def test_wall_jump_in_process_ignored(
+    open_auth: Callable[..., DedupAuthority], mono: FakeClock, wall: FakeClock
+) -> None:
+    auth = open_auth()
+    auth.reserve("m1", b"p")
+    wall.now += 86_400
+    mono.now += 1
+    assert auth.sweep() == 0
+    assert auth.reserve("m1", b"p").kind == "uncertain"
+    wall.now -= 2 * 86_400
+    mono.now += 718
+    assert auth.reserve("m1", b"p").kind == "uncertain"
+    mono.now += 1
+    assert auth.sweep() == 1
+
+
+def test_wall_jump_backwards_across_restart(
+    open_auth: Callable[..., DedupAuthority], mono: FakeClock, wall: FakeClock
+) -> None:
+    auth = open_auth()
+    auth.reserve("m1", b"p")
+    auth.close()
+    wall.now -= 3_600  # the record now looks like it has 4,320 s left
+    mono.now += 5
+    auth = open_auth()
+    mono.now += 719
+    assert auth.reserve("m1", b"p").kind == "uncertain"
+    mono.now += 1
+    assert auth.sweep() == 1
+
+    # The clamp is persisted: a later restart cannot add another ttl_s.
+    auth.reserve("m2", b"p")
+    auth.close()
+    wall.now -= 3_600
+    auth = open_auth()
+    auth.close()
+    wall.now += 600
+    mono.now += 600
+    auth = open_auth()
+    mono.now += 119
+    assert auth.reserve("m2", b"p").kind == "uncertain"
+    mono.now += 1
+    assert auth.sweep() == 1
+
+
+def test_wall_jump_forwards_across_restart_expires_early(
+    open_auth: Callable[..., DedupAuthority], wall: FakeClock
+) -> None:
+    auth = open_auth()
+    auth.reserve("m1", b"p")
+    auth.reserve("m2", b"p")
+    auth.accept("m2", OUTCOME)
+    auth.close()
+    wall.now += 3_600
+    auth = open_auth()
+    assert auth.stats() == (0, 0)
+    assert auth.reserve("m1", b"p").kind == "new"
+
+
+# -- bounds ------------------------------------------------------------------------------------
+
+
+def test_record_bound_refuses_new_keeps_old(
+    open_auth: Callable[..., DedupAuthority], mono: FakeClock
+) -> None:
+    auth = open_auth(max_records=3)
+    for i in range(3):
+        assert auth.reserve(f"m{i}", b"p").kind == "new"
+    auth.accept("m0", OUTCOME)
+    assert auth.reserve("m3", b"p").kind == "over_capacity"
+    assert auth.reserve("m0", b"p").kind == "retained"
+    assert auth.reserve("m1", b"p").kind == "uncertain"
+    assert auth.reserve("m2", b"x").kind == "conflict"
+    auth.release("m1")
+    assert auth.reserve("m3", b"p").kind == "new"
+    assert auth.reserve("m4", b"p").kind == "over_capacity"
+    mono.now += 720  # everything expires; reserve sweeps before refusing
+    assert auth.reserve("m4", b"p").kind == "new"
+    assert auth.stats()[0] == 1
+
+
+def test_byte_bound(open_auth: Callable[..., DedupAuthority], mono: FakeClock) -> None:
+    auth = open_auth(max_bytes=400)
+    assert auth.reserve("m1", b"p").kind == "new"
+    per_reservation = auth.stats()[1]
+    assert per_reservation >= 64 + 64
+    auth.accept("m1", {"id": "m1", "receipts": ["r" * 200]})
+    assert auth.stats()[1] > per_reservation + 200
+    assert auth.reserve("m2", b"p").kind == "over_capacity"
+    assert auth.reserve("m1", b"p").kind == "retained"
+    mono.now += 720
+    assert auth.sweep() == 1
+    assert auth.stats() == (0, 0)
+    assert auth.reserve("m2", b"p").kind == "new"
+
+
+def test_sustained_traffic_never_hits_bound(tmp_path: Path) -> None:
+    with DedupAuthority(tmp_path, max_records=10_000) as auth:
+        for i in range(20_000):
+            op_id = f"op-{i}"
+            assert auth.reserve(op_id, op_id.encode()).kind == "new"
+            auth.accept(op_id, {"id": op_id, "outcome": "delivered"})
+            auth.release(op_id)
+        assert auth.stats() == (0, 0)
+
+
+# -- bad files ---------------------------------------------------------------------------------
+
+
+def _make_authority(directory: Path) -> None:
+    with DedupAuthority(directory) as auth:
+        for i in range(50):
+            auth.reserve(f"m{i}", f"payload {i}".encode())
+            auth.accept(f"m{i}", {"id": f"m{i}", "outcome": "delivered"})
+
+
+def _raw_sql(directory: Path, sql: str, params: tuple[Any, ...] = ()) -> None:
+    with contextlib.closing(sqlite3.connect(directory / DedupAuthority.FILE)) as conn:
+        conn.execute(sql, params)
+        conn.commit()
+
+
+def _only_key(d: Path) -> None:
+    (d / DedupAuthority.FILE).unlink()
+
+
+def _only_db(d: Path) -> None:
+    (d / DedupAuthority.KEY).unlink()
+
+
+def _short_key(d: Path) -> None:
+    key = d / DedupAuthority.KEY
+    key.write_bytes(key.read_bytes()[:31])
+
+
+def _long_key(d: Path) -> None:
+    key = d / DedupAuthority.KEY
+    key.write_bytes(key.read_bytes() + b"x")
+
+
+def _loose_key(d: Path) -> None:
+    (d / DedupAuthority.KEY).chmod(0o644)
+
+
+def _key_is_symlink(d: Path) -> None:
+    key = d / DedupAuthority.KEY
+    real = d / "elsewhere.key"
+    key.rename(real)
+    key.symlink_to(real)
+
+
+def _other_key(d: Path) -> None:
+    (d / DedupAuthority.KEY).write_bytes(os.urandom(32))
+
+
+def _garbage_db(d: Path) -> None:
+    (d / DedupAuthority.FILE).write_bytes(os.urandom(8192))
+
+
+def _truncated_db(d: Path) -> None:
+    db = d / DedupAuthority.FILE
+    os.truncate(db, db.stat().st_size // 2)
+
+
+def _truncated_header(d: Path) -> None:
+    os.truncate(d / DedupAuthority.FILE, 50)
+
+
+def _empty_db(d: Path) -> None:
+    os.truncate(d / DedupAuthority.FILE, 0)
+
+
+def _foreign_db(d: Path) -> None:
+    db = d / DedupAuthority.FILE
+    db.unlink()
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        conn.execute("CREATE TABLE notes (x TEXT)")
+        conn.commit()
+
+
+def _extra_table(d: Path) -> None:
+    _raw_sql(d, "CREATE TABLE extra (x TEXT)")
+
+
+def _bad_hmac(d: Path) -> None:
+    _raw_sql(d, "INSERT INTO ops VALUES ('bad', 'abc123', 'reserved', NULL, 1e12)")
+
+
+def _unknown_state(d: Path) -> None:
+    _raw_sql(d, "UPDATE ops SET state = 'delivered' WHERE op_id = 'm3'")
+
+
+def _outcome_not_json(d: Path) -> None:
+    _raw_sql(d, "UPDATE ops SET outcome = '{not json' WHERE op_id = 'm4'")
+
+
+def _outcome_not_object(d: Path) -> None:
+    _raw_sql(d, "UPDATE ops SET outcome = '[1, 2]' WHERE op_id = 'm4'")
+
+
+def _reservation_with_outcome(d: Path) -> None:
+    _raw_sql(d, "UPDATE ops SET state = 'reserved' WHERE op_id = 'm5'")
+
+
+def _bad_expiry(d: Path) -> None:
+    _raw_sql(d, "UPDATE ops SET expires_wall = 'soon' WHERE op_id = 'm6'")
+
+
+def _newer_schema(d: Path) -> None:
+    _raw_sql(d, "PRAGMA user_version = 2")
+
+
+CORRUPTIONS = [
+    _only_key,
+    _only_db,
+    _short_key,
+    _long_key,
+    _loose_key,
+    _key_is_symlink,
+    _other_key,
+    _garbage_db,
+    _truncated_db,
+    _truncated_header,
+    _empty_db,
+    _foreign_db,
+    _extra_table,
+    _bad_hmac,
+    _unknown_state,
+    _outcome_not_json,
+    _outcome_not_object,
+    _reservation_with_outcome,
+    _bad_expiry,
+    _newer_schema,
+]
+
+
+@pytest.mark.parametrize("corrupt", CORRUPTIONS, ids=lambda f: f.__name__.lstrip("_"))
+def test_bad_files_refused_then_reset(tmp_path: Path, corrupt: Callable[[Path], None]) -> None:
+    _make_authority(tmp_path)
+    corrupt(tmp_path)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    with pytest.raises(AuthorityError) as info:
+        DedupAuthority(tmp_path)
+    assert info.value.code == "authority_corrupt"
+    message = str(info.value)
+    assert "crossintercom broker --reset-authority" in message
+    assert "delivered-messages." in message
+    # Refusing must not repair, replace or remove anything.
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+    moved = DedupAuthority.reset(tmp_path)
+    assert moved
+    assert all(".bad-" in p.name and os.path.lexists(p) for p in moved)
+    with DedupAuthority(tmp_path) as auth:
+        assert auth.reserve("m1", b"payload 1").kind == "new"
+
+
+def test_reset_keeps_the_moved_copy_readable(tmp_path: Path) -> None:
+    _make_authority(tmp_path)
+    first = DedupAuthority.reset(tmp_path)
+    assert {p.name.split(".bad-")[0] for p in first} == {DedupAuthority.FILE, DedupAuthority.KEY}
+    assert not (tmp_path / DedupAuthority.FILE).exists()
+    assert DedupAuthority.reset(tmp_path) == []
+    _make_authority(tmp_path)
+    second = DedupAuthority.reset(tmp_path)  # same second: names must not collide
+    assert not set(first) & set(second)
+    bad_db = next(p for p in first if p.name.startswith(DedupAuthority.FILE))
+    with contextlib.closing(sqlite3.connect(bad_db)) as conn:
+        assert conn.execute("SELECT count(*) FROM ops").fetchone() == (50,)
+
+
+def test_stray_wal_without_database_refused(tmp_path: Path) -> None:
+    (tmp_path / (DedupAuthority.FILE + "-wal")).write_bytes(b"x")
+    with pytest.raises(AuthorityError, match="reset-authority"):
+        DedupAuthority(tmp_path)
+
+
+def test_loose_database_mode_tightened(tmp_path: Path) -> None:
+    _make_authority(tmp_path)
+    db = tmp_path / DedupAuthority.FILE
+    db.chmod(0o644)
+    with DedupAuthority(tmp_path):
+        assert db.stat().st_mode & 0o777 == 0o600
+
+
+def test_group_mode(tmp_path: Path) -> None:
+    with DedupAuthority(tmp_path, file_mode=0o660):
+        pass
+    assert (tmp_path / DedupAuthority.KEY).stat().st_mode & 0o777 == 0o660
+    with pytest.raises(AuthorityError, match="looser"):
+        DedupAuthority(tmp_path)
+    with DedupAuthority(tmp_path, file_mode=0o660):
+        pass
+
+
+# -- model-based property ----------------------------------------------------------------------
+
+_IDS = st.sampled_from(["a", "b", "c", "d", "e"])
+_PAYLOADS = st.sampled_from([b"p", b"q"])
+_STEPS = st.one_of(
+    st.tuples(st.just("reserve"), _IDS, _PAYLOADS, st.booleans()),
+    st.tuples(st.just("accept"), _IDS, st.integers(0, 3)),
+    st.tuples(st.just("release"), _IDS),
+    st.tuples(st.just("abandon"), _IDS),
+    st.tuples(
+        st.just("reopen"),
+    ),
+)
+_MAX = 3
+
+
+def _model_reserve(
+    model: dict[str, tuple[bytes, dict[str, Any] | None]], op_id: str, payload: bytes, remote: bool
+) -> Decision:
+    if op_id not in model:
+        if len(model) >= _MAX:
+            return Decision("over_capacity")
+        model[op_id] = (payload, None)
+        return Decision("new")
+    stored, outcome = model[op_id]
+    if stored != payload:
+        return Decision("conflict")
+    if outcome is not None:
+        return Decision("retained", outcome)
+    return Decision("forward_again" if remote else "uncertain")
+
+
+@settings(
+    max_examples=100,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+@given(steps=st.lists(_STEPS, max_size=40))
+def test_matches_dict_model(steps: list[tuple[Any, ...]]) -> None:
+    model: dict[str, tuple[bytes, dict[str, Any] | None]] = {}
+    clock = FakeClock(0.0)  # frozen: nothing expires, only the operations matter
+    with tempfile.TemporaryDirectory() as tmp:
+        directory = Path(tmp)
+        auth = DedupAuthority(directory, max_records=_MAX, clock=clock, wall=clock)
+        try:
+            for step in steps:
+                match step:
+                    case ("reserve", op_id, payload, remote):
+                        expected = _model_reserve(model, op_id, payload, remote)
+                        assert auth.reserve(op_id, payload, remote=remote) == expected
+                    case ("accept", op_id, n):
+                        outcome = {"id": op_id, "n": n}
+                        if op_id in model:
+                            auth.accept(op_id, outcome)
+                            model[op_id] = (model[op_id][0], outcome)
+                        else:
+                            with pytest.raises(KeyError):
+                                auth.accept(op_id, outcome)
+                    case ("release", op_id):
+                        auth.release(op_id)
+                        model.pop(op_id, None)
+                    case ("abandon", op_id):
+                        if op_id in model and model[op_id][1] is not None:
+                            with pytest.raises(ValueError):
+                                auth.abandon(op_id)
+                        else:
+                            auth.abandon(op_id)
+                            model.pop(op_id, None)
+                    case ("reopen",):
+                        auth.close()
+                        auth = DedupAuthority(directory, max_records=_MAX, clock=clock, wall=clock)
+                assert auth.stats()[0] == len(model)
+        finally:
+            auth.close()
