@@ -187,8 +187,8 @@ ClientFrame = (
 )
 
 CLIENT_TYPES: Final = frozenset(
-    t.__struct_config__.tag  # type: ignore[attr-defined]
-    for t in ClientFrame.__args__  # type: ignore[attr-defined]
+    t.__struct_config__.tag
+    for t in ClientFrame.__args__
 )
 # Frames a connection may send before it registers: queries that need no identity (DESIGN §3)
 # and the acknowledgements that never act on anyone's behalf.
@@ -245,7 +245,9 @@ def decode_any(data: bytes) -> Any:
         raise ProtocolError(f"broker sent invalid JSON: {exc}", code="bad_json") from None
 
 
-def error_frame(code: str, message: str, request_id: int | None = None, **extra: Any) -> dict[str, Any]:
+def error_frame(
+    code: str, message: str, request_id: int | None = None, **extra: Any
+) -> dict[str, Any]:
     frame: dict[str, Any] = {"type": "error", "code": code, "message": message}
     if request_id is not None:
         frame["request_id"] = request_id
@@ -259,7 +261,9 @@ class FrameTooLarge(ProtocolError):
     code = "frame_too_large"
 
 
-async def read_frame(reader: asyncio.StreamReader, max_frame: int = DEFAULT_MAX_FRAME) -> bytes | None:
+async def read_frame(
+    reader: asyncio.StreamReader, max_frame: int = DEFAULT_MAX_FRAME
+) -> bytes | None:
     """Read one frame body; ``None`` at a clean end of stream.
 
     Raises ``FrameTooLarge`` before reading an oversize body (the stream is then unusable and

@@ -1,0 +1,151 @@
+"""Auto-spawn of the broker by the first client that needs it.
+
+``broker.spawn.lock`` holds "pid timestamp" of the spawning client so that two clients starting
+at once give one broker; a lock left by a dead process (or older than a minute) is recovered.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from crossintercom.config import ENV_GROUP, ENV_HOME, ENV_HOST_ID, Settings
+from crossintercom.errors import BrokerUnavailable
+from crossintercom.runtime import ensure_runtime_dir, modes
+
+_STALE_LOCK_S = 60.0
+
+
+def can_connect(path: Path) -> bool:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.settimeout(1.0)
+        s.connect(str(path))
+    except OSError:
+        return False
+    finally:
+        s.close()
+    return True
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie (where nothing reaps orphans) is not a live broker
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rpartition(")")[2].split()[:1] != ["Z"]
+
+
+def _try_lock(path: Path, file_mode: int) -> bool:
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, file_mode)
+    except FileExistsError:
+        return False
+    with os.fdopen(fd, "w") as f:
+        f.write(f"{os.getpid()} {time.time():.3f}\n")
+    return True
+
+
+def _lock_is_stale(path: Path) -> bool:
+    try:
+        pid_s, ts_s = path.read_text().split()
+        pid, ts = int(pid_s), float(ts_s)
+    except FileNotFoundError:
+        return False
+    except (OSError, ValueError):
+        return True  # unreadable or half-written by a process that died mid-write
+    return not _pid_alive(pid) or time.time() - ts > _STALE_LOCK_S
+
+
+def ensure_broker(settings: Settings, timeout: float = 15.0) -> None:
+    """Return once a broker answers on the socket, spawning one if needed."""
+    sock = settings.socket_path
+    if can_connect(sock):
+        return
+    ensure_runtime_dir(settings)
+    lock = settings.file("broker.spawn.lock")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if _try_lock(lock, modes(settings)[1]):
+            try:
+                if not can_connect(sock):
+                    _spawn_and_wait(settings, deadline)
+                return
+            finally:
+                with contextlib.suppress(FileNotFoundError):
+                    lock.unlink()
+        if _lock_is_stale(lock):
+            with contextlib.suppress(FileNotFoundError):
+                lock.unlink()
+            continue
+        if can_connect(sock):
+            return
+        time.sleep(0.05)
+    raise BrokerUnavailable(f"timed out waiting for the broker at {sock}")
+
+
+def _spawn_and_wait(settings: Settings, deadline: float) -> None:
+    log_path = settings.file("broker.log")
+    env = dict(os.environ)
+    env[ENV_HOME] = str(settings.home)
+    env[ENV_HOST_ID] = settings.host_id
+    if settings.group:
+        env[ENV_GROUP] = settings.group
+    # The log is truncated at each spawn; the broker keeps it under its cap afterwards.
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, modes(settings)[1])
+    try:
+        # A short-lived launcher starts the broker in its own session and exits, so the broker
+        # is never this client's child (no zombie, no Popen left running in the client).
+        out = subprocess.run(
+            [sys.executable, "-c", _LAUNCHER, sys.executable, "-m", "crossintercom.local_broker"],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=fd,
+            env=env,
+            check=False,
+            text=True,
+            timeout=max(1.0, deadline - time.monotonic()),
+        )
+    finally:
+        os.close(fd)
+    try:
+        pid = int(out.stdout.strip())
+    except ValueError:
+        raise BrokerUnavailable(f"could not start the broker: {_tail(log_path)}") from None
+    while time.monotonic() < deadline:
+        if can_connect(settings.socket_path):
+            return
+        if not _pid_alive(pid):
+            if can_connect(settings.socket_path):
+                return  # another broker won the race for the pid lock
+            raise BrokerUnavailable(f"the broker exited at start: {_tail(log_path)}")
+        time.sleep(0.02)
+    raise BrokerUnavailable(f"the broker did not come up in time: {_tail(log_path)}")
+
+
+_LAUNCHER = (
+    "import subprocess, sys\n"
+    "p = subprocess.Popen(sys.argv[1:], stdin=subprocess.DEVNULL, stdout=2, stderr=2,"
+    " start_new_session=True)\n"
+    "print(p.pid)\n"
+)
+
+
+def _tail(path: Path) -> str:
+    try:
+        text = path.read_text(errors="replace").strip().splitlines()
+    except OSError as exc:
+        return os.strerror(exc.errno or errno.EIO)
+    return text[-1] if text else "(broker.log is empty)"

@@ -1,0 +1,225 @@
+"""The broker's durable state: known sessions, the offline queue and pending-reply entries.
+
+A private SQLite file (``broker.sqlite``) in the runtime dir, never on a shared filesystem. WAL
+with ``synchronous=NORMAL``: a committed row survives a crash of the broker process, which is
+the failure model the delivery contract is written for; no fsync per message.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS known_sessions (
+    id TEXT PRIMARY KEY,
+    name TEXT,
+    groups TEXT NOT NULL,
+    updated REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS queue (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    recipient TEXT NOT NULL,
+    kind TEXT NOT NULL,             -- 'message' or 'receipt'
+    item_id TEXT NOT NULL,
+    body TEXT NOT NULL,
+    enqueued REAL NOT NULL,
+    expires REAL NOT NULL,
+    UNIQUE (recipient, kind, item_id)
+);
+CREATE INDEX IF NOT EXISTS queue_by_recipient ON queue (recipient, seq);
+CREATE INDEX IF NOT EXISTS queue_by_expiry ON queue (expires);
+CREATE TABLE IF NOT EXISTS pending_replies (
+    ask_id TEXT NOT NULL,
+    replier TEXT NOT NULL,
+    asker_id TEXT NOT NULL,
+    asker_host TEXT NOT NULL,
+    body TEXT NOT NULL,
+    created REAL NOT NULL,
+    state TEXT NOT NULL,            -- 'open' or 'replied'
+    PRIMARY KEY (ask_id, replier)
+);
+CREATE INDEX IF NOT EXISTS pending_open ON pending_replies (replier, state, created);
+CREATE TABLE IF NOT EXISTS asks_sent (
+    ask_id TEXT PRIMARY KEY,
+    asker_id TEXT NOT NULL,
+    created REAL NOT NULL
+);
+"""
+
+# Replied entries and sent asks are kept this long, so a second reply is told `already_replied`
+# and a late reply still finds its asker.
+_REPLY_MEMORY_S = 14 * 86400.0
+
+
+@dataclass(frozen=True, slots=True)
+class QueuedItem:
+    seq: int
+    recipient: str
+    kind: str
+    item_id: str
+    body: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class PendingEntry:
+    ask_id: str
+    replier: str
+    asker_id: str
+    asker_host: str
+    body: dict[str, Any]
+    state: str
+
+
+class BrokerState:
+    FILE = "broker.sqlite"
+
+    def __init__(self, home: Path, file_mode: int = 0o600) -> None:
+        path = home / self.FILE
+        fresh = not path.exists()
+        self._db = sqlite3.connect(path, isolation_level=None, timeout=30.0)
+        if fresh:
+            path.chmod(file_mode)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.executescript(_SCHEMA)
+
+    def close(self) -> None:
+        self._db.close()
+
+    # --- known durable sessions --------------------------------------------------------------
+
+    def remember_session(self, session_id: str, name: str | None, groups: list[str]) -> None:
+        self._db.execute(
+            "INSERT INTO known_sessions (id, name, groups, updated) VALUES (?, ?, ?, ?) "
+            "ON CONFLICT (id) DO UPDATE SET name = excluded.name, groups = excluded.groups, "
+            "updated = excluded.updated",
+            (session_id, name, json.dumps(groups), time.time()),
+        )
+
+    def known_sessions(self) -> dict[str, tuple[str | None, list[str]]]:
+        rows = self._db.execute("SELECT id, name, groups FROM known_sessions").fetchall()
+        return {r[0]: (r[1], json.loads(r[2])) for r in rows}
+
+    # --- offline queue -------------------------------------------------------------------------
+
+    def enqueue(
+        self, recipient: str, kind: str, item_id: str, body: dict[str, Any], retention_s: float
+    ) -> None:
+        now = time.time()
+        self._db.execute(
+            "INSERT OR IGNORE INTO queue (recipient, kind, item_id, body, enqueued, expires) "
+            "VALUES (?, ?, ?, ?, ?, ?)",
+            (recipient, kind, item_id, json.dumps(body), now, now + retention_s),
+        )
+
+    def backlog(self, recipient: str) -> list[QueuedItem]:
+        rows = self._db.execute(
+            "SELECT seq, recipient, kind, item_id, body FROM queue WHERE recipient = ? "
+            "ORDER BY seq",
+            (recipient,),
+        ).fetchall()
+        return [QueuedItem(r[0], r[1], r[2], r[3], json.loads(r[4])) for r in rows]
+
+    def dequeue(self, seq: int) -> None:
+        self._db.execute("DELETE FROM queue WHERE seq = ?", (seq,))
+
+    def queue_size(self) -> int:
+        return int(self._db.execute("SELECT count(*) FROM queue").fetchone()[0])
+
+    def take_expired(self, now: float | None = None) -> list[QueuedItem]:
+        """Remove and return queued items past their retention."""
+        now = time.time() if now is None else now
+        with self._db:
+            self._db.execute("BEGIN IMMEDIATE")
+            rows = self._db.execute(
+                "SELECT seq, recipient, kind, item_id, body FROM queue WHERE expires <= ?",
+                (now,),
+            ).fetchall()
+            self._db.execute("DELETE FROM queue WHERE expires <= ?", (now,))
+        return [QueuedItem(r[0], r[1], r[2], r[3], json.loads(r[4])) for r in rows]
+
+    # --- reply authorisation -------------------------------------------------------------------
+
+    def add_pending(
+        self, ask_id: str, replier: str, asker_id: str, asker_host: str, body: dict[str, Any]
+    ) -> None:
+        self._db.execute(
+            "INSERT OR IGNORE INTO pending_replies "
+            "(ask_id, replier, asker_id, asker_host, body, created, state) "
+            "VALUES (?, ?, ?, ?, ?, ?, 'open')",
+            (ask_id, replier, asker_id, asker_host, json.dumps(body), time.time()),
+        )
+
+    def drop_pending(self, ask_id: str, replier: str) -> None:
+        self._db.execute(
+            "DELETE FROM pending_replies WHERE ask_id = ? AND replier = ? AND state = 'open'",
+            (ask_id, replier),
+        )
+
+    def open_pending(self, replier: str) -> list[PendingEntry]:
+        rows = self._db.execute(
+            "SELECT ask_id, replier, asker_id, asker_host, body, state FROM pending_replies "
+            "WHERE replier = ? AND state = 'open' ORDER BY created, rowid",
+            (replier,),
+        ).fetchall()
+        return [PendingEntry(r[0], r[1], r[2], r[3], json.loads(r[4]), r[5]) for r in rows]
+
+    def consume_pending(
+        self, replier: str, reply_to: str | None
+    ) -> tuple[str, PendingEntry | None]:
+        """Take the entry a reply answers: ('ok', entry), ('none', None) or ('already', entry)."""
+        with self._db:
+            self._db.execute("BEGIN IMMEDIATE")
+            if reply_to is None:
+                row = self._db.execute(
+                    "SELECT ask_id, replier, asker_id, asker_host, body, state "
+                    "FROM pending_replies WHERE replier = ? AND state = 'open' "
+                    "ORDER BY created, rowid LIMIT 1",
+                    (replier,),
+                ).fetchone()
+            else:
+                row = self._db.execute(
+                    "SELECT ask_id, replier, asker_id, asker_host, body, state "
+                    "FROM pending_replies WHERE replier = ? AND ask_id = ?",
+                    (replier, reply_to),
+                ).fetchone()
+            if row is None:
+                return "none", None
+            entry = PendingEntry(row[0], row[1], row[2], row[3], json.loads(row[4]), row[5])
+            if entry.state != "open":
+                return "already", entry
+            self._db.execute(
+                "UPDATE pending_replies SET state = 'replied' WHERE ask_id = ? AND replier = ?",
+                (entry.ask_id, replier),
+            )
+        return "ok", entry
+
+    def reopen_pending(self, ask_id: str, replier: str) -> None:
+        self._db.execute(
+            "UPDATE pending_replies SET state = 'open' WHERE ask_id = ? AND replier = ?",
+            (ask_id, replier),
+        )
+
+    def record_ask(self, ask_id: str, asker_id: str) -> None:
+        self._db.execute(
+            "INSERT OR IGNORE INTO asks_sent (ask_id, asker_id, created) VALUES (?, ?, ?)",
+            (ask_id, asker_id, time.time()),
+        )
+
+    def ask_owner(self, ask_id: str) -> str | None:
+        row = self._db.execute(
+            "SELECT asker_id FROM asks_sent WHERE ask_id = ?", (ask_id,)
+        ).fetchone()
+        return None if row is None else str(row[0])
+
+    def forget_old(self, now: float | None = None) -> None:
+        cutoff = (time.time() if now is None else now) - _REPLY_MEMORY_S
+        self._db.execute("DELETE FROM asks_sent WHERE created < ?", (cutoff,))
+        self._db.execute(
+            "DELETE FROM pending_replies WHERE state = 'replied' AND created < ?", (cutoff,)
+        )
