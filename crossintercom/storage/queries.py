@@ -91,8 +91,13 @@ def insert_message_if_absent(dialect: str) -> Any:
 
 
 def insert_delivery_if_absent(dialect: str) -> Any:
-    return _insert(dialect, deliveries).on_conflict_do_nothing(
-        index_elements=[deliveries.c.message_id, deliveries.c.recipient_session]
+    """Returns the new seq, or no row when the (message, recipient) pair already existed."""
+    return (
+        _insert(dialect, deliveries)
+        .on_conflict_do_nothing(
+            index_elements=[deliveries.c.message_id, deliveries.c.recipient_session]
+        )
+        .returning(deliveries.c.seq)
     )
 
 

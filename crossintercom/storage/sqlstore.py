@@ -176,7 +176,7 @@ class SqlMailboxStore:
 
     @staticmethod
     def _senders(conn: Connection, message_ids: set[str]) -> dict[str, str]:
-        return {m: h for m, h in conn.execute(q.message_senders(message_ids)).tuples()}
+        return {m: h for m, h in conn.execute(q.message_senders(message_ids))}
 
     @staticmethod
     def _is_current(conn: Connection, host_id: str, generation: int) -> bool:
@@ -281,19 +281,17 @@ class SqlMailboxStore:
             return EnqueueResult(
                 item.message_id, item.recipient_session, "refused", False, "payload_conflict"
             )
-        inserted = (
-            conn.execute(
-                q.insert_delivery_if_absent(self.dialect),
-                {
-                    "message_id": item.message_id,
-                    "recipient_host": item.recipient_host,
-                    "recipient_session": item.recipient_session,
-                    "state": "queued",
-                    "expires_at": expires,
-                },
-            ).rowcount
-            == 1
-        )
+        new_seq = conn.execute(
+            q.insert_delivery_if_absent(self.dialect),
+            {
+                "message_id": item.message_id,
+                "recipient_host": item.recipient_host,
+                "recipient_session": item.recipient_session,
+                "state": "queued",
+                "expires_at": expires,
+            },
+        ).scalar()
+        inserted = new_seq is not None
         state = conn.execute(q.delivery_state(item.message_id, item.recipient_session)).scalar_one()
         if inserted:
             woken.add(item.recipient_host)
@@ -304,7 +302,7 @@ class SqlMailboxStore:
             digest = conn.execute(q.message_digest(message_id)).scalar()
             if digest is None:
                 return None
-            states = {s: st for s, st in conn.execute(q.message_states(message_id)).tuples()}
+            states = {s: st for s, st in conn.execute(q.message_states(message_id))}
             return MessageRow(message_id, digest, states)
 
         return self._run(read)
@@ -320,7 +318,7 @@ class SqlMailboxStore:
         if session_ids is not None and not session_ids:
             return []
         stmt = q.inbound(host_id, generation, limit, session_ids, skip_locked=self.skip_locked)
-        return self._run(lambda c: [InboundRow(*row) for row in c.execute(stmt).tuples()])
+        return self._run(lambda c: [InboundRow(*row) for row in c.execute(stmt)])
 
     def ack(self, host_id: str, generation: int, acks: Sequence[Ack]) -> int:
         woken: set[str] = set()
@@ -367,7 +365,7 @@ class SqlMailboxStore:
         def read(conn: Connection) -> list[ReceiptRow]:
             if not self._is_current(conn, host_id, generation):
                 return []
-            return [ReceiptRow(*r) for r in conn.execute(q.list_receipts(host_id, limit)).tuples()]
+            return [ReceiptRow(*r) for r in conn.execute(q.list_receipts(host_id, limit))]
 
         return self._run(read)
 
@@ -392,7 +390,7 @@ class SqlMailboxStore:
         def write(conn: Connection) -> int:
             woken.clear()
             now = utcnow()
-            rows = conn.execute(q.expire_batch(now, EXPIRE_BATCH)).tuples().all()
+            rows = conn.execute(q.expire_batch(now, EXPIRE_BATCH)).all()
             if not rows:
                 return 0
             senders = self._senders(conn, {r[1] for r in rows})

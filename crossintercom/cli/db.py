@@ -1,0 +1,81 @@
+"""`crossintercom db`: create and inspect the shared store's schema."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from crossintercom.errors import CrossintercomError, UsageError
+
+STORE_ENV = "CROSSINTERCOM_STORE"
+
+store_option = click.option(
+    "--store",
+    "store_url",
+    envvar=STORE_ENV,
+    metavar="URL",
+    help=f"postgresql://USER@HOST/DB or sqlite:///PATH (default: ${STORE_ENV})",
+)
+
+
+def _require(store_url: str | None) -> str:
+    if not store_url:
+        raise click.UsageError(f"no store given: pass --store URL or set {STORE_ENV}")
+    return store_url
+
+
+@click.group("db")
+def db() -> None:
+    """Create and inspect the shared store's schema."""
+
+
+@db.command()
+@store_option
+def upgrade(store_url: str | None) -> None:
+    """Create or upgrade the store's schema to this version (Alembic head)."""
+    from crossintercom.storage import migrate
+    from crossintercom.storage.urls import mask_url
+
+    url = _require(store_url)
+    revision = migrate.upgrade(url)
+    click.echo(f"store {mask_url(url)} is at schema revision {revision} (head)")
+
+
+@db.command()
+@store_option
+def current(store_url: str | None) -> None:
+    """Print the store's schema revision."""
+    from crossintercom.storage import migrate
+    from crossintercom.storage.urls import mask_url
+
+    url = _require(store_url)
+    revision = migrate.current(url)
+    head = migrate.head_revision()
+    if revision is None:
+        click.echo(f"store {mask_url(url)} has no schema; run `crossintercom db upgrade`")
+    elif revision == head:
+        click.echo(f"{revision} (head)")
+    else:
+        click.echo(f"{revision} (head is {head}; run `crossintercom db upgrade`)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the group on its own, with the error handling the full CLI gives it."""
+    try:
+        db.main(args=argv, prog_name="crossintercom db", standalone_mode=False)
+    except click.exceptions.Exit as exc:
+        return exc.exit_code
+    except click.ClickException as exc:
+        exc.show()
+        return exc.exit_code
+    except click.Abort:
+        return 1
+    except CrossintercomError as exc:
+        click.echo(f"error: {exc.message}", err=True)
+        return UsageError.exit_code if isinstance(exc, UsageError) else exc.exit_code
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
