@@ -31,6 +31,7 @@ from crossintercom.errors import (
     UsageError,
 )
 from crossintercom.inbox import Inbox
+from crossintercom.local_broker.server import crash_at
 from crossintercom.local_broker.spawn import ensure_broker
 from crossintercom.models import (
     Attachment,
@@ -285,6 +286,7 @@ class AsyncClient:
         if frame.get("reply"):
             msg = msg.with_flags("late")
         self.inbox.save(msg)  # saved before delivered: the ack follows the commit
+        crash_at("after_save")
         self._ack(msg.id)
         self.incoming.put_nowait(Incoming("message", message=msg))
 

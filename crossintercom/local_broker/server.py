@@ -13,6 +13,7 @@ import itertools
 import logging
 import os
 import re
+import signal
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
@@ -46,6 +47,15 @@ UUID_RE = re.compile(
     r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
 )
 _ROSTER_REFRESH_WAIT_S = 2.0
+# Crash points for the fault tests: a comma-separated list of names; the broker SIGKILLs itself
+# when it reaches one. Test-only; never set it in a deployment.
+FAULTS_ENV = "CROSSINTERCOM_FAULTS"
+
+
+def crash_at(point: str) -> None:
+    if point in os.environ.get(FAULTS_ENV, "").split(","):
+        log.warning("fault injection: killing the process", extra={"point": point})
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 class Conn:
@@ -309,7 +319,7 @@ class Broker:
                 model=s.model,
                 status=s.status,
                 purpose=s.purpose,
-                groups=tuple(s.groups) if s.groups else ("default",),
+                groups=self._initial_groups(s),
                 durable=s.durable,
             )
             if live is None:
@@ -332,6 +342,15 @@ class Broker:
         if conn.owner:
             self._drain_backlog(conn, s.id)
             self._roster_changed()
+
+    def _initial_groups(self, s: p.SessionBody) -> tuple[str, ...]:
+        """Groups given at registration, else those a durable session had, else 'default'."""
+        if s.groups:
+            return tuple(s.groups)
+        known = self.known.get(s.id)
+        if s.durable and known is not None and known[1]:
+            return tuple(known[1])
+        return ("default",)
 
     def _update_info(self, conn: Conn, **changes: Any) -> SessionInfo:
         assert conn.session_id is not None
@@ -512,10 +531,12 @@ class Broker:
         decision = self._reserve(msg, remote)
         if decision is not None:
             return decision
+        crash_at("after_reserve")
         if msg.expects_reply:
             self.state.record_ask(msg.id, conn.session_id)
             self.ask_waiters[msg.id] = conn
         receipts = await self._deliver_all(msg, targets)
+        crash_at("after_forward")
         outcome = weakest([r.outcome for r in receipts])
         result: dict[str, Any] = {"id": msg.id, "outcome": outcome.value}
         if group:
@@ -529,6 +550,7 @@ class Broker:
         if outcome is Outcome.REFUSED and not group:
             self.ask_waiters.pop(msg.id, None)
         self._settle(msg.id, outcome, result, remote)
+        crash_at("after_accept")
         return result
 
     def _reserve(self, msg: Message, remote: bool) -> dict[str, Any] | None:

@@ -1,0 +1,68 @@
+"""Options and helpers shared by the commands."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+
+from crossintercom.client import Client, Identity
+from crossintercom.config import ENV_AS, ENV_JSON, Settings, load_settings
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _remember_json(ctx: click.Context, _param: click.Parameter, value: bool) -> bool:
+    root = ctx.find_root()
+    root.ensure_object(dict)
+    root.obj["json"] = value
+    return value
+
+
+def json_option(f: F) -> F:
+    return click.option(
+        "--json",
+        "as_json",
+        is_flag=True,
+        envvar=ENV_JSON,
+        callback=_remember_json,
+        is_eager=True,
+        help="Print machine-readable JSON on stdout.",
+    )(f)
+
+
+def as_options(required: bool) -> Callable[[F], F]:
+    def decorate(f: F) -> F:
+        f = click.option(
+            "--session-id",
+            metavar="ID",
+            help="Use this session id instead of the one derived from --as NAME.",
+        )(f)
+        return click.option(
+            "--as",
+            "as_name",
+            metavar="NAME",
+            envvar=ENV_AS,
+            required=required,
+            help="Act as the durable session NAME on this host (env CROSSINTERCOM_AS).",
+        )(f)
+
+    return decorate
+
+
+def settings() -> Settings:
+    return load_settings()
+
+
+def identity(cfg: Settings, as_name: str | None, session_id: str | None) -> Identity:
+    if as_name is None and session_id is not None:
+        raise click.UsageError("--session-id needs --as NAME")
+    if as_name is None:
+        return Identity.ephemeral()
+    return Identity.named(cfg, as_name, session_id)
+
+
+def one_shot(cfg: Settings, ident: Identity | None) -> Client:
+    """A short-lived client: attaches to the live session when one runs here (DESIGN §8)."""
+    return Client(cfg, ident, mode="auto", reconnect=False).connect()

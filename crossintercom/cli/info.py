@@ -1,0 +1,172 @@
+"""list, status, groups, join, leave."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from crossintercom.cli.common import as_options, identity, json_option, one_shot, settings
+from crossintercom.cli.output import emit_json
+from crossintercom.client import Client
+from crossintercom.errors import BrokerUnavailable, Disconnected
+from crossintercom.storage.urls import mask_url
+
+LIST_FIELDS = ("id", "name", "host", "cwd", "model", "status", "purpose", "groups", "online")
+
+
+def _table(title: str, columns: list[str], rows: list[list[str]]) -> None:
+    table = Table(title=title, title_justify="left")
+    for c in columns:
+        table.add_column(c)
+    for r in rows:
+        table.add_row(*r)
+    Console().print(table)
+
+
+@click.command("list")
+@json_option
+def list_cmd(as_json: bool) -> None:
+    """Sessions on every host; offline-but-known sessions are marked."""
+    cfg = settings()
+    with one_shot(cfg, None) as client:
+        sessions = client.list_sessions()
+    if as_json:
+        emit_json([{k: s.to_dict()[k] for k in LIST_FIELDS} for s in sessions])
+        return
+    if not sessions:
+        click.echo("no sessions")
+        return
+    _table(
+        "sessions",
+        ["name", "host", "state", "status", "groups", "id", "cwd"],
+        [
+            [
+                s.display_name,
+                s.host,
+                "online" if s.online else "offline",
+                s.status or "",
+                ",".join(s.groups),
+                s.id,
+                s.cwd or "",
+            ]
+            for s in sorted(sessions, key=lambda s: (s.host, s.display_name))
+        ],
+    )
+
+
+@click.command()
+@json_option
+def status(as_json: bool) -> None:
+    """Broker, relay, store (password masked), host id and session count."""
+    cfg = settings()
+    report: dict[str, Any] = {
+        "host_id": cfg.host_id,
+        "home": str(cfg.home),
+        "store": mask_url(cfg.store_url) if cfg.store_url else None,
+    }
+    try:
+        client = Client(cfg, None, spawn=False, reconnect=False).connect()
+    except (BrokerUnavailable, Disconnected):
+        report |= {"broker": {"running": False}, "relay": {"connected": False}, "sessions": 0}
+    else:
+        with client:
+            st = client.status()
+        report |= {
+            "broker": {
+                "running": True,
+                "pid": st["pid"],
+                "uptime_s": st["uptime_s"],
+                "queued": st["queued"],
+                "dedup": st["dedup"],
+            },
+            "relay": st["relay"],
+            "sessions": st["sessions"],
+            "remote_sessions": st["remote_sessions"],
+        }
+    if as_json:
+        emit_json(report)
+        return
+    broker = report["broker"]
+    click.echo(f"host id:   {report['host_id']}")
+    click.echo(f"runtime:   {report['home']}")
+    click.echo(
+        "broker:    "
+        + (
+            f"running (pid {broker['pid']}, {broker['queued']} queued)"
+            if broker["running"]
+            else "not running"
+        )
+    )
+    relay = report["relay"]
+    click.echo(
+        "relay:     "
+        + ("connected" if relay.get("connected") else "not connected")
+        + (f" ({relay['store']})" if relay.get("store") else "")
+    )
+    click.echo(f"store:     {report['store'] or '(none configured)'}")
+    click.echo(f"sessions:  {report['sessions']}")
+
+
+@click.command()
+@json_option
+def groups(as_json: bool) -> None:
+    """Groups and their members on every host."""
+    cfg = settings()
+    with one_shot(cfg, None) as client:
+        found = client.groups()
+    if as_json:
+        emit_json(found)
+        return
+    if not found:
+        click.echo("no groups")
+        return
+    _table(
+        "groups",
+        ["group", "members"],
+        [
+            [
+                g["name"],
+                ", ".join(
+                    f"{m['name']}@{m['host']}" + ("" if m["online"] else " (offline)")
+                    for m in g["members"]
+                ),
+            ]
+            for g in found
+        ],
+    )
+
+
+def _membership(
+    as_name: str, session_id: str | None, group: str, as_json: bool, joining: bool
+) -> None:
+    cfg = settings()
+    with one_shot(cfg, identity(cfg, as_name, session_id)) as client:
+        now = client.join(group) if joining else client.leave(group)
+    if as_json:
+        emit_json({"groups": now})
+    else:
+        click.echo(f"{as_name} is in: {', '.join(now) or '(no groups)'}")
+
+
+@click.command()
+@as_options(required=True)
+@json_option
+@click.argument("group")
+def join(as_name: str, session_id: str | None, as_json: bool, group: str) -> None:
+    """Add NAME to GROUP (kept for a durable session)."""
+    _membership(as_name, session_id, group, as_json, joining=True)
+
+
+@click.command()
+@as_options(required=True)
+@json_option
+@click.argument("group")
+def leave(as_name: str, session_id: str | None, as_json: bool, group: str) -> None:
+    """Remove NAME from GROUP."""
+    _membership(as_name, session_id, group, as_json, joining=False)
+
+
+COMMANDS = (list_cmd, status, groups, join, leave)

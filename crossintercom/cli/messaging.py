@@ -1,0 +1,207 @@
+"""listen, send, ask, reply, pending, inbox."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+
+import click
+
+from crossintercom.cli.common import as_options, identity, json_option, one_shot, settings
+from crossintercom.cli.output import emit_json, format_message, result_exit
+from crossintercom.client import MAX_ASK_TIMEOUT_S, Client, Identity, load_attachment
+from crossintercom.inbox import Entry, Inbox
+from crossintercom.models import Attachment
+from crossintercom.runtime import ensure_runtime_dir, modes
+
+
+def _attachments(paths: tuple[str, ...], limit: int) -> list[Attachment]:
+    return [load_attachment(p, limit) for p in paths]
+
+
+def _message_arg(text: str | None) -> str:
+    if text is None or text == "-":
+        if sys.stdin is None or sys.stdin.isatty():
+            raise click.UsageError("give MESSAGE, or '-' and the text on standard input")
+        return sys.stdin.read()
+    return text
+
+
+@click.command()
+@as_options(required=True)
+@click.option("--fresh", is_flag=True, help="Do not print the backlog (it is still saved).")
+@json_option
+def listen(as_name: str, session_id: str | None, fresh: bool, as_json: bool) -> None:
+    """Register NAME here (durable) and print each incoming message.
+
+    A message is acknowledged once saved to the inbox and marked shown after it was printed.
+    """
+    cfg = settings()
+    ensure_runtime_dir(cfg)
+    ident = Identity.named(cfg, as_name, session_id)
+    client = Client(cfg, ident, mode="own").connect()
+    display = Inbox(cfg.inbox_dir, ident.id, modes(cfg)[1])
+    stop = threading.Event()
+
+    def on_signal(_sig: int, _frame: object) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    if fresh:  # skip printing what was already waiting; it stays in the inbox
+        display.mark_shown([e.seq for e in display.unshown()])
+    if not as_json:
+        click.echo(
+            f"listening as {as_name}@{cfg.host_id} (session {ident.id}); Ctrl-C to stop",
+            err=True,
+        )
+    try:
+        while not stop.is_set():
+            _show_unshown(display, as_json, skip_resumed=fresh)
+            client.next_incoming(timeout=0.5)
+    finally:
+        display.close()
+        client.close()
+
+
+def _show_unshown(display: Inbox, as_json: bool, *, skip_resumed: bool) -> None:
+    for entry in display.unshown():
+        if not (skip_resumed and "resumed" in entry.body.get("flags", ())):
+            _print_entry(entry, as_json)
+        display.mark_shown([entry.seq])  # only after the output was flushed
+
+
+def _print_entry(entry: Entry, as_json: bool) -> None:
+    if as_json:
+        emit_json(entry.body)
+    else:
+        click.echo(format_message(entry.body))
+        sys.stdout.flush()
+
+
+@click.command()
+@as_options(required=False)
+@click.option(
+    "--to",
+    "target",
+    required=True,
+    metavar="TARGET",
+    help="Session id, NAME, NAME@HOSTID or group:NAME.",
+)
+@click.option("--attach", "attach", multiple=True, metavar="PATH", help="Attach a text file.")
+@json_option
+@click.argument("message", required=False)
+def send(
+    as_name: str | None,
+    session_id: str | None,
+    target: str,
+    attach: tuple[str, ...],
+    as_json: bool,
+    message: str | None,
+) -> None:
+    """Send MESSAGE to TARGET without waiting for an answer ('-' reads standard input)."""
+    cfg = settings()
+    text = _message_arg(message)
+    files = _attachments(attach, cfg.max_message_bytes)
+    with one_shot(cfg, identity(cfg, as_name, session_id)) as client:
+        result = client.send(target, text, files)
+    result_exit(result, as_json)
+
+
+@click.command()
+@as_options(required=False)
+@click.option(
+    "--to", "target", required=True, metavar="TARGET", help="Session id, NAME or NAME@HOSTID."
+)
+@click.option(
+    "--timeout",
+    type=click.FloatRange(0, MAX_ASK_TIMEOUT_S, min_open=True),
+    default=MAX_ASK_TIMEOUT_S,
+    show_default=True,
+    help="Seconds to wait for the reply.",
+)
+@click.option("--attach", "attach", multiple=True, metavar="PATH", help="Attach a text file.")
+@json_option
+@click.argument("message", required=False)
+def ask(
+    as_name: str | None,
+    session_id: str | None,
+    target: str,
+    timeout: float,
+    attach: tuple[str, ...],
+    as_json: bool,
+    message: str | None,
+) -> None:
+    """Send MESSAGE to TARGET and wait for its reply (exit 6 when none comes in time)."""
+    cfg = settings()
+    text = _message_arg(message)
+    files = _attachments(attach, cfg.max_message_bytes)
+    with one_shot(cfg, identity(cfg, as_name, session_id)) as client:
+        result = client.ask(target, text, files, timeout=timeout)
+    result_exit(result, as_json, with_reply=True)
+
+
+@click.command()
+@as_options(required=True)
+@click.option("--reply-to", metavar="ID", help="The ask to answer (default: the oldest pending).")
+@click.option("--attach", "attach", multiple=True, metavar="PATH", help="Attach a text file.")
+@json_option
+@click.argument("message", required=False)
+def reply(
+    as_name: str,
+    session_id: str | None,
+    reply_to: str | None,
+    attach: tuple[str, ...],
+    as_json: bool,
+    message: str | None,
+) -> None:
+    """Answer an ask that was delivered to NAME."""
+    cfg = settings()
+    text = _message_arg(message)
+    files = _attachments(attach, cfg.max_message_bytes)
+    with one_shot(cfg, identity(cfg, as_name, session_id)) as client:
+        result = client.reply(text, reply_to=reply_to, attachments=files)
+    result_exit(result, as_json)
+
+
+@click.command()
+@as_options(required=True)
+@json_option
+def pending(as_name: str, session_id: str | None, as_json: bool) -> None:
+    """Asks waiting for NAME's reply, oldest first."""
+    cfg = settings()
+    with one_shot(cfg, identity(cfg, as_name, session_id)) as client:
+        asks = client.pending()
+    if as_json:
+        emit_json([m.to_dict() for m in asks])
+        return
+    if not asks:
+        click.echo("no asks waiting for a reply")
+    for m in asks:
+        click.echo(format_message(m.to_dict()))
+
+
+@click.command()
+@as_options(required=True)
+@json_option
+def inbox(as_name: str, session_id: str | None, as_json: bool) -> None:
+    """NAME's saved messages on this host, oldest first (a transcript)."""
+    cfg = settings()
+    ensure_runtime_dir(cfg)
+    ident = Identity.named(cfg, as_name, session_id)
+    box = Inbox(cfg.inbox_dir, ident.id, modes(cfg)[1])
+    try:
+        entries = box.transcript()
+    finally:
+        box.close()
+    if as_json:
+        emit_json([e.body for e in entries])
+        return
+    if not entries:
+        click.echo(f"{as_name}'s inbox is empty")
+    for e in entries:
+        click.echo(format_message(e.body))
+
+
+COMMANDS = (listen, send, ask, reply, pending, inbox)
