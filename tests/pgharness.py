@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import glob
 import os
 import pwd
@@ -168,25 +169,17 @@ def _from_local_binaries() -> PgServer | None:
     return PgServer(f"postgresql://postgres@127.0.0.1:{port}/postgres", "local binaries", stop)
 
 
-_server: PgServer | None = None
-_searched = False
-
-
+@functools.cache
 def find_postgres() -> PgServer | None:
     """The first PostgreSQL that works, searched once per test process."""
-    global _server, _searched
-    if not _searched:
-        _searched = True
-        dsn = os.environ.get(DSN_ENV)
-        if dsn:
-            _server = PgServer(dsn, DSN_ENV) if _accepts(dsn) else None
-        else:
-            _server = (
-                _from_container()
-                or (PgServer(LOCAL_DSN, "127.0.0.1:5432") if _accepts(LOCAL_DSN) else None)
-                or _from_local_binaries()
-            )
-    return _server
+    dsn = os.environ.get(DSN_ENV)
+    if dsn:
+        return PgServer(dsn, DSN_ENV) if _accepts(dsn) else None
+    return (
+        _from_container()
+        or (PgServer(LOCAL_DSN, "127.0.0.1:5432") if _accepts(LOCAL_DSN) else None)
+        or _from_local_binaries()
+    )
 
 
 def create_database(server: PgServer, template: str | None = None) -> str:
@@ -201,7 +194,9 @@ def create_database(server: PgServer, template: str | None = None) -> str:
 
 def drop_database(server: PgServer, name: str) -> None:
     with server.admin() as conn:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+        conn.execute(
+            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+        )
 
 
 @pytest.fixture(scope="session")

@@ -39,14 +39,14 @@ def _insert(dialect: str, table: Any) -> Any:
 # -- hosts, fencing, liveness ---------------------------------------------------------------
 
 
-def claim_host(dialect: str, host_id: str) -> ReturningInsert[tuple[int]]:
+def claim_host(dialect: str, host_id: str) -> ReturningInsert[int]:
     """generation := generation + 1, creating the host row on first start."""
     stmt = _insert(dialect, hosts).values(host_id=host_id, generation=1, heartbeat=0)
     stmt = stmt.on_conflict_do_update(
         index_elements=[hosts.c.host_id],
         set_={"generation": hosts.c.generation + 1},
     )
-    returning: ReturningInsert[tuple[int]] = stmt.returning(hosts.c.generation)
+    returning: ReturningInsert[int] = stmt.returning(hosts.c.generation)
     return returning
 
 
@@ -58,11 +58,11 @@ def heartbeat(host_id: str, generation: int) -> Update:
     )
 
 
-def list_hosts() -> Select[tuple[str, int, int]]:
+def list_hosts() -> Select[str, int, int]:
     return select(hosts.c.host_id, hosts.c.generation, hosts.c.heartbeat).order_by(hosts.c.host_id)
 
 
-def current_generation(host_id: str) -> Select[tuple[int]]:
+def current_generation(host_id: str) -> Select[int]:
     """Read under a share lock, so a concurrent ``claim_host`` waits until this write ends:
     a write conditioned on generation g is never committed after g + 1 was handed out."""
     return select(hosts.c.generation).where(hosts.c.host_id == host_id).with_for_update(read=True)
@@ -101,18 +101,18 @@ def insert_delivery_if_absent(dialect: str) -> Any:
     )
 
 
-def message_digest(message_id: str) -> Select[tuple[str]]:
+def message_digest(message_id: str) -> Select[str]:
     return select(messages.c.digest).where(messages.c.message_id == message_id)
 
 
-def delivery_state(message_id: str, recipient_session: str) -> Select[tuple[str]]:
+def delivery_state(message_id: str, recipient_session: str) -> Select[str]:
     return select(deliveries.c.state).where(
         deliveries.c.message_id == message_id,
         deliveries.c.recipient_session == recipient_session,
     )
 
 
-def message_states(message_id: str) -> Select[tuple[str, str]]:
+def message_states(message_id: str) -> Select[str, str]:
     return select(deliveries.c.recipient_session, deliveries.c.state).where(
         deliveries.c.message_id == message_id
     )
@@ -125,7 +125,7 @@ def inbound(
     session_ids: Collection[str] | None,
     *,
     skip_locked: bool,
-) -> Select[tuple[int, str, str, Any, str]]:
+) -> Select[int, str, str, Any, str]:
     """Queued rows for one host, by state and in seq order, only for its current generation.
 
     Never ``seq > cursor``: sequences commit out of order, so a cursor would skip late commits.
@@ -153,7 +153,11 @@ def inbound(
 
 
 def finish_delivery(
-    host_id: str, ack_message_id: str, recipient_session: str, state: str, reason: str | None,
+    host_id: str,
+    ack_message_id: str,
+    recipient_session: str,
+    state: str,
+    reason: str | None,
     now: datetime,
 ) -> Update:
     """queued → delivered/refused; matches nothing when already finished (idempotent ack)."""
@@ -169,7 +173,7 @@ def finish_delivery(
     )
 
 
-def message_senders(message_ids: Collection[str]) -> Select[tuple[str, str]]:
+def message_senders(message_ids: Collection[str]) -> Select[str, str]:
     return select(messages.c.message_id, messages.c.sender_host).where(
         messages.c.message_id.in_(list(message_ids))
     )
@@ -179,7 +183,7 @@ def insert_receipt() -> Insert:
     return receipts.insert()
 
 
-def list_receipts(host_id: str, limit: int) -> Select[tuple[int, str, str, str, str, str | None]]:
+def list_receipts(host_id: str, limit: int) -> Select[int, str, str, str, str, str | None]:
     return (
         select(
             receipts.c.id,
@@ -199,9 +203,7 @@ def delete_receipts(host_id: str, receipt_ids: Sequence[int]) -> Delete:
     return delete(receipts).where(receipts.c.sender_host == host_id, receipts.c.id.in_(receipt_ids))
 
 
-def expire_batch(
-    now: datetime, limit: int
-) -> ReturningUpdate[tuple[int, str, str, str]]:
+def expire_batch(now: datetime, limit: int) -> ReturningUpdate[int, str, str, str]:
     due = (
         select(deliveries.c.seq)
         .where(deliveries.c.state == "queued", deliveries.c.expires_at < now)
@@ -255,7 +257,7 @@ def purge_receipts(cutoff: datetime, limit: int) -> Delete:
 # -- settings and schema -------------------------------------------------------------------
 
 
-def read_settings() -> Select[tuple[int, int]]:
+def read_settings() -> Select[int, int]:
     return select(settings.c.max_message_bytes, settings.c.retention_s).where(settings.c.id == 1)
 
 
@@ -280,4 +282,3 @@ PG_ADVISORY_UNLOCK = text("SELECT pg_advisory_unlock(:key)")
 def pg_listen(channel: str) -> str:
     # LISTEN takes an identifier, not a parameter; channel names are hex we built ourselves.
     return f'LISTEN "{channel}"'
-

@@ -123,7 +123,8 @@ class SqlMailboxStore:
         """Run ``fn`` in one transaction; reconnect (bounded) only before anything committed."""
         if not retry:
             return self._run_once(fn, after)
-        return self._retry(self._run_once, fn, after)
+        result: T = self._retry(self._run_once, fn, after)
+        return result
 
     # Backend hooks: how wake-ups are sent.
     def _notify_in_txn(self, conn: Connection, host_ids: Collection[str]) -> None:
@@ -164,9 +165,7 @@ class SqlMailboxStore:
     # -- hosts ----------------------------------------------------------------------------
 
     def claim_host(self, host_id: str) -> int:
-        return self._run(
-            lambda c: int(c.execute(q.claim_host(self.dialect, host_id)).scalar_one())
-        )
+        return self._run(lambda c: int(c.execute(q.claim_host(self.dialect, host_id)).scalar_one()))
 
     def heartbeat(self, host_id: str, generation: int) -> bool:
         return self._run(lambda c: c.execute(q.heartbeat(host_id, generation)).rowcount == 1)
@@ -176,7 +175,7 @@ class SqlMailboxStore:
 
     @staticmethod
     def _senders(conn: Connection, message_ids: set[str]) -> dict[str, str]:
-        return {m: h for m, h in conn.execute(q.message_senders(message_ids))}
+        return dict(conn.execute(q.message_senders(message_ids)).all())
 
     @staticmethod
     def _is_current(conn: Connection, host_id: str, generation: int) -> bool:
@@ -302,7 +301,7 @@ class SqlMailboxStore:
             digest = conn.execute(q.message_digest(message_id)).scalar()
             if digest is None:
                 return None
-            states = {s: st for s, st in conn.execute(q.message_states(message_id))}
+            states = dict(conn.execute(q.message_states(message_id)).all())
             return MessageRow(message_id, digest, states)
 
         return self._run(read)

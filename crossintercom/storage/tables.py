@@ -96,9 +96,7 @@ deliveries = Table(
     Column("expires_at", DateTime(timezone=True), nullable=False),
     Column("finished_at", DateTime(timezone=True)),
     UniqueConstraint("message_id", "recipient_session"),
-    CheckConstraint(
-        "state IN ('queued', 'delivered', 'refused', 'expired')", name="state_valid"
-    ),
+    CheckConstraint("state IN ('queued', 'delivered', 'refused', 'expired')", name="state_valid"),
     # Hot query of every relay: its host's queued rows in seq order.
     Index(
         "ix_deliveries_inbound",

@@ -29,7 +29,12 @@ log = logging.getLogger(__name__)
 
 # Idle keepalives notice a dead peer (NAT drop, cable pull) that would otherwise leave the
 # listener waiting forever on a half-open socket.
-KEEPALIVES = {"keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5, "keepalives_count": 3}
+KEEPALIVES: dict[str, Any] = {
+    "keepalives": 1,
+    "keepalives_idle": 10,
+    "keepalives_interval": 5,
+    "keepalives_count": 3,
+}
 POLL_INTERVAL_S = 0.5
 
 
@@ -129,9 +134,8 @@ class PostgresWaiter:
 
     def wait(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
-        if self._conn is None or self._conn.closed:
-            if not self._reconnect(timeout):
-                return False
+        if (self._conn is None or self._conn.closed) and not self._reconnect(timeout):
+            return False
         if self._reconnected:
             self._reconnected = False
             return True

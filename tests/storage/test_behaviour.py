@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import time
 
-import pytest
-
 from crossintercom.models import SessionInfo
 from crossintercom.storage import Ack, MailboxStore, OutboundItem, StoreSettings
 from tests.storage.conftest import spawn_worker
@@ -14,7 +12,11 @@ SENDER, RECIPIENT = "alice@a", "bob@b"
 
 
 def item(
-    mid: str, session: str = "s1", *, digest: str = "d" * 64, size: int = 10,
+    mid: str,
+    session: str = "s1",
+    *,
+    digest: str = "d" * 64,
+    size: int = 10,
     host: str = RECIPIENT,
 ) -> OutboundItem:
     return OutboundItem(mid, SENDER, host, session, digest, {"id": mid, "message": "hi"}, size)
@@ -95,8 +97,9 @@ def test_ack_writes_one_receipt_and_is_idempotent(store: MailboxStore) -> None:
     assert store.get_message("m1").states == {"s1": "delivered", "s2": "refused"}  # type: ignore[union-attr]
 
     receipts = store.receipts(SENDER, sender_gen)
-    assert [(r.message_id, r.recipient_session, r.recipient_host, r.outcome, r.code)
-            for r in receipts] == [
+    assert [
+        (r.message_id, r.recipient_session, r.recipient_host, r.outcome, r.code) for r in receipts
+    ] == [
         ("m1", "s1", RECIPIENT, "delivered", None),
         ("m1", "s2", RECIPIENT, "refused", "not_found"),
     ]

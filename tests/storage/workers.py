@@ -26,8 +26,13 @@ def item(producer: int, n: int, recipient_host: str) -> OutboundItem:
     payload = {"type": "message", "id": message_id(producer, n), "message": f"hello {n}"}
     digest = hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
     return OutboundItem(
-        message_id(producer, n), f"sender{producer}", recipient_host, session_for(n), digest,
-        payload, 20,
+        message_id(producer, n),
+        f"sender{producer}",
+        recipient_host,
+        session_for(n),
+        digest,
+        payload,
+        20,
     )
 
 
@@ -36,7 +41,9 @@ def produce(url: str, producer: int, count: int, recipient_host: str) -> None:
     try:
         written = 0
         for start in range(0, count, 10):
-            batch = [item(producer, n, recipient_host) for n in range(start, min(start + 10, count))]
+            batch = [
+                item(producer, n, recipient_host) for n in range(start, min(start + 10, count))
+            ]
             written += sum(r.inserted for r in store.enqueue(batch))
         print(json.dumps({"written": written}), flush=True)
     finally:
