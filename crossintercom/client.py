@@ -152,6 +152,7 @@ class AsyncClient:
         self._closed = False
         self._inbox: Inbox | None = None
         self.connected = asyncio.Event()
+        self.on_frame: Callable[[dict[str, Any]], None] | None = None
 
     # --- connection ----------------------------------------------------------------------------
 
@@ -268,6 +269,8 @@ class AsyncClient:
                 fut.set_result(frame)
         elif ftype == "error":
             log.warning("broker error: %s: %s", frame.get("code"), frame.get("message"))
+        elif self.on_frame is not None:
+            self.on_frame(frame)  # frames for a control client (the relay)
         # A response for a request we no longer wait for (a late answer) is dropped by design.
 
     def _on_deliver(self, frame: dict[str, Any]) -> None:
@@ -285,10 +288,11 @@ class AsyncClient:
             return
         if frame.get("reply"):
             msg = msg.with_flags("late")
-        self.inbox.save(msg)  # saved before delivered: the ack follows the commit
+        new = self.inbox.save(msg)  # saved before delivered: the ack follows the commit
         crash_at("after_save")
         self._ack(msg.id)
-        self.incoming.put_nowait(Incoming("message", message=msg))
+        if new:  # a message handed over again (after a crash or retry) is held and shown once
+            self.incoming.put_nowait(Incoming("message", message=msg))
 
     def _on_notice(self, frame: dict[str, Any]) -> None:
         receipt = frame.get("receipt")
@@ -320,6 +324,13 @@ class AsyncClient:
             self._requests.pop(rid, None)
             raise Disconnected("the connection to the broker was lost") from None
         return await fut
+
+    def post(self, frame: dict[str, Any]) -> bool:
+        """Write a frame that expects no answer; False when not connected."""
+        if self._writer is None or self._writer.is_closing():
+            return False
+        self._writer.write(p.encode(frame))
+        return True
 
     async def close(self) -> None:
         self._closed = True

@@ -32,6 +32,28 @@ def broker(ctx: click.Context, reset_authority: bool) -> None:
 
 
 @click.command()
+@click.option(
+    "--store",
+    "store_url",
+    envvar="CROSSINTERCOM_STORE",
+    metavar="URL",
+    help="postgresql://USER@HOST/DB or sqlite:///PATH (env CROSSINTERCOM_STORE).",
+)
+@click.option(
+    "--polling-observer",
+    is_flag=True,
+    help="Watch SQLite doorbells by polling (network filesystems without inotify).",
+)
+def relay(store_url: str | None, polling_observer: bool) -> None:
+    """Bridge this host's broker to the shared store (run it as a service)."""
+    from crossintercom.config import load_settings
+    from crossintercom.relay.service import run_relay
+
+    cfg = load_settings(store_url=store_url)
+    run_relay(cfg, polling_observer=polling_observer)
+
+
+@click.command()
 @json_option
 def demo(as_json: bool) -> None:
     """Two sessions exchange send / ask / reply and print what happened."""
@@ -40,4 +62,4 @@ def demo(as_json: bool) -> None:
     run_demo(as_json=as_json)
 
 
-COMMANDS = (broker, demo)
+COMMANDS = (broker, relay, demo)

@@ -1,0 +1,1 @@
+"""The relay: this host's only link to the shared store."""
