@@ -1,0 +1,389 @@
+"""Fixtures every test can use: a short runtime dir, a subprocess environment, CLI helpers.
+
+Every process a test starts runs with ``CROSSINTERCOM_HOME`` set to that test's own runtime dir,
+so teardown finds and SIGKILLs exactly those (the broker, listeners, one-shot commands) by pid and
+no test leaks processes into the next.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import queue
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+# Plain `pytest` (not `python -m pytest`) does not put the checkout on sys.path.
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+# pytest imports this file as `conftest`; tests import helpers as `tests.conftest`. One module,
+# so the listener registry below is shared.
+sys.modules.setdefault("tests.conftest", sys.modules[__name__])
+
+HOST_ID = "testhost"
+# AF_UNIX sun_path holds 108 bytes including the NUL.
+MAX_SOCKET_PATH = 107
+CLI = [sys.executable, "-m", "crossintercom.cli.main"]
+_ENV_PREFIX = "CROSSINTERCOM_"
+
+
+# --- processes --------------------------------------------------------------------------------
+
+
+def _environ_of(pid: int) -> dict[str, str]:
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return {}
+    out: dict[str, str] = {}
+    for item in raw.split(b"\0"):
+        key, sep, value = item.partition(b"=")
+        if sep:
+            out[key.decode(errors="replace")] = value.decode(errors="replace")
+    return out
+
+
+def pids_using_home(home: Path) -> list[int]:
+    """Processes (other than this one) whose environment names ``home`` as CROSSINTERCOM_HOME."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        if _environ_of(int(entry.name)).get("CROSSINTERCOM_HOME") == str(home):
+            found.append(int(entry.name))
+    return found
+
+
+def broker_pid(home: Path) -> int | None:
+    try:
+        text = (home / "broker.pid").read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with contextlib.suppress(OSError):
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[:1]
+        if state == ["Z"]:
+            return False
+    return True
+
+
+def kill_broker(home: Path) -> int | None:
+    """SIGKILL the broker whose pid is in ``home/broker.pid``; returns that pid (or None)."""
+    pid = broker_pid(home)
+    if pid is not None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: not pid_alive(pid), 5, f"broker {pid} to die")
+    return pid
+
+
+def wait_for(predicate: Any, timeout: float, what: str = "condition") -> Any:
+    """Poll ``predicate`` until it returns something truthy; fail the test after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.02)
+
+
+# --- runtime dir and environment ----------------------------------------------------------------
+
+
+@pytest.fixture
+def runtime_home() -> Iterator[Path]:
+    """A fresh, short runtime dir under /tmp; every process using it is killed at teardown."""
+    home = Path(tempfile.mkdtemp(prefix="ci-", dir="/tmp"))
+    assert len(os.fsencode(home / "broker.sock")) <= MAX_SOCKET_PATH
+    try:
+        yield home
+    finally:
+        kill_broker(home)
+        for pid in pids_using_home(home):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def make_env(home: Path, host_id: str = HOST_ID, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(_ENV_PREFIX)}
+    env.update(CROSSINTERCOM_HOME=str(home), CROSSINTERCOM_HOST_ID=host_id, **extra)
+    env["PYTHONPATH"] = str(REPO)
+    env.pop("PYTHONASYNCIODEBUG", None)
+    return env
+
+
+@pytest.fixture
+def cli_env(runtime_home: Path) -> dict[str, str]:
+    """Environment for subprocesses: this test's runtime dir and host id, nothing inherited."""
+    return make_env(runtime_home)
+
+
+def settings_for(env: dict[str, str], **overrides: Any) -> Any:
+    from crossintercom.config import load_settings
+
+    return load_settings(env, **overrides)
+
+
+def start_broker(env: dict[str, str]) -> Any:
+    """Spawn (or find) the broker for ``env``; returns its Settings."""
+    from crossintercom.local_broker.spawn import ensure_broker
+
+    cfg = settings_for(env)
+    ensure_broker(cfg)
+    return cfg
+
+
+# --- the CLI as a subprocess --------------------------------------------------------------------
+
+
+def run_cli(
+    env: dict[str, str], *args: str, input: str | None = None, timeout: float = 30
+) -> subprocess.CompletedProcess[str]:
+    """Run one `crossintercom` command the way a script would; never raises on exit status."""
+    return subprocess.run(
+        [*CLI, *args],
+        env=env,
+        input=input,
+        stdin=None if input is not None else subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def cli_json(env: dict[str, str], *args: str, expect_rc: int = 0, **kw: Any) -> Any:
+    """Run a command with --json, check its exit code and return the parsed stdout."""
+    out = run_cli(env, *args, "--json", **kw)
+    assert out.returncode == expect_rc, (out.returncode, out.stdout, out.stderr)
+    return json.loads(out.stdout)
+
+
+_LISTENERS: list[Listener] = []
+
+
+@pytest.fixture(autouse=True)
+def _stop_listeners() -> Iterator[None]:
+    yield
+    while _LISTENERS:
+        _LISTENERS.pop().stop()
+
+
+class Listener:
+    """`crossintercom listen --as NAME --json [extra...]` in the background."""
+
+    def __init__(self, env: dict[str, str], name: str, *extra: str, wait: bool = True) -> None:
+        self.env = env
+        self.name = name
+        self.home = Path(env["CROSSINTERCOM_HOME"])
+        self.proc = subprocess.Popen(
+            [*CLI, "listen", "--as", name, "--json", *extra],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        _LISTENERS.append(self)
+        self._lines: queue.Queue[str | None] = queue.Queue()
+        self._stderr: list[str] = []
+        self._threads = [
+            threading.Thread(target=self._pump_stdout, daemon=True),
+            threading.Thread(target=self._pump_stderr, daemon=True),
+        ]
+        for t in self._threads:
+            t.start()
+        if wait:
+            self.wait_online()
+
+    def _pump_stdout(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self._lines.put(line)
+        self._lines.put(None)
+
+    def _pump_stderr(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self._stderr.append(line)
+
+    @property
+    def stderr(self) -> str:
+        return "".join(self._stderr)
+
+    def wait_online(self, timeout: float = 15) -> None:
+        def online() -> bool:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"listen exited {self.proc.returncode}: {self.stderr}")
+            return any(
+                s["name"] == self.name and s["online"]
+                for s in sessions(self.home, quiet=True) or ()
+            )
+
+        wait_for(online, timeout, f"listener {self.name} to be online")
+
+    def messages(self, n: int, timeout: float = 10) -> list[dict[str, Any]]:
+        """The next ``n`` JSON lines the listener printed (fails after ``timeout``)."""
+        out: list[dict[str, Any]] = []
+        deadline = time.monotonic() + timeout
+        while len(out) < n:
+            try:
+                line = self._lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise AssertionError(
+                    f"listener {self.name}: got {len(out)} of {n} lines; stderr: {self.stderr}"
+                ) from None
+            if line is None:
+                self._lines.put(None)
+                raise AssertionError(
+                    f"listener {self.name} exited ({self.proc.poll()}) after {len(out)} of {n} "
+                    f"lines; stderr: {self.stderr}"
+                )
+            out.append(json.loads(line))
+        return out
+
+    def no_message(self, wait: float = 0.5) -> None:
+        """Assert nothing more is printed within ``wait`` seconds."""
+        try:
+            line = self._lines.get(timeout=wait)
+        except queue.Empty:
+            return
+        raise AssertionError(f"listener {self.name} printed unexpectedly: {line!r}")
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        for t in self._threads:
+            t.join(5)
+        for stream in (self.proc.stdout, self.proc.stderr):
+            if stream is not None:
+                stream.close()
+        return self.proc.returncode
+
+    def __enter__(self) -> Listener:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+# --- raw frames over the socket -----------------------------------------------------------------
+
+
+class RawConn:
+    """A bare socket to the broker: write any bytes, read length-prefixed frames."""
+
+    def __init__(self, home: Path, timeout: float = 10) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(timeout)
+        self.sock.connect(str(home / "broker.sock"))
+        self._rid = 100
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def __enter__(self) -> RawConn:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def send_bytes(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def send_body(self, body: bytes) -> None:
+        self.sock.sendall(struct.pack(">I", len(body)) + body)
+
+    def send(self, frame: dict[str, Any]) -> None:
+        self.send_body(json.dumps(frame).encode())
+
+    def _exact(self, n: int) -> bytes | None:
+        buf = b""
+        while len(buf) < n:
+            chunk = self.sock.recv(n - len(buf))
+            if not chunk:
+                return None
+            buf += chunk
+        return buf
+
+    def recv(self) -> dict[str, Any] | None:
+        """The next frame, or None when the broker closed the connection."""
+        header = self._exact(4)
+        if header is None:
+            return None
+        body = self._exact(struct.unpack(">I", header)[0])
+        assert body is not None, "broker closed the connection mid-frame"
+        frame: dict[str, Any] = json.loads(body)
+        return frame
+
+    def recv_type(self, *types: str) -> dict[str, Any]:
+        """The next frame of one of ``types`` (deliveries and notices in between are skipped)."""
+        while True:
+            frame = self.recv()
+            assert frame is not None, f"connection closed while waiting for {types}"
+            if frame["type"] in types:
+                return frame
+
+    def request(self, frame: dict[str, Any]) -> dict[str, Any]:
+        """Send with a fresh request_id and return the answer carrying that request_id."""
+        self._rid += 1
+        rid = self._rid
+        self.send({**frame, "request_id": rid})
+        while True:
+            answer = self.recv()
+            assert answer is not None, f"connection closed while waiting for {frame['type']}"
+            if answer.get("request_id") == rid:
+                return answer
+
+    def register(self, session_id: str, **session: Any) -> dict[str, Any]:
+        mode = session.pop("mode", "own")
+        return self.request(
+            {
+                "type": "register",
+                "protocol": 1,
+                "session": {"id": session_id, **session},
+                "mode": mode,
+            }
+        )
+
+
+def sessions(home: Path, *, quiet: bool = False) -> list[dict[str, Any]] | None:
+    """The broker's `list` answer over a raw socket (None if no broker answers and ``quiet``)."""
+    try:
+        with RawConn(home, timeout=5) as conn:
+            result: list[dict[str, Any]] = conn.request({"type": "list"})["sessions"]
+            return result
+    except OSError:
+        if quiet:
+            return None
+        raise

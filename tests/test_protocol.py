@@ -1,0 +1,289 @@
+"""The wire protocol (DESIGN §3) against a live broker over its real Unix socket."""
+
+from __future__ import annotations
+
+import socket
+import struct
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+from crossintercom import protocol as p
+from tests.conftest import RawConn, broker_pid, make_env, pid_alive, start_broker
+
+
+@pytest.fixture
+def home(runtime_home: Path) -> Iterator[Path]:
+    start_broker(make_env(runtime_home))
+    yield runtime_home
+
+
+def sid() -> str:
+    return str(uuid.uuid4())
+
+
+def assert_send_still_works(home: Path) -> None:
+    """Two fresh live sessions exchange a message: the broker still serves everyone."""
+    name_a, name_b = f"a{uuid.uuid4().hex[:8]}", f"b{uuid.uuid4().hex[:8]}"
+    with RawConn(home) as a, RawConn(home) as b:
+        assert a.register(sid(), name=name_a)["type"] == "registered"
+        assert b.register(sid(), name=name_b)["type"] == "registered"
+        mid = sid()
+        a.send(
+            {
+                "type": "send",
+                "request_id": 1,
+                "message": {"id": mid, "to": name_b, "message": "still alive?"},
+            }
+        )
+        deliver = b.recv_type("deliver")
+        assert deliver["message"]["id"] == mid
+        assert deliver["message"]["message"] == "still alive?"
+        b.send({"type": "ack", "id": mid})
+        result = a.recv_type("result")
+        assert result == {"type": "result", "request_id": 1, "id": mid, "outcome": "delivered"}
+
+
+# --- encoding -----------------------------------------------------------------------------------
+
+SAMPLES: list[Any] = [
+    p.Register(
+        request_id=1,
+        protocol=p.PROTOCOL_VERSION,
+        session=p.SessionBody(id=sid(), name="worker", groups=["g"], durable=True),
+        mode="auto",
+    ),
+    p.Send(
+        request_id=2,
+        message=p.OutgoingBody(
+            id=sid(),
+            message="hi",
+            to="worker",
+            attachments=[p.AttachmentBody("snippet", "x.py", "print(1)", "python")],
+            expects_reply=True,
+        ),
+    ),
+    p.Reply(request_id=3, message=p.OutgoingBody(id=sid(), message="yes", reply_to=sid())),
+    p.Ack(id=sid(), refused="too_large"),
+    p.Confirm(ids=[sid(), sid()]),
+    p.ListSessions(request_id=4),
+    p.Status(request_id=5),
+    p.Groups(request_id=6),
+    p.Join(request_id=7, group="team"),
+    p.Leave(request_id=8, group="team"),
+    p.SetStatus(request_id=9, status="busy"),
+    p.Pending(request_id=10),
+    p.Ping(request_id=11),
+    p.RemoteRoster(sessions=[{"id": "x", "host": "h2"}], request_id=12),
+    p.Inbound(request_id=13, message={"id": "m"}, recipient=sid()),
+    p.ForwardResult(fid=1, receipts=[{"id": "m", "outcome": "queued"}]),
+    p.RemoteReceipt(receipts=[{"id": "m", "outcome": "delivered"}]),
+    p.RosterRefresh(fid=2),
+]
+
+
+def test_samples_cover_every_client_frame_type() -> None:
+    assert {type(s).__struct_config__.tag for s in SAMPLES} == set(p.CLIENT_TYPES)
+
+
+@pytest.mark.parametrize("frame", SAMPLES, ids=lambda f: type(f).__struct_config__.tag)
+def test_every_frame_type_round_trips(frame: Any) -> None:
+    wire = p.encode(frame)
+    (length,) = struct.unpack(">I", wire[:4])
+    assert length == len(wire) - 4
+    body = wire[4:]
+    assert msgspec.json.decode(body)["type"] == type(frame).__struct_config__.tag
+    assert p.decode_client_frame(body) == frame
+
+
+def test_error_frame_shape() -> None:
+    assert p.error_frame("bad_json", "nope", 7) == {
+        "type": "error",
+        "code": "bad_json",
+        "message": "nope",
+        "request_id": 7,
+    }
+    assert "request_id" not in p.error_frame("bad_json", "nope")
+
+
+# --- every frame type answered by a live broker -------------------------------------------------
+
+
+def test_anonymous_queries_need_no_registration(home: Path) -> None:
+    with RawConn(home) as c:
+        pong = c.request({"type": "ping"})
+        assert pong["type"] == "pong"
+        assert pong["host"] == "testhost"
+        assert pong["pid"] == broker_pid(home)
+        assert c.request({"type": "list"})["sessions"] == []
+        st = c.request({"type": "status"})
+        assert st["type"] == "status"
+        assert st["host_id"] == "testhost"
+        assert st["sessions"] == 0
+        assert c.request({"type": "groups"}) == {
+            "type": "groups",
+            "request_id": c._rid,
+            "groups": [],
+        }
+        c.send({"type": "confirm", "ids": ["nothing"]})  # accepted silently
+        assert c.request({"type": "ping"})["type"] == "pong"
+
+
+def test_session_frames_answered_after_register(home: Path) -> None:
+    me = sid()
+    with RawConn(home) as c:
+        reg = c.register(me, name="solo", status="idle", groups=["g1"], durable=True)
+        assert reg["type"] == "registered"
+        assert reg["attached"] is False
+        assert reg["session"]["id"] == me
+        assert reg["session"]["groups"] == ["g1"]
+        assert c.request({"type": "join", "group": "g2"})["groups"] == ["g1", "g2"]
+        assert c.request({"type": "leave", "group": "g1"})["groups"] == ["g2"]
+        assert c.request({"type": "set_status", "status": "busy"})["type"] == "ok"
+        assert c.request({"type": "pending"}) == {
+            "type": "pending",
+            "request_id": c._rid,
+            "messages": [],
+        }
+        listed = c.request({"type": "list"})["sessions"]
+        assert [(s["id"], s["status"], s["groups"]) for s in listed] == [(me, "busy", ["g2"])]
+        # The relay's frames are refused from an agent session.
+        for frame in (
+            {"type": "remote_roster", "sessions": []},
+            {"type": "inbound", "message": {}, "recipient": me},
+        ):
+            err = c.request(frame)
+            assert (err["type"], err["code"]) == ("error", "not_relay")
+        mid = sid()
+        res = c.request({"type": "send", "message": {"id": mid, "to": "nobody", "message": "x"}})
+        assert (res["type"], res["id"], res["outcome"], res["code"]) == (
+            "result",
+            mid,
+            "refused",
+            "not_found",
+        )
+        res = c.request({"type": "reply", "message": {"id": sid(), "message": "x"}})
+        assert (res["outcome"], res["code"]) == ("refused", "reply_not_authorised")
+    assert_send_still_works(home)
+
+
+# --- each class of bad frame --------------------------------------------------------------------
+
+
+def test_truncated_frame_closes_only_that_connection(home: Path) -> None:
+    with RawConn(home) as bystander, RawConn(home) as c:
+        bystander.register(sid(), name="bystander")
+        c.send_bytes(struct.pack(">I", 100) + b'{"type": "pi')
+        c.sock.shutdown(socket.SHUT_WR)
+        assert c.recv() is None  # closed, no answer: the stream cannot be resynchronised
+        assert bystander.request({"type": "ping"})["type"] == "pong"
+    with RawConn(home) as c:  # a half header, too
+        c.send_bytes(b"\x00\x00")
+        c.sock.shutdown(socket.SHUT_WR)
+        assert c.recv() is None
+    assert_send_still_works(home)
+
+
+def test_oversize_frame_refused_before_reading_it(home: Path) -> None:
+    with RawConn(home) as c:
+        c.send_bytes(struct.pack(">I", p.DEFAULT_MAX_FRAME + 1))
+        err = c.recv()
+        assert err is not None
+        assert (err["type"], err["code"]) == ("error", "frame_too_large")
+        assert str(p.DEFAULT_MAX_FRAME) in err["message"]
+        assert c.recv() is None
+    assert pid_alive(broker_pid(home) or -1)
+    assert_send_still_works(home)
+
+
+BAD_BODIES = [
+    (b"\xff\xfe{}", "bad_utf8", None),
+    (b'{"type": "ping", "request_id": ', "bad_json", None),
+    (b"[1, 2, 3]", "not_object", None),
+    (b'"ping"', "not_object", None),
+    (b'{"type": "teleport", "request_id": 41}', "unknown_type", 41),
+    (b'{"request_id": 42}', "missing_field", 42),
+    (b'{"type": "send", "request_id": 43}', "missing_field", 43),
+    (b'{"type": "ping", "request_id": "44"}', "bad_field", None),
+    (b'{"type": "join", "request_id": 45, "group": "no spaces"}', "bad_field", 45),
+    (b'{"type": "ping", "request_id": -1}', "bad_field", -1),
+    (
+        b'{"type": "send", "request_id": 46, "message": {"id": "m", "message": "x", "to": "a"}}',
+        "not_registered",
+        46,
+    ),
+    (b'{"type": "join", "request_id": 47, "group": "g"}', "not_registered", 47),
+    (b'{"type": "ack", "id": "m"}', "not_registered", None),
+    (
+        b'{"type": "register", "request_id": 48, "protocol": 99, "session": {"id": "s"}}',
+        "protocol_mismatch",
+        48,
+    ),
+    (
+        b'{"type": "register", "request_id": 49, "protocol": 1,'
+        b' "session": {"id": "s", "purpose": "robot"}}',
+        "invalid_purpose",
+        49,
+    ),
+]
+
+
+@pytest.mark.parametrize(("body", "code", "request_id"), BAD_BODIES, ids=[b[1] for b in BAD_BODIES])
+def test_bad_frame_gets_stable_error_and_connection_survives(
+    home: Path, body: bytes, code: str, request_id: int | None
+) -> None:
+    with RawConn(home) as c:
+        c.send_body(body)
+        err = c.recv()
+        assert err is not None
+        assert err["type"] == "error"
+        assert err["code"] == code
+        assert isinstance(err["message"], str)
+        assert err["message"]
+        assert err.get("request_id") == request_id
+        # The stream is intact: the same connection keeps working.
+        assert c.request({"type": "ping"})["type"] == "pong"
+    assert_send_still_works(home)
+
+
+def test_register_errors(home: Path) -> None:
+    me = sid()
+    with RawConn(home) as c:
+        err = c.register(me, purpose="observer")
+        assert (err["code"], err["request_id"]) == ("invalid_purpose", c._rid)
+        assert "agent" in err["message"]
+        err = c.request({"type": "register", "protocol": 2, "session": {"id": me}, "mode": "own"})
+        assert err["code"] == "protocol_mismatch"
+        assert "1" in err["message"]
+        err = c.register(me, mode="steal")
+        assert err["code"] == "bad_field"
+        assert c.register(me)["type"] == "registered"
+        err = c.register(me)
+        assert err["code"] == "already_registered"
+    assert_send_still_works(home)
+
+
+def test_ack_for_nothing_is_unexpected(home: Path) -> None:
+    with RawConn(home) as c:
+        c.register(sid(), name="acker")
+        c.send({"type": "ack", "id": "never-delivered"})
+        err = c.recv()
+        assert err is not None
+        assert (err["type"], err["code"]) == ("error", "unexpected_ack")
+        assert "never-delivered" in err["message"]
+    assert_send_still_works(home)
+
+
+def test_request_id_correlates_interleaved_requests(home: Path) -> None:
+    with RawConn(home) as c:
+        c.send({"type": "ping", "request_id": 7})
+        c.send({"type": "teleport", "request_id": 8})
+        c.send({"type": "list", "request_id": 9})
+        answers = {f["request_id"]: f for f in (c.recv(), c.recv(), c.recv()) if f}
+        assert answers[7]["type"] == "pong"
+        assert answers[8]["code"] == "unknown_type"
+        assert answers[9]["type"] == "sessions"
