@@ -1,4 +1,9 @@
-"""`crossintercom demo`: a real exchange between two sessions, printed as it happens."""
+"""`crossintercom demo`: two simulated hosts exchange messages through a shared SQLite file.
+
+Each host is what a machine runs: its own runtime dir, host id, broker and relay process. The
+store is a temporary SQLite file (the embedded default). `planner` lives on alpha, `worker` on
+beta. Everything the demo started is stopped before it returns.
+"""
 
 from __future__ import annotations
 
@@ -7,30 +12,33 @@ import json
 import os
 import shutil
 import signal
+import subprocess
+import sys
 import tempfile
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import click
 
-from crossintercom.client import Client, Identity
-from crossintercom.config import Settings, load_settings
+from crossintercom.client import Client, Identity, wait_until
+from crossintercom.config import ENV_HOME, ENV_HOST_ID, ENV_STORE, Settings, load_settings
+from crossintercom.errors import CrossintercomError
 from crossintercom.models import SendResult
+from crossintercom.storage import migrate
 
 
-class Demo:
+class Narrator:
     def __init__(self, as_json: bool) -> None:
         self.as_json = as_json
-        self.events: list[dict[str, Any]] = []
+        self.t0 = time.perf_counter()
 
     def say(self, step: str, text: str, **data: Any) -> None:
-        event = {"step": step, "text": text, **data}
-        self.events.append(event)
         if self.as_json:
-            click.echo(json.dumps(event))
+            click.echo(json.dumps({"step": step, "text": text, **data}))
         else:
             click.echo(f"{step:>9}  {text}")
 
@@ -45,68 +53,131 @@ class Demo:
         )
 
 
+@dataclass
+class SimHost:
+    settings: Settings
+    relay: subprocess.Popen[bytes]
+
+    @property
+    def name(self) -> str:
+        return self.settings.host_id
+
+
 @contextlib.contextmanager
-def _host(root: Path, host_id: str) -> Iterator[Settings]:
-    """A simulated host: its own runtime dir and broker, stopped on exit."""
-    cfg = load_settings(env={}, home=str(root / host_id), host_id=host_id)
+def sim_host(root: Path, host_id: str, store_url: str) -> Iterator[SimHost]:
+    """A simulated machine: runtime dir, relay process (which spawns the broker)."""
+    home = root / host_id
+    home.mkdir(mode=0o700)
+    env = {**os.environ, ENV_HOME: str(home), ENV_HOST_ID: host_id, ENV_STORE: store_url}
+    settings = load_settings(env=env)
+    log = open(home / "relay.log", "wb")  # noqa: SIM115 - closed below, after the process
+    relay = subprocess.Popen(
+        [sys.executable, "-m", "crossintercom.relay"],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=log,
+    )
     try:
-        yield cfg
+        yield SimHost(settings, relay)
     finally:
-        pid_file = cfg.file("broker.pid")
+        relay.send_signal(signal.SIGTERM)
+        try:
+            relay.wait(10)
+        except subprocess.TimeoutExpired:
+            relay.kill()
+            relay.wait()
+        log.close()
         with contextlib.suppress(OSError, ValueError):
-            os.kill(int(pid_file.read_text().strip()), signal.SIGTERM)
+            os.kill(int(settings.file("broker.pid").read_text().strip()), signal.SIGTERM)
+
+
+def _relay_up(host: SimHost) -> bool:
+    if host.relay.poll() is not None:
+        log = (host.settings.home / "relay.log").read_text(errors="replace").strip()
+        raise CrossintercomError(f"relay for {host.name} exited: {log[-500:]}")
+    try:
+        with Client(host.settings, None, spawn=False, reconnect=False) as c:
+            return bool(c.status()["relay"]["connected"])
+    except CrossintercomError:
+        return False
+
+
+def _sees(host: SimHost, name: str, other: str, online: bool = True) -> bool:
+    with Client(host.settings, None, reconnect=False) as c:
+        return any(
+            s.name == name and s.host == other and s.online == online for s in c.list_sessions()
+        )
 
 
 def run_demo(as_json: bool = False) -> None:
-    demo = Demo(as_json)
+    say = Narrator(as_json)
     root = Path(tempfile.mkdtemp(prefix="ci-demo-"))
+    store_url = f"sqlite:///{root / 'mailbox.sqlite'}"
     try:
-        with _host(root, "alpha") as cfg:
-            _exchange(demo, cfg)
+        migrate.upgrade(store_url)
+        say.say("store", "shared mailbox: a temporary SQLite file (schema created)")
+        with sim_host(root, "alpha", store_url) as alpha, sim_host(root, "beta", store_url) as beta:
+            for host in (alpha, beta):
+                if not wait_until(lambda h=host: _relay_up(h), 20, 0.1):
+                    raise CrossintercomError(f"the relay for {host.name} did not connect")
+            say.say("hosts", "alpha and beta each run a broker and a relay")
+            _exchange(say, alpha, beta)
     finally:
         shutil.rmtree(root, ignore_errors=True)
+    say.say("done", "everything the demo started has stopped")
 
 
-def _exchange(demo: Demo, cfg: Settings) -> None:
-    demo.say("start", f"runtime dir {cfg.home}, host {cfg.host_id}; the broker starts on demand")
-    worker_id = Identity.named(cfg, "worker", cwd="/")
-    worker = Client(cfg, worker_id).connect()
-    planner = Client(cfg, Identity.named(cfg, "planner", cwd="/")).connect()
-    demo.say("register", "worker and planner registered (durable mailboxes)")
+def _exchange(say: Narrator, alpha: SimHost, beta: SimHost) -> None:
+    worker_id = Identity.named(beta.settings, "worker", cwd="/srv/app")
+    worker = Client(beta.settings, worker_id).connect()
+    planner = Client(alpha.settings, Identity.named(alpha.settings, "planner", cwd="/srv/app"))
+    planner.connect()
+    if not wait_until(lambda: _sees(alpha, "worker", "beta"), 20, 0.1):
+        raise CrossintercomError("alpha never saw worker@beta in its roster")
+    say.say(
+        "list",
+        "alpha sees: "
+        + ", ".join(
+            f"{s.display_name}@{s.host} ({'online' if s.online else 'offline'})"
+            for s in planner.list_sessions()
+        ),
+    )
 
     t0 = time.perf_counter()
-    result = planner.send("worker", "Please look at the failing test in tests/test_io.py")
-    demo.outcome("send", "planner -> worker", result, t0)
-    got = worker.next_incoming(5)
-    assert got is not None and got.message is not None
-    demo.say("receive", f"worker saved and got: {got.message.text!r}")
+    sent = planner.send("worker", "Please look at the failing test in tests/test_io.py")
+    say.outcome("send", "planner@alpha -> worker@beta", sent, t0)
+    got = worker.next_incoming(10)
+    if got is not None and got.message is not None:
+        say.say("receive", f"worker saved and got: {got.message.text!r}")
 
     def answer() -> None:
-        inc = worker.next_incoming(10)
+        inc = worker.next_incoming(20)
         if inc is None or inc.message is None:
             return
-        demo.say("receive", f"worker got an ask: {inc.message.text!r}")
+        say.say("receive", f"worker got an ask: {inc.message.text!r}")
         r = worker.reply("Fixed: the fixture closed the file too early.")
-        demo.say("reply", f"worker replied: {r.outcome.value}")
+        say.say("reply", f"worker replied: {r.outcome.value}")
 
     replier = threading.Thread(target=answer)
     replier.start()
     t0 = time.perf_counter()
     asked = planner.ask("worker", "Is the test fixed?", timeout=30)
     replier.join()
-    demo.outcome("ask", "planner asked worker", asked, t0)
-    demo.say("answer", f"reply for planner: {asked.reply.text if asked.reply else None!r}")
+    say.outcome("ask", "planner asked worker (round trip with the reply)", asked, t0)
+    say.say("answer", f"reply for planner: {asked.reply.text if asked.reply else None!r}")
 
     worker.close()
-    demo.say("offline", "worker went away")
+    say.say("offline", "worker left beta")
     t0 = time.perf_counter()
     queued = planner.send("worker", "When you are back: rebase on main.")
-    demo.outcome("send", "planner -> absent worker", queued, t0)
-    worker = Client(cfg, worker_id).connect()
-    back = worker.next_incoming(5)
-    text = back.message.text if back and back.message else None
-    flags = ", ".join(back.message.flags) if back and back.message else ""
-    demo.say("resume", f"worker came back and got: {text!r} [{flags}]")
+    say.outcome("send", "planner -> absent worker", queued, t0)
+    worker = Client(beta.settings, worker_id).connect()
+    back = worker.next_incoming(15)
+    if back is not None and back.message is not None:
+        flags = ", ".join(back.message.flags)
+        say.say("resume", f"worker came back and got: {back.message.text!r} [{flags}]")
+    else:
+        say.say("resume", "worker came back but the queued message did not arrive in time")
     for client in (worker, planner):
         client.close()
-    demo.say("done", "exchange complete")
