@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -119,7 +120,7 @@ def run_demo(as_json: bool = False) -> None:
         say.say("store", "shared mailbox: a temporary SQLite file (schema created)")
         with sim_host(root, "alpha", store_url) as alpha, sim_host(root, "beta", store_url) as beta:
             for host in (alpha, beta):
-                if not wait_until(lambda h=host: _relay_up(h), 20, 0.1):
+                if not wait_until(partial(_relay_up, host), 20, 0.1):
                     raise CrossintercomError(f"the relay for {host.name} did not connect")
             say.say("hosts", "alpha and beta each run a broker and a relay")
             _exchange(say, alpha, beta)

@@ -129,7 +129,7 @@ class Relay:
         self.generation = await self._store_call(self.store.claim_host, self.host)
         log.info("relay started", extra={"host_id": self.host, "generation": self.generation})
         ident = Identity(
-            id=new_id(), name="relay", purpose="control", status=f"store {self.store.url_masked}"
+            id=new_id(), name="relay", purpose="control", status=self.store.url_masked
         )
         self.client = AsyncClient(self.settings, ident, mode="own", spawn=True, reconnect=True)
         self.client.on_frame = self._on_frame
