@@ -248,8 +248,9 @@ class Receipt:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Receipt:
-        return cls(d["id"], Outcome(d["outcome"]), d.get("recipient"), d.get("code"),
-                   d.get("message"))
+        return cls(
+            d["id"], Outcome(d["outcome"]), d.get("recipient"), d.get("code"), d.get("message")
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -283,5 +284,7 @@ class SendResult:
             outcome=Outcome(d["outcome"]),
             code=d.get("code"),
             message=d.get("message"),
-            receipts=tuple(Receipt.from_dict(r) for r in receipts) if receipts is not None else None,
+            receipts=tuple(Receipt.from_dict(r) for r in receipts)
+            if receipts is not None
+            else None,
         )
