@@ -64,7 +64,20 @@ def ring_doorbell(db_path: Path, host_id: str) -> None:
     os.replace(tmp, bell)
 
 
-class PostgresWaiter:
+class _ClosedOnExit:
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+class PostgresWaiter(_ClosedOnExit):
     """A dedicated autocommit connection that LISTENs on one host's channel."""
 
     def __init__(
@@ -86,14 +99,6 @@ class PostgresWaiter:
     def __enter__(self) -> Self:
         self._connect()
         return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     def close(self) -> None:
         if self._conn is not None:
@@ -169,7 +174,7 @@ class _Bell(FileSystemEventHandler):
             self._event.set()
 
 
-class DoorbellWaiter:
+class DoorbellWaiter(_ClosedOnExit):
     """Watches one host's doorbell file next to the SQLite database."""
 
     def __init__(self, db_path: Path, host_id: str, *, polling: bool = False) -> None:
@@ -188,14 +193,6 @@ class DoorbellWaiter:
         self._observer = observer
         self._event.set()  # first wait reports a wake-up: the caller catches up
         return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     def close(self) -> None:
         if self._observer is not None:
