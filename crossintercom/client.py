@@ -104,15 +104,21 @@ class Incoming:
     receipt: dict[str, Any] | None = None
 
 
+class AttachmentTooLarge(UsageError):
+    """An attachment is over the message size limit; nothing was sent."""
+
+    code = "too_large"
+
+
 def load_attachment(path: str, max_bytes: int) -> Attachment:
     """A file attachment, refused clearly when it is too big or unreadable."""
     fpath = Path(path)
     try:
         size = fpath.stat().st_size
         if size > max_bytes:
-            raise UsageError(
-                f"attachment {path} is {size} bytes; the message limit is {max_bytes} bytes",
-                code="too_large",
+            raise AttachmentTooLarge(
+                f"attachment {path} is {size} bytes; the message limit is {max_bytes} bytes; "
+                "nothing was sent"
             )
         content = fpath.read_text(errors="strict")
     except UnicodeDecodeError:

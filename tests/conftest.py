@@ -306,7 +306,11 @@ class RawConn:
     def __init__(self, home: Path, timeout: float = 10) -> None:
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.settimeout(timeout)
-        self.sock.connect(str(home / "broker.sock"))
+        try:
+            self.sock.connect(str(home / "broker.sock"))
+        except OSError:
+            self.sock.close()
+            raise
         self._rid = 100
 
     def close(self) -> None:

@@ -15,6 +15,11 @@ from crossintercom.inbox import Entry, Inbox
 from crossintercom.models import Attachment
 from crossintercom.runtime import ensure_runtime_dir, modes
 
+ATTACH_HELP = (
+    "Attach a UTF-8 text file. One over the message size limit is refused before anything is "
+    "sent: error code too_large, exit 2."
+)
+
 
 def _attachments(paths: tuple[str, ...], limit: int) -> list[Attachment]:
     return [load_attachment(p, limit) for p in paths]
@@ -89,7 +94,7 @@ def _print_entry(entry: Entry, as_json: bool) -> None:
     metavar="TARGET",
     help="Session id, NAME, NAME@HOSTID or group:NAME.",
 )
-@click.option("--attach", "attach", multiple=True, metavar="PATH", help="Attach a text file.")
+@click.option("--attach", "attach", multiple=True, metavar="PATH", help=ATTACH_HELP)
 @json_option
 @click.argument("message", required=False)
 def send(
@@ -121,7 +126,7 @@ def send(
     show_default=True,
     help="Seconds to wait for the reply.",
 )
-@click.option("--attach", "attach", multiple=True, metavar="PATH", help="Attach a text file.")
+@click.option("--attach", "attach", multiple=True, metavar="PATH", help=ATTACH_HELP)
 @json_option
 @click.argument("message", required=False)
 def ask(
@@ -145,7 +150,7 @@ def ask(
 @click.command()
 @as_options(required=True)
 @click.option("--reply-to", metavar="ID", help="The ask to answer (default: the oldest pending).")
-@click.option("--attach", "attach", multiple=True, metavar="PATH", help="Attach a text file.")
+@click.option("--attach", "attach", multiple=True, metavar="PATH", help=ATTACH_HELP)
 @json_option
 @click.argument("message", required=False)
 def reply(

@@ -458,7 +458,8 @@ class Broker:
                 raise Refusal(
                     "ambiguous",
                     f"{target!r} matches several sessions; use one of: "
-                    + ", ".join(f"{s.name}@{s.host}" for s in found),
+                    # NAME@HOSTID alone cannot tell two same-host sessions apart: add the id.
+                    + ", ".join(f"{s.name}@{s.host} (id {s.id})" for s in found),
                 )
         raise Refusal("not_found", f"no session named {target!r}")
 
