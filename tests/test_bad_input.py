@@ -305,6 +305,7 @@ KNOWN_CODES = {
     "not_relay",
     "relay_in_use",
     "session_in_use",
+    "not_agent",
 }
 
 

@@ -287,3 +287,27 @@ def test_request_id_correlates_interleaved_requests(home: Path) -> None:
         assert answers[7]["type"] == "pong"
         assert answers[8]["code"] == "unknown_type"
         assert answers[9]["type"] == "sessions"
+
+
+def test_control_session_is_not_a_mailbox(home: Path) -> None:
+    """A control client (the relay) gets a stable error for session frames, never 'internal'."""
+    with RawConn(home) as ctl:
+        assert ctl.register(sid(), purpose="control")["attached"] is False
+        for frame in (
+            {"type": "join", "group": "g"},
+            {"type": "leave", "group": "g"},
+            {"type": "pending"},
+            {"type": "send", "message": {"id": sid(), "to": "x", "message": "y"}},
+            {"type": "reply", "message": {"id": sid(), "message": "y"}},
+        ):
+            err = ctl.request(frame)
+            assert (err["type"], err["code"]) == ("error", "not_agent"), (frame, err)
+        assert ctl.request({"type": "set_status", "status": "store ok"})["type"] == "ok"
+        # Not listed and not counted as a session.
+        with RawConn(home) as c:
+            assert c.request({"type": "list"})["sessions"] == []
+            st = c.request({"type": "status"})
+            assert st["sessions"] == 0
+            assert st["relay"] == {"connected": True, "store": "store ok"}
+    assert "Traceback" not in (home / "broker.log").read_text()
+    assert_send_still_works(home)

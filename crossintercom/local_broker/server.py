@@ -218,6 +218,12 @@ class Broker:
                 f"'{ftype}' needs a registered session; send 'register' first",
                 code="not_registered",
             )
+        if conn.control and ftype in ("send", "reply", "join", "leave", "pending"):
+            # A control session (the relay) is not a mailbox: it has no entry in self.live.
+            raise ProtocolError(
+                f"a control session cannot send '{ftype}'; it is not a recipient",
+                code="not_agent",
+            )
         handler = self._handlers.get(type(frame))
         if handler is None:  # pragma: no cover - every union member has a handler
             raise ProtocolError(f"unhandled frame {ftype!r}", code="unknown_type")
