@@ -18,7 +18,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -54,14 +54,33 @@ class Narrator:
         )
 
 
+def _spawn_relay(home: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    """Start a relay process; its output is appended to ``home/relay.log``."""
+    with open(home / "relay.log", "ab") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "crossintercom.relay"],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+        )
+
+
 @dataclass
 class SimHost:
     settings: Settings
     relay: subprocess.Popen[bytes]
+    env: dict[str, str] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
         return self.settings.host_id
+
+    def restart_relay(self) -> None:
+        """Start a new relay process (after the previous one was killed or exited)."""
+        if self.relay.poll() is None:
+            raise CrossintercomError(f"the relay for {self.name} is still running")
+        self.relay = _spawn_relay(self.settings.home, self.env)
 
 
 @contextlib.contextmanager
@@ -71,24 +90,17 @@ def sim_host(root: Path, host_id: str, store_url: str) -> Iterator[SimHost]:
     home.mkdir(mode=0o700)
     env = {**os.environ, ENV_HOME: str(home), ENV_HOST_ID: host_id, ENV_STORE: store_url}
     settings = load_settings(env=env)
-    log = open(home / "relay.log", "wb")  # noqa: SIM115 - closed below, after the process
-    relay = subprocess.Popen(
-        [sys.executable, "-m", "crossintercom.relay"],
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=log,
-        stderr=log,
-    )
+    host = SimHost(settings, _spawn_relay(home, env), env)
     try:
-        yield SimHost(settings, relay)
+        yield host
     finally:
+        relay = host.relay  # the current one: it may have been restarted
         relay.send_signal(signal.SIGTERM)
         try:
             relay.wait(10)
         except subprocess.TimeoutExpired:
             relay.kill()
             relay.wait()
-        log.close()
         with contextlib.suppress(OSError, ValueError):
             os.kill(int(settings.file("broker.pid").read_text().strip()), signal.SIGTERM)
 
