@@ -39,6 +39,17 @@ class Entry:
     shown: bool
 
 
+def _tighten(path: Path, file_mode: int) -> None:
+    """Give an inbox file the runtime file mode; a looser one is tightened and logged (§7)."""
+    try:
+        current = stat.S_IMODE(path.stat().st_mode)
+    except FileNotFoundError:
+        return
+    if current & ~file_mode:
+        path.chmod(file_mode)
+        log.warning("inbox file mode tightened", extra={"path": str(path), "was": oct(current)})
+
+
 class Inbox:
     """Not shared between threads; each process or thread opens its own."""
 
@@ -49,10 +60,14 @@ class Inbox:
         self._db = sqlite3.connect(self.path, timeout=30.0, isolation_level=None)
         if fresh:
             self.path.chmod(file_mode)
+        else:
+            _tighten(self.path, file_mode)
         # WAL + NORMAL: a commit survives a process crash (the failure model) with no fsync each.
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(_SCHEMA)
+        for suffix in ("-wal", "-shm"):  # SQLite gives them the mode the database file had
+            _tighten(self.path.with_name(self.path.name + suffix), file_mode)
 
     def close(self) -> None:
         self._db.close()

@@ -59,12 +59,13 @@ def _environ_of(pid: int) -> dict[str, str]:
 
 
 def pids_using_home(home: Path) -> list[int]:
-    """Processes (other than this one) whose environment names ``home`` as CROSSINTERCOM_HOME."""
+    """Processes (other than this one) whose CROSSINTERCOM_HOME is ``home`` or a dir inside it."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
-        if _environ_of(int(entry.name)).get("CROSSINTERCOM_HOME") == str(home):
+        used = _environ_of(int(entry.name)).get("CROSSINTERCOM_HOME")
+        if used is not None and (used == str(home) or used.startswith(f"{home}/")):
             found.append(int(entry.name))
     return found
 
