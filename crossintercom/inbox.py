@@ -8,13 +8,17 @@ so a message handed over twice (after a crash, a retry or a relay restart) is he
 from __future__ import annotations
 
 import json
+import logging
 import sqlite3
+import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from crossintercom.models import Message
+
+log = logging.getLogger(__name__)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS entries (
