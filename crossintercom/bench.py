@@ -569,7 +569,7 @@ async def _crossintercom_paths(
     }
 
 
-def _wait_relays(hosts: list[SimHost], timeout: float = 30.0) -> None:
+def wait_relays(hosts: list[SimHost], timeout: float = 30.0) -> None:
     from crossintercom.demo import _relay_up
 
     for host in hosts:
@@ -616,7 +616,7 @@ def run_bench(store_url: str | None = None, *, quick: bool = False) -> BenchRepo
             sim_host(root, f"bench-alpha-{token}", url) as alpha,
             sim_host(root, f"bench-beta-{token}", url) as beta,
         ):
-            _wait_relays([alpha, beta])
+            wait_relays([alpha, beta])
             with listeners(alpha, sinks), listeners(beta, sinks):
                 ci = asyncio.run(_crossintercom_paths(alpha, beta, counts, sinks))
 

@@ -1,0 +1,461 @@
+"""`crossintercom chaos`: several simulated hosts exchange mail while faults are injected.
+
+Each host is what a machine runs (its own runtime dir, host id, broker and relay process, see
+``crossintercom.demo.sim_host``) plus a durable listener process (`crossintercom listen --as
+sink`). A sender client per host (Python API, in this process) sends continuously to the sinks of
+the other hosts and, now and then, to its own host's sink. At seeded random moments one of these
+faults hits one host:
+
+* ``relay_kill``: SIGKILL of the relay, restarted a moment later;
+* ``broker_kill``: SIGKILL of the broker; clients and the relay reconnect and respawn it;
+* ``listener_kill``: SIGKILL of the listener, restarted a moment later (it resumes its mail);
+* ``pg_terminate`` (PostgreSQL only): ``pg_terminate_backend`` of every other connection to the
+  store's database, that is the relays' pooled and LISTEN connections.
+
+At the end everything is restarted, the listeners drain (with a deadline), and every inbox
+(``<home>/inbox/<session-id>.sqlite``) is compared with what the senders were told:
+
+* lost: an acknowledged (``delivered`` / ``queued``) message missing from its recipient's inbox;
+* duplicated: a message id, or a sequence number carried in the text, seen twice in one inbox
+  (client retries reuse the id, so the same sequence number under two ids is a duplicate too);
+* phantom (reported, not a failure of this run): a ``not_sent`` message found in an inbox.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import random
+import re
+import secrets
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from crossintercom.client import AsyncClient, Identity
+from crossintercom.demo import SimHost, sim_host
+from crossintercom.errors import CrossintercomError
+from crossintercom.models import durable_session_id, new_id
+from crossintercom.storage import migrate, parse_store_url
+
+SINK = "sink"
+SENDERS_PER_HOST = 2
+SAME_HOST_SHARE = 0.2
+SEND_PAUSE_S = 0.01
+NOT_SENT_PAUSE_S = 0.2
+DRAIN_DEADLINE_S = 90.0
+SEND_DEADLINE_S = 120.0
+ACKNOWLEDGED = ("delivered", "queued")
+_SEQ = re.compile(r"\bseq=(\d+)\b")
+
+
+@dataclass
+class Sent:
+    seq: int
+    id: str
+    sender_host: str
+    recipient_host: str
+    outcome: str
+    code: str | None = None
+
+
+@dataclass
+class ChaosReport:
+    backend: str
+    store: str
+    hosts: int
+    duration_s: float
+    seed: int
+    date: str
+    attempted: int = 0
+    acknowledged: int = 0
+    delivered: int = 0
+    queued: int = 0
+    unknown: int = 0
+    not_sent: int = 0
+    refused: int = 0
+    lost: int = 0
+    duplicated: int = 0
+    duplicated_by_id: int = 0
+    phantom: int = 0
+    in_inboxes: int = 0
+    faults: dict[str, int] = field(default_factory=dict)
+    fault_log: list[dict[str, Any]] = field(default_factory=list)
+    codes: dict[str, int] = field(default_factory=dict)
+    lost_ids: list[str] = field(default_factory=list)
+    drain_s: float = 0.0
+    elapsed_s: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.lost == 0 and self.duplicated == 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self) | {"ok": self.ok}
+
+
+class Listener:
+    """`crossintercom listen --as sink` on one simulated host; killable and restartable."""
+
+    def __init__(self, host: SimHost) -> None:
+        self.host = host
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        with open(self.host.settings.home / "listen.log", "ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "crossintercom.cli.main", "listen", "--as", SINK],
+                env=self.host.env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=log,
+            )
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+    @property
+    def inbox(self) -> Path:
+        s = self.host.settings
+        return s.inbox_dir / f"{durable_session_id(s.host_id, SINK)}.sqlite"
+
+
+def read_inbox(path: Path) -> list[tuple[str, str]]:
+    """(message id, text) of every message saved in an inbox file."""
+    if not path.exists():
+        return []
+    db = sqlite3.connect(path, timeout=30.0)
+    try:
+        rows = db.execute("SELECT id, body FROM entries WHERE kind = 'message'").fetchall()
+    except sqlite3.OperationalError:
+        return []
+    finally:
+        db.close()
+    out = []
+    for msg_id, body in rows:
+        try:
+            text = str(json.loads(body).get("message", ""))
+        except (ValueError, AttributeError):
+            text = ""
+        out.append((str(msg_id), text))
+    return out
+
+
+def _kill_broker(host: SimHost) -> bool:
+    try:
+        pid = int(host.settings.file("broker.pid").read_text().strip())
+        os.kill(pid, signal.SIGKILL)
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def _pg_terminate(url: str) -> int:
+    import psycopg
+
+    with psycopg.connect(parse_store_url(url).libpq_conninfo(), autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid() "
+            "AND backend_type = 'client backend'"
+        ).fetchall()
+    return sum(1 for r in rows if r[0])
+
+
+class Chaos:
+    def __init__(
+        self, url: str, hosts: list[SimHost], duration: float, seed: int, token: str
+    ) -> None:
+        self.url = url
+        self.is_pg = parse_store_url(url).kind == "postgres"
+        self.hosts = hosts
+        self.listeners = [Listener(h) for h in hosts]
+        self.duration = duration
+        self.rng = random.Random(seed)
+        self.seed = seed
+        self.token = token
+        self.sent: list[Sent] = []
+        self.faults: Counter[str] = Counter()
+        self.fault_log: list[dict[str, Any]] = []
+        self._seq = 0
+        self._restarts: set[asyncio.Task[None]] = set()
+        self._t0 = 0.0
+
+    # -- senders ------------------------------------------------------------------------
+
+    async def _sender(self, client: AsyncClient, src: int, k: int, stop: asyncio.Event) -> None:
+        rng = random.Random(f"{self.seed}:{src}:{k}")
+        others = [i for i in range(len(self.hosts)) if i != src]
+        while not stop.is_set():
+            dst = src if rng.random() < SAME_HOST_SHARE else rng.choice(others)
+            self._seq += 1
+            seq = self._seq
+            msg_id = new_id()
+            target = f"{SINK}@{self.hosts[dst].name}"
+            record = Sent(seq, msg_id, self.hosts[src].name, self.hosts[dst].name, "unknown")
+            self.sent.append(record)
+            text = f"chaos {self.token} seq={seq} from={self.hosts[src].name}"
+            try:
+                r = await client.send(target, text, message_id=msg_id)
+                record.outcome, record.code = r.outcome.value, r.code
+            except CrossintercomError as exc:  # usage-level failures end up here
+                record.outcome, record.code = "not_sent", exc.code
+            except asyncio.CancelledError:
+                record.code = "abandoned"
+                raise
+            # Nothing to send through right now (relay down): do not spin on not_sent.
+            await asyncio.sleep(NOT_SENT_PAUSE_S if record.outcome == "not_sent" else SEND_PAUSE_S)
+
+    # -- faults -------------------------------------------------------------------------
+
+    def _later(self, delay: float, fn: Any) -> None:
+        async def run() -> None:
+            await asyncio.sleep(delay)
+            await asyncio.to_thread(fn)
+
+        task = asyncio.get_running_loop().create_task(run())
+        self._restarts.add(task)
+        task.add_done_callback(self._restarts.discard)
+
+    async def _inject(self, stop: asyncio.Event) -> None:
+        kinds = ["relay_kill", "broker_kill", "listener_kill"]
+        if self.is_pg:
+            kinds.append("pg_terminate")
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.rng.uniform(0.5, 2.5))
+            if stop.is_set():
+                return
+            kind = self.rng.choice(kinds)
+            i = self.rng.randrange(len(self.hosts))
+            host, listener = self.hosts[i], self.listeners[i]
+            delay = self.rng.uniform(0.2, 2.0)
+            detail: Any = None
+            if kind == "relay_kill":
+                if host.relay.poll() is not None:
+                    continue  # still down from an earlier fault
+                host.relay.kill()
+                await asyncio.to_thread(host.relay.wait)
+                self._later(delay, host.restart_relay)
+            elif kind == "broker_kill":
+                if not _kill_broker(host):
+                    continue
+            elif kind == "listener_kill":
+                if not listener.alive():
+                    continue
+                await asyncio.to_thread(listener.kill)
+                self._later(delay, listener.start)
+            else:
+                detail = await asyncio.to_thread(_pg_terminate, self.url)
+            self.faults[kind] += 1
+            entry = {"t": round(time.monotonic() - self._t0, 2), "fault": kind, "host": host.name}
+            if kind in ("relay_kill", "listener_kill"):
+                entry["restart_after_s"] = round(delay, 2)
+            if detail is not None:
+                entry["terminated"] = detail
+            self.fault_log.append(entry)
+
+    # -- the run ------------------------------------------------------------------------
+
+    async def run(self) -> float:
+        """Returns how long the drain took."""
+        for listener in self.listeners:
+            listener.start()
+        clients = [
+            AsyncClient(h.settings, Identity.named(h.settings, "src", cwd="/")) for h in self.hosts
+        ]
+        try:
+            for c in clients:
+                await c.connect()
+            from crossintercom.bench import wait_for_sessions
+
+            wanted = {(SINK, h.name) for h in self.hosts}
+            for c in clients:
+                await wait_for_sessions(c, wanted, timeout=60)
+            stop = asyncio.Event()
+            self._t0 = time.monotonic()
+            senders = [
+                asyncio.get_running_loop().create_task(self._sender(c, i, k, stop))
+                for i, c in enumerate(clients)
+                for k in range(SENDERS_PER_HOST)
+            ]
+            injector = asyncio.get_running_loop().create_task(self._inject(stop))
+            await asyncio.sleep(self.duration)
+            stop.set()
+            await injector
+            _done, pending = await asyncio.wait(senders, timeout=SEND_DEADLINE_S)
+            for t in pending:
+                t.cancel()
+            await asyncio.gather(*senders, return_exceptions=True)
+            if self._restarts:
+                await asyncio.gather(*self._restarts, return_exceptions=True)
+            await asyncio.to_thread(self._restart_everything)
+            return await self._drain()
+        finally:
+            for c in clients:
+                await c.close()
+
+    def _restart_everything(self) -> None:
+        for host, listener in zip(self.hosts, self.listeners, strict=True):
+            if host.relay.poll() is not None:
+                host.restart_relay()
+            if not listener.alive():
+                listener.start()
+
+    async def _drain(self) -> float:
+        t0 = time.monotonic()
+        want: dict[str, set[str]] = {}
+        for s in self.sent:
+            if s.outcome in ACKNOWLEDGED:
+                want.setdefault(s.recipient_host, set()).add(s.id)
+        by_name = {h.name: lst for h, lst in zip(self.hosts, self.listeners, strict=True)}
+        while time.monotonic() - t0 < DRAIN_DEADLINE_S:
+            missing = 0
+            for host, ids in want.items():
+                have = {i for i, _ in await asyncio.to_thread(read_inbox, by_name[host].inbox)}
+                missing += len(ids - have)
+            if missing == 0:
+                break
+            await asyncio.sleep(0.5)
+        return time.monotonic() - t0
+
+    def stop_listeners(self) -> None:
+        for listener in self.listeners:
+            listener.stop()
+
+    def tally(self, report: ChaosReport) -> None:
+        outcomes = Counter(s.outcome for s in self.sent)
+        report.attempted = len(self.sent)
+        report.delivered = outcomes["delivered"]
+        report.queued = outcomes["queued"]
+        report.acknowledged = report.delivered + report.queued
+        report.unknown = outcomes["unknown"]
+        report.not_sent = outcomes["not_sent"]
+        report.refused = outcomes["refused"]
+        report.codes = dict(
+            Counter(f"{s.outcome}:{s.code}" for s in self.sent if s.code is not None)
+        )
+        inboxes = {
+            h.name: read_inbox(lst.inbox) for h, lst in zip(self.hosts, self.listeners, strict=True)
+        }
+        mine = re.compile(rf"^chaos {re.escape(self.token)} ")
+        for entries in inboxes.values():
+            ids = Counter(i for i, _ in entries)
+            seqs = Counter(
+                int(m.group(1)) for _, t in entries if mine.match(t) and (m := _SEQ.search(t))
+            )
+            report.in_inboxes += len(entries)
+            report.duplicated_by_id += sum(c - 1 for c in ids.values() if c > 1)
+            report.duplicated += sum(c - 1 for c in seqs.values() if c > 1)
+        report.duplicated = max(report.duplicated, report.duplicated_by_id)
+        held = {name: {i for i, _ in entries} for name, entries in inboxes.items()}
+        for s in self.sent:
+            present = s.id in held.get(s.recipient_host, set())
+            if s.outcome in ACKNOWLEDGED and not present:
+                report.lost += 1
+                report.lost_ids.append(s.id)
+            elif s.outcome == "not_sent" and present:
+                report.phantom += 1
+        report.faults = dict(self.faults)
+        report.fault_log = self.fault_log
+
+
+def run_chaos(
+    store_url: str | None = None, *, hosts: int = 3, duration: float = 30.0, seed: int = 1
+) -> ChaosReport:
+    started = time.monotonic()
+    root = Path(tempfile.mkdtemp(prefix="ci-chaos-"))
+    try:
+        url = store_url or f"sqlite:///{root / 'mailbox.sqlite'}"
+        parsed = parse_store_url(url)
+        migrate.upgrade(url)
+        report = ChaosReport(
+            backend=parsed.kind,
+            store=parsed.masked if store_url else "temporary SQLite file",
+            hosts=hosts,
+            duration_s=duration,
+            seed=seed,
+            date=datetime.now(UTC).isoformat(timespec="seconds"),
+        )
+        token = secrets.token_hex(3)
+        with contextlib.ExitStack() as stack:
+            sims = [stack.enter_context(sim_host(root, f"h{i}-{token}", url)) for i in range(hosts)]
+            from crossintercom.bench import wait_relays
+
+            wait_relays(sims)
+            chaos = Chaos(url, sims, duration, seed, token)
+            try:
+                report.drain_s = round(asyncio.run(chaos.run()), 2)
+            finally:
+                chaos.stop_listeners()
+                for listener in chaos.listeners:
+                    listener.kill()
+        chaos.tally(report)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    report.elapsed_s = round(time.monotonic() - started, 1)
+    return report
+
+
+def render(report: ChaosReport) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    console.print(
+        f"crossintercom chaos: {report.backend} ({report.store}), {report.hosts} hosts, "
+        f"{report.duration_s:g} s, seed {report.seed}, {report.date}"
+    )
+    table = Table()
+    names = (
+        "attempted",
+        "acknowledged",
+        "delivered",
+        "queued",
+        "unknown",
+        "not_sent",
+        "refused",
+        "lost",
+        "duplicated",
+        "phantom",
+    )
+    table.add_column("count")
+    table.add_column("messages", justify="right")
+    for name in names:
+        table.add_row(name, str(getattr(report, name)))
+    console.print(table)
+    faults = ", ".join(f"{k} x{v}" for k, v in sorted(report.faults.items())) or "none"
+    console.print(f"  faults injected: {faults}")
+    if report.codes:
+        console.print(f"  outcome codes: {report.codes}")
+    console.print(f"  drain took {report.drain_s} s; whole run {report.elapsed_s} s")
+    verdict = "OK: nothing acknowledged was lost, nothing duplicated"
+    if not report.ok:
+        verdict = f"FAILED: {report.lost} lost, {report.duplicated} duplicated"
+    console.print(verdict)
