@@ -263,6 +263,7 @@ class Host:
         self.relay: subprocess.Popen[bytes] | None = None
         self._relay_runs = 0
         self.relay_logs: list[Path] = []
+        self._log_of: dict[int, Path] = {}
         self._clients: list[Any] = []
         self.listeners: list[Listener] = []
 
@@ -288,6 +289,7 @@ class Host:
             proc = subprocess.Popen(
                 RELAY, env=self.env, stdin=subprocess.DEVNULL, stdout=log, stderr=log
             )
+        self._log_of[proc.pid] = log_path
         return proc
 
     def start_relay(self, timeout: float = 30) -> Host:
@@ -296,8 +298,11 @@ class Host:
         self.wait_relay(timeout)
         return self
 
-    def relay_log(self) -> str:
-        return self.relay_logs[-1].read_text(errors="replace") if self.relay_logs else ""
+    def relay_log(self, proc: subprocess.Popen[bytes] | None = None) -> str:
+        """What a relay process (default: the current one) wrote to stdout/stderr."""
+        proc = proc or self.relay
+        path = self._log_of.get(proc.pid) if proc is not None else None
+        return path.read_text(errors="replace") if path is not None else ""
 
     def relay_connected(self) -> bool:
         status = broker_query(self.home, {"type": "status"})
