@@ -296,6 +296,11 @@ class AsyncClient:
             msg = msg.with_flags("late")
         new = self.inbox.save(msg)  # saved before delivered: the ack follows the commit
         crash_at("after_save")
+        if not new and self.inbox.holds_other_payload(msg):
+            # The id was reused for another payload after its dedup record was released: this
+            # one is not saved, so it must not be reported delivered.
+            self._ack(msg.id, refused="id_conflict")
+            return
         self._ack(msg.id)
         if new:  # a message handed over again (after a crash or retry) is held and shown once
             self.incoming.put_nowait(Incoming("message", message=msg))
@@ -311,9 +316,12 @@ class AsyncClient:
             self._ack(key)
         self.incoming.put_nowait(Incoming("receipt", receipt=receipt))
 
-    def _ack(self, message_id: str) -> None:
+    def _ack(self, message_id: str, refused: str | None = None) -> None:
         if self._writer is not None and not self._writer.is_closing():
-            self._writer.write(p.encode({"type": "ack", "id": message_id}))
+            frame: dict[str, Any] = {"type": "ack", "id": message_id}
+            if refused is not None:
+                frame["refused"] = refused
+            self._writer.write(p.encode(frame))
 
     async def _request(self, frame: dict[str, Any]) -> dict[str, Any]:
         writer = self._writer
@@ -321,10 +329,18 @@ class AsyncClient:
             raise Disconnected("not connected to the broker")
         rid = self._next_rid
         self._next_rid += 1
+        data = p.encode({**frame, "request_id": rid})
+        if len(data) - p.HEADER.size > self.settings.max_frame_bytes:
+            # The broker would drop the connection; retrying would end as a false `unknown`.
+            raise RemoteError(
+                "too_large",
+                f"frame of {len(data) - p.HEADER.size} bytes exceeds the "
+                f"{self.settings.max_frame_bytes}-byte limit; nothing was sent",
+            )
         fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._requests[rid] = fut
         try:
-            writer.write(p.encode({**frame, "request_id": rid}))
+            writer.write(data)
             await writer.drain()
         except (ConnectionError, OSError):
             self._requests.pop(rid, None)
@@ -452,12 +468,31 @@ class AsyncClient:
             if result.outcome not in (Outcome.DELIVERED, Outcome.QUEUED):
                 return result
             try:
-                reply = await asyncio.wait_for(asyncio.shield(waiter), timeout)
+                reply = await self._await_reply(waiter, timeout)
             except TimeoutError:
                 return result
             return replace(result, reply=reply)
         finally:
             self._ask_waiters.pop(body["id"], None)
+
+    async def _await_reply(self, waiter: asyncio.Future[Message], timeout: float) -> Message:
+        """Wait for an ask's reply. A client that does not reconnect by itself (a one-shot
+        command) re-registers here when the broker goes away, so the new broker can still hand
+        it the reply (live, or from the queue) instead of the ask waiting out its timeout."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while not waiter.done():
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise TimeoutError
+            pause = 0.5
+            if self._writer is None and not self.reconnect and not self._closed:
+                try:
+                    await asyncio.wait_for(self._ensure_connected(), remaining)
+                except CrossintercomError:
+                    pause = 1.0  # no broker yet: try again shortly
+            await asyncio.wait({waiter}, timeout=min(pause, max(0.0, deadline - loop.time())))
+        return waiter.result()
 
     async def reply(
         self,

@@ -60,6 +60,8 @@ class Settings:
     dedup_max_records: int = 10_000
     dedup_max_bytes: int = 64 * 1024 * 1024
     dedup_ttl_s: float = 720.0
+    # How often the broker sweeps expired dedup records and queued messages (expiry receipts).
+    sweep_interval_s: float = 30.0
     remote_ack_wait_s: float = 5.0
     lease_s: float = 15.0
     max_in_flight: int = 1000

@@ -94,6 +94,16 @@ class Inbox:
         )
         return cur.rowcount == 1
 
+    def holds_other_payload(self, message: Message) -> bool:
+        """True if ``message.id`` is held for a different payload (sender, text, thread...)."""
+        row = self._db.execute(
+            "SELECT body FROM entries WHERE kind = 'message' AND id = ?", (message.id,)
+        ).fetchone()
+        if row is None:
+            return False
+        held = Message.from_dict(json.loads(row[0]))
+        return held.canonical_payload() != message.canonical_payload()
+
     def has(self, message_id: str) -> bool:
         row = self._db.execute(
             "SELECT 1 FROM entries WHERE kind = 'message' AND id = ?", (message_id,)

@@ -684,7 +684,11 @@ class Broker:
             if item.kind == "receipt":
                 fut = asyncio.get_running_loop().create_future()
                 conn.acks[item.item_id] = fut
-                conn.write({"type": "notice", "kind": "receipt", "receipt": item.body})
+                # The key makes the client ack it, so it is dequeued (and stops holding up the
+                # rest of the backlog); item_id is the key _notify_sender queued it under.
+                conn.write(
+                    {"type": "notice", "kind": "receipt", "key": item.item_id, "receipt": item.body}
+                )
             else:
                 msg = Message.from_dict(item.body)
                 flags = ["resumed"]
@@ -960,7 +964,7 @@ class Broker:
                 log.info("idle: exiting")
                 self._stop.set()
                 return
-            if now - last_sweep >= 30.0:
+            if now - last_sweep >= self.settings.sweep_interval_s:
                 last_sweep = now
                 self.authority.sweep()
                 self.state.forget_old()
