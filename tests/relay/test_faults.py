@@ -283,6 +283,48 @@ def test_lapsed_lease_shows_offline_and_queues(cluster: Cluster) -> None:
     assert all(c == 1 for c in worker.message_ids().values())
 
 
+def _store_idle_for(store_url: str, host_id: str) -> bool:
+    """True when nothing holds the locks a new relay for ``host_id`` needs first (its hosts and
+    roster rows; for SQLite the whole file)."""
+    if store_url.startswith("postgresql"):
+        admin, dbname = _admin_url(store_url)
+        url = make_url(admin).set(database=dbname).render_as_string(hide_password=False)
+        try:
+            with psycopg.connect(url) as conn:
+                for table in ("hosts", "roster"):
+                    conn.execute(
+                        f"SELECT 1 FROM {table} WHERE host_id = %s FOR UPDATE NOWAIT", (host_id,)
+                    )
+                conn.rollback()
+        except psycopg.errors.LockNotAvailable:
+            return False
+        return True
+    db = sqlite3.connect(str(make_url(store_url).database), timeout=0.2, isolation_level=None)
+    try:
+        db.execute("BEGIN IMMEDIATE")
+        db.execute("ROLLBACK")
+    except sqlite3.OperationalError:
+        return False
+    finally:
+        db.close()
+    return True
+
+
+def pause_between_transactions(proc: Any, store_url: str, host_id: str) -> None:
+    """SIGSTOP a relay at a moment it holds no store lock (a paused relay mid-transaction would
+    block its successor: a hazard of its own, not the one this test is about)."""
+
+    def paused_idle() -> bool:
+        proc.send_signal(signal.SIGSTOP)
+        if _store_idle_for(store_url, host_id):
+            return True
+        proc.send_signal(signal.SIGCONT)
+        time.sleep(0.05)
+        return False
+
+    wait_for(paused_idle, 30, "the old relay to pause between transactions")
+
+
 # --- (d) one relay per host id -----------------------------------------------------------------
 
 
@@ -307,7 +349,7 @@ def test_second_relay_refused_and_other_machine_fences_old(cluster: Cluster) -> 
     # the session moves to another machine with the same host id; the old relay is stalled
     assert worker_old.stop() == 0
     assert old.relay is not None
-    old.relay.send_signal(signal.SIGSTOP)
+    pause_between_transactions(old.relay, cluster.store_url, "B")
     try:
         new = cluster.host("B", dirname="B2")
         worker_new = new.listen("worker")
