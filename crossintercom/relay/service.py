@@ -118,6 +118,7 @@ class Relay:
         self._wake = asyncio.Event()
         self._stop = asyncio.Event()
         self._published: list[dict[str, Any]] | None = None
+        self._publish_lock = asyncio.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self.failure: BaseException | None = None
@@ -215,21 +216,24 @@ class Relay:
     # --- roster and liveness ----------------------------------------------------------------------
 
     async def _publish_roster(self) -> None:
-        sessions = list(self.local_sessions)
-        snapshot = [s.to_dict() for s in sessions]
-        if snapshot == self._published:
-            return
-        try:
-            ok = await self._store_call(
-                self.store.publish_sessions, self.host, self.generation, sessions
-            )
-        except StoreError as exc:
-            log.warning("roster publish failed; will retry", extra={"error": exc.message})
-            return
-        if not ok:
-            self._fenced()
-            return
-        self._published = snapshot
+        # One publish at a time, each of the latest roster: concurrent ones (a burst of
+        # registrations) collided in the store, and an older snapshot could land last.
+        async with self._publish_lock:
+            sessions = list(self.local_sessions)
+            snapshot = [s.to_dict() for s in sessions]
+            if snapshot == self._published:
+                return
+            try:
+                ok = await self._store_call(
+                    self.store.publish_sessions, self.host, self.generation, sessions
+                )
+            except StoreError as exc:
+                log.warning("roster publish failed; will retry", extra={"error": exc.message})
+                return
+            if not ok:
+                self._fenced()
+                return
+            self._published = snapshot
 
     async def _import_roster(self, *, force: bool = False) -> None:
         hosts = await self._store_call(self.store.hosts)

@@ -221,3 +221,20 @@ def test_no_relay_remote_target_not_sent_local_still_works(cluster: Cluster) -> 
     res = a.cli_json("send", "--as", "planner", "--to", "helper", "local is fine")
     assert res["outcome"] == "delivered"
     assert local.next_message()["id"] == res["id"]
+
+
+def test_burst_of_registrations_published_without_conflicts(cluster: Cluster) -> None:
+    """Sessions coming and going in a burst: the relay publishes the roster one write at a time
+    (concurrent publishes of one host's roster collided in the store and had to wait for the
+    next heartbeat), and the other host ends up with exactly the live set."""
+    a = cluster.host("A")
+    b = cluster.host("B")
+    names = [f"w{i}" for i in range(8)]
+    clients = {n: b.client(n) for n in names}
+    for n in names[:3]:
+        clients[n].close()
+    for n in names[3:]:
+        a.wait_sees(n, "B", online=True)
+    for n in names[:3]:
+        a.wait_sees(n, "B", online=False)
+    assert "roster publish failed" not in b.relay_log(), b.relay_log()[-3000:]
