@@ -101,10 +101,13 @@ class Target:
 
 
 class Refusal(Exception):
-    def __init__(self, code: str, message: str) -> None:
+    """Ends an operation with an outcome before anything was delivered (refused by default)."""
+
+    def __init__(self, code: str, message: str, outcome: str = "refused") -> None:
         super().__init__(message)
         self.code = code
         self.message = message
+        self.outcome = outcome
 
 
 class Broker:
@@ -412,10 +415,28 @@ class Broker:
         try:
             return self._resolve_once(target, sender_id)
         except Refusal as refusal:
-            if refusal.code != "not_found" or self.relay is None:
+            if refusal.code != "not_found":
                 raise
+            if self.relay is None:
+                raise self._without_relay(target, refusal) from None
         await self._refresh_roster()
         return self._resolve_once(target, sender_id)
+
+    def _without_relay(self, target: str, refusal: Refusal) -> Refusal:
+        """Not found here and no relay to ask: other hosts could not be searched.
+
+        A target on another host, or any target on a host configured for a shared store, is
+        `not_sent` (safe to resend once the relay runs); with no store it is simply not found.
+        """
+        _, _, host = target.partition("@")
+        if (host and host != self.host) or self.settings.store_url:
+            return Refusal(
+                "no_relay",
+                f"{target!r} is not on this host and no relay is connected to reach other "
+                "hosts; nothing was sent",
+                outcome="not_sent",
+            )
+        return refusal
 
     def _resolve_once(self, target: str, sender_id: str) -> list[Target]:
         local = self._local_sessions()
@@ -509,7 +530,7 @@ class Broker:
         try:
             result = await work
         except Refusal as r:
-            result = {"id": message_id, "outcome": "refused", "code": r.code, "message": r.message}
+            result = {"id": message_id, "outcome": r.outcome, "code": r.code, "message": r.message}
         except Exception as exc:
             log.exception("send failed", extra={"id": message_id})
             result = {
