@@ -8,6 +8,7 @@ Create Date: 2026-11-30
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import sqlalchemy as sa
 from alembic import op
@@ -23,7 +24,7 @@ QUEUED = sa.text("state = 'queued'")
 FINISHED = sa.text("state <> 'queued'")
 
 
-def _partial(where: sa.TextClause) -> dict[str, sa.TextClause]:
+def _partial(where: sa.TextClause) -> dict[str, Any]:
     return {"postgresql_where": where, "sqlite_where": where}
 
 
