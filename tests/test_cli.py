@@ -231,6 +231,8 @@ def test_offline_durable_recipient_gets_queue_once_in_order(cli_env: dict[str, s
         assert [m["message"] for m in got] == ["m0", "m1", "m2"]
         assert [m["id"] for m in got] == [r["id"] for r in ids]
         assert all("resumed" in m["flags"] for m in got)
+        # The one-shot sender has exited: still shown, marked as such.
+        assert all("sender_gone" in m["flags"] for m in got)
         worker.no_message(0.5)
     with Listener(cli_env, "worker") as worker:
         worker.no_message(1.0)  # once: not shown again
