@@ -43,7 +43,7 @@ from crossintercom.models import (
     new_id,
     valid_name,
 )
-from crossintercom.runtime import check_socket_path, modes
+from crossintercom.runtime import check_socket_path, modes, secure_file
 
 log = logging.getLogger(__name__)
 
@@ -168,6 +168,7 @@ class AsyncClient:
             if self.identity is None:
                 raise UsageError("this client has no session, so no inbox")
             self._inbox = Inbox(self.settings.inbox_dir, self.identity.id, modes(self.settings)[1])
+            secure_file(self.settings, self._inbox.path)
         return self._inbox
 
     async def connect(self) -> AsyncClient:

@@ -56,32 +56,48 @@ def ensure_runtime_dir(settings: Settings) -> Path:
             f"runtime dir {home} is owned by uid {st.st_uid}, not by you (uid {os.geteuid()}); "
             "use your own CROSSINTERCOM_HOME"
         )
-    if gid is not None and st.st_gid != gid and st.st_uid == os.geteuid():
-        os.chown(home, -1, gid)
-    current = stat.S_IMODE(st.st_mode)
-    if current & ~dir_mode and st.st_uid == os.geteuid():
-        os.chmod(home, dir_mode)
-        log.warning(
-            "runtime dir mode tightened",
-            extra={"path": str(home), "was": oct(current), "now": oct(dir_mode)},
-        )
-    (home / "inbox").mkdir(mode=dir_mode, exist_ok=True)
+    if st.st_uid == os.geteuid():
+        apply_mode(settings, home, dir_mode)
+    inbox = home / "inbox"
+    inbox.mkdir(mode=dir_mode, exist_ok=True)
+    apply_mode(settings, inbox, dir_mode)
     return home
 
 
-def secure_file(settings: Settings, path: Path) -> None:
-    """Give a file the runtime file mode (and group), tightening a looser one."""
-    _, file_mode = modes(settings)
+def apply_mode(settings: Settings, path: Path, mode: int) -> None:
+    """Set exactly ``mode`` (and the runtime group) on a path we own; log when it was looser.
+
+    Exact rather than only tightened: under a umask such as 022, a group deployment would
+    otherwise create files its group cannot write.
+    """
     try:
-        st = path.stat()
+        st = path.lstat()
     except FileNotFoundError:
         return
-    if stat.S_IMODE(st.st_mode) & ~file_mode:
-        os.chmod(path, file_mode)
-        log.warning(
-            "file mode tightened",
-            extra={"path": str(path), "was": oct(stat.S_IMODE(st.st_mode))},
-        )
+    if stat.S_ISLNK(st.st_mode) or st.st_uid != os.geteuid():
+        return
+    current = stat.S_IMODE(st.st_mode)
+    if current != mode:
+        os.chmod(path, mode)
+        if current & ~mode:
+            log.warning(
+                "mode tightened", extra={"path": str(path), "was": oct(current), "now": oct(mode)}
+            )
     gid = group_gid(settings)
     if gid is not None and st.st_gid != gid:
         os.chown(path, -1, gid)
+
+
+def secure_file(settings: Settings, path: Path) -> None:
+    """Give a file the runtime file mode and group."""
+    apply_mode(settings, path, modes(settings)[1])
+
+
+def secure_tree(settings: Settings) -> None:
+    """Every file the runtime dir and its inbox dir hold gets the runtime modes and group."""
+    dir_mode, _ = modes(settings)
+    for directory in (settings.home, settings.inbox_dir):
+        apply_mode(settings, directory, dir_mode)
+        for entry in directory.iterdir():
+            if not entry.is_symlink() and not entry.is_dir():
+                secure_file(settings, entry)

@@ -344,11 +344,6 @@ def test_loose_inbox_files_are_tightened(cli_env: dict[str, str], runtime_home: 
     assert "inbox file mode tightened" in out.stderr
 
 
-@pytest.mark.xfail(
-    reason="run.py/spawn.py/state.py open existing broker.log, broker.pid and broker.sqlite "
-    "without tightening a looser mode (not this test owner's files)",
-    strict=True,
-)
 def test_loose_broker_files_are_tightened(cli_env: dict[str, str], runtime_home: Path) -> None:
     for name in ("broker.log", "broker.pid", "broker.sqlite"):
         (runtime_home / name).touch(mode=0o644)
@@ -358,11 +353,6 @@ def test_loose_broker_files_are_tightened(cli_env: dict[str, str], runtime_home:
         assert stat.S_IMODE((runtime_home / name).stat().st_mode) == 0o600, name
 
 
-@pytest.mark.xfail(
-    reason="group mode under umask 022: runtime.py creates the dir 0750 and run.py/spawn.py "
-    "files 0640, and only the socket gets the group (not this test owner's files)",
-    strict=True,
-)
 def test_group_modes(runtime_home: Path) -> None:
     home = runtime_home / "shared"
     env = make_env(home, CROSSINTERCOM_GROUP="daemon")

@@ -18,7 +18,7 @@ from crossintercom.local_broker.authority import DedupAuthority
 from crossintercom.local_broker.logcap import CappedFileHandler, ExtraFormatter
 from crossintercom.local_broker.server import Broker
 from crossintercom.local_broker.state import BrokerState
-from crossintercom.runtime import ensure_runtime_dir, modes, secure_file
+from crossintercom.runtime import ensure_runtime_dir, modes, secure_file, secure_tree
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +91,7 @@ async def serve(settings: Settings, authority: DedupAuthority, state: BrokerStat
     try:
         await _self_check(settings.socket_path)
         log.info("broker ready", extra={"pid": os.getpid(), "host_id": settings.host_id})
+        secure_tree(settings)  # files made before us (or by another umask) get our modes
         await broker.wait_stopped()
     finally:
         housekeeping.cancel()

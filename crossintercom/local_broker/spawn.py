@@ -17,7 +17,7 @@ from pathlib import Path
 
 from crossintercom.config import ENV_GROUP, ENV_HOME, ENV_HOST_ID, Settings
 from crossintercom.errors import BrokerUnavailable
-from crossintercom.runtime import ensure_runtime_dir, modes
+from crossintercom.runtime import ensure_runtime_dir, modes, secure_file
 
 _STALE_LOCK_S = 60.0
 
@@ -79,6 +79,7 @@ def ensure_broker(settings: Settings, timeout: float = 15.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if _try_lock(lock, modes(settings)[1]):
+            secure_file(settings, lock)
             try:
                 if not can_connect(sock):
                     _spawn_and_wait(settings, deadline)
@@ -105,6 +106,7 @@ def _spawn_and_wait(settings: Settings, deadline: float) -> None:
         env[ENV_GROUP] = settings.group
     # The log is truncated at each spawn; the broker keeps it under its cap afterwards.
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, modes(settings)[1])
+    secure_file(settings, log_path)
     try:
         # A short-lived launcher starts the broker in its own session and exits, so the broker
         # is never this client's child (no zombie, no Popen left running in the client).
