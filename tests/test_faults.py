@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from soak import (
+from tests.soak import (
     BrokerProc,
     inbox_count,
     inbox_rows,

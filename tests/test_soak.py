@@ -9,7 +9,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-import soak
+from tests import soak
 
 
 def test_soak_broker_killed_at_random_moments() -> None:
