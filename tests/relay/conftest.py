@@ -403,7 +403,19 @@ class Host:
 
     # --- teardown ------------------------------------------------------------------------------
 
+    def begin_stop(self) -> None:
+        """Ask everything to stop (SIGTERM), without waiting: hosts stop in parallel."""
+        for lst in self.listeners:
+            if lst.proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    lst.proc.send_signal(signal.SIGTERM)
+        if self.relay is not None and self.relay.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.relay.send_signal(signal.SIGCONT)  # a test may have paused it
+                self.relay.send_signal(signal.SIGTERM)
+
     def stop(self) -> None:
+        self.begin_stop()
         for lst in self.listeners:
             with contextlib.suppress(Exception):
                 lst.stop()
@@ -445,7 +457,19 @@ class Cluster:
             h.start_relay()
         return h
 
+    def up(self, *host_ids: str, **config: dict[str, float]) -> list[Host]:
+        """Several hosts at once, relays started together; ``A={"lease_s": 2}`` configures A."""
+        hosts = [self.host(h, relay=False, **config.get(h, {})) for h in host_ids]
+        for h in hosts:
+            h.relay = h.spawn_relay()
+        for h in hosts:
+            h.wait_relay()
+        return hosts
+
     def close(self) -> None:
+        for h in self.hosts:
+            with contextlib.suppress(Exception):
+                h.begin_stop()
         for h in self.hosts:
             with contextlib.suppress(Exception):
                 h.stop()

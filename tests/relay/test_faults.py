@@ -112,8 +112,7 @@ def report(
 
 
 def test_recipient_relay_killed_mid_stream(cluster: Cluster) -> None:
-    a = cluster.host("A", remote_ack_wait_s=1)
-    b = cluster.host("B")
+    a, b = cluster.up("A", "B", A={"remote_ack_wait_s": 1})
     worker = b.listen("worker")
     a.wait_sees("worker", "B")
     planner = a.client("planner")
@@ -186,8 +185,7 @@ def _lock_sqlite(path: Path, stop: threading.Event, rounds: list[int]) -> None:
 
 
 def test_store_unreachable_during_stream(cluster: Cluster, backend: str) -> None:
-    a = cluster.host("A", remote_ack_wait_s=2)
-    b = cluster.host("B")
+    a, b = cluster.up("A", "B", A={"remote_ack_wait_s": 2})
     worker = b.listen("worker")
     a.wait_sees("worker", "B")
     planner = a.client("planner")
@@ -211,7 +209,7 @@ def test_store_unreachable_during_stream(cluster: Cluster, backend: str) -> None
     injector = threading.Thread(target=fault, daemon=True)
     injector.start()
     wait_for(lambda: len(outcomes) >= 60 or not thread.is_alive(), 120, "sends under the fault")
-    time.sleep(4.0 if backend == "postgres" else 7.0)  # keep the fault on for a while
+    time.sleep(3.0 if backend == "postgres" else 5.0)  # keep the fault on for a while
     stop.set()
     injector.join(30)
     thread.join(150)
@@ -252,8 +250,7 @@ def test_store_unreachable_during_stream(cluster: Cluster, backend: str) -> None
 
 
 def test_lapsed_lease_shows_offline_and_queues(cluster: Cluster) -> None:
-    a = cluster.host("A", lease_s=2, remote_ack_wait_s=1)
-    b = cluster.host("B")
+    a, b = cluster.up("A", "B", A={"lease_s": 2, "remote_ack_wait_s": 1})
     worker = b.listen("worker")
     a.wait_sees("worker", "B")
     planner = a.client("planner")
@@ -329,8 +326,7 @@ def pause_between_transactions(proc: Any, store_url: str, host_id: str) -> None:
 
 
 def test_second_relay_refused_and_other_machine_fences_old(cluster: Cluster) -> None:
-    a = cluster.host("A", remote_ack_wait_s=1)
-    old = cluster.host("B")
+    a, old = cluster.up("A", "B", A={"remote_ack_wait_s": 1})
     worker_old = old.listen("worker")
     a.wait_sees("worker", "B")
     planner = a.client("planner")

@@ -24,8 +24,7 @@ MESSAGE_KEYS = {
 
 
 def test_send_ask_reply_list_across_two_hosts(cluster: Cluster) -> None:
-    a = cluster.host("A")
-    b = cluster.host("B")
+    a, b = cluster.up("A", "B")
     worker = b.listen("worker")
     planner = a.listen("planner")
     a.wait_sees("worker", "B")
@@ -94,9 +93,7 @@ def test_send_ask_reply_list_across_two_hosts(cluster: Cluster) -> None:
 
 
 def test_three_hosts_groups_names_and_dedup(cluster: Cluster) -> None:
-    a = cluster.host("A")
-    b = cluster.host("B")
-    c = cluster.host("C")
+    a, b, c = cluster.up("A", "B", "C")
     planner = a.client("planner")
     dup_a = a.client("dup", groups=("team",))
     dup_b = b.client("dup")
@@ -180,8 +177,7 @@ def test_three_hosts_groups_names_and_dedup(cluster: Cluster) -> None:
 
 
 def test_offline_recipient_gets_queued_message_once_on_return(cluster: Cluster) -> None:
-    a = cluster.host("A")
-    b = cluster.host("B")
+    a, b = cluster.up("A", "B")
     worker = b.listen("worker")
     a.wait_sees("worker", "B")
     assert worker.stop() == 0
@@ -202,8 +198,7 @@ def test_offline_recipient_gets_queued_message_once_on_return(cluster: Cluster) 
 
 
 def test_no_relay_remote_target_not_sent_local_still_works(cluster: Cluster) -> None:
-    a = cluster.host("A")
-    b = cluster.host("B")
+    a, b = cluster.up("A", "B")
     b.listen("worker")
     a.wait_sees("worker", "B")
     a.stop_relay()
@@ -227,8 +222,7 @@ def test_burst_of_registrations_published_without_conflicts(cluster: Cluster) ->
     """Sessions coming and going in a burst: the relay publishes the roster one write at a time
     (concurrent publishes of one host's roster collided in the store and had to wait for the
     next heartbeat), and the other host ends up with exactly the live set."""
-    a = cluster.host("A")
-    b = cluster.host("B")
+    a, b = cluster.up("A", "B")
     names = [f"w{i}" for i in range(8)]
     clients = {n: b.client(n) for n in names}
     for n in names[:3]:
