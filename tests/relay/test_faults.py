@@ -146,6 +146,50 @@ def test_recipient_relay_killed_mid_stream(cluster: Cluster) -> None:
     assert set(printed) <= set(outcomes)
 
 
+def test_sender_relay_killed_mid_stream(cluster: Cluster) -> None:
+    """The sending host's relay dies: outcomes turn honest (`unknown` for what was in flight,
+    `not_sent`/`no_relay` while it is down); nothing acknowledged is lost, nothing reported
+    `not_sent` ever arrives, and the restarted relay carries on from the store."""
+    a, b = cluster.up("A", "B", A={"remote_ack_wait_s": 1})
+    worker = b.listen("worker")
+    a.wait_sees("worker", "B")
+    planner = a.client("planner")
+
+    thread, outcomes, errors = stream_in_background(planner, "worker@B", 120, "k", concurrency=8)
+    wait_for(lambda: len(outcomes) >= 40 or not thread.is_alive(), 60, "40 outcomes")
+    a.kill_relay()
+    killed_at = len(outcomes)
+    wait_for(lambda: len(outcomes) >= killed_at + 20 or not thread.is_alive(), 60, "more sends")
+    a.start_relay()
+    thread.join(120)
+    assert not thread.is_alive() and not errors, errors
+    assert len(outcomes) == 120
+
+    wait_for(
+        lambda: planner.send("worker@B", "after the restart").outcome.value == "delivered",
+        60,
+        "a send to be delivered after A's relay restarted",
+    )
+    acked = {i for i, o in outcomes.items() if o in ACKED}
+    held = settle(b, "worker", acked, worker)
+    not_sent = {i for i, o in outcomes.items() if o == "not_sent"}
+    unknown = {i for i, o in outcomes.items() if o == "unknown"}
+    lost, dups = report(
+        "sender_relay_kill",
+        outcomes,
+        acked,
+        held,
+        killed_after=killed_at,
+        unknown_arrived=len(unknown & set(held)),
+    )
+    assert set(outcomes.values()) <= {"delivered", "queued", "not_sent", "unknown"}
+    assert not_sent, "no send met the dead relay"
+    assert lost == 0
+    assert dups == 0
+    assert not (not_sent & set(held)), "a message reported not_sent was delivered"
+    assert all(c == 1 for c in worker.message_ids().values())
+
+
 # --- (b) the store unreachable for a while --------------------------------------------------------
 
 
@@ -167,7 +211,7 @@ def _cut_pg_connections(store_url: str, stop: threading.Event, rounds: list[int]
             )
             row = cur.fetchone()
             rounds.append(int(row[0]) if row else 0)
-            stop.wait(0.4)
+            stop.wait(0.05)
 
 
 def _lock_sqlite(path: Path, stop: threading.Event, rounds: list[int]) -> None:
