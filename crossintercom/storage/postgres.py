@@ -38,7 +38,8 @@ class PostgresStore(SqlMailboxStore):
             parsed.url,
             pool_size=POOL_SIZE,
             max_overflow=0,
-            pool_pre_ping=True,
+            # No pre-ping (a round trip per transaction): a dropped pooled connection fails
+            # before COMMIT, is discarded and the transaction retried (SqlMailboxStore._run).
             connect_args={"connect_timeout": CONNECT_TIMEOUT_S, **KEEPALIVES},
         )
         super().__init__(parsed, engine)
@@ -52,10 +53,13 @@ class PostgresStore(SqlMailboxStore):
     def _is_connection_error(self, exc: DBAPIError) -> bool:
         return isinstance(exc.orig, psycopg.OperationalError | psycopg.InterfaceError)
 
+    def _autocommit(self, conn: Connection) -> Connection:
+        return conn.execution_options(isolation_level="AUTOCOMMIT")
+
     def _notify_in_txn(self, conn: Connection, host_ids: Collection[str]) -> None:
         # Delivered at commit, once per channel per transaction (Postgres folds duplicates).
-        for host_id in sorted(host_ids):
-            conn.execute(q.PG_NOTIFY, {"channel": channel_name(host_id)})
+        channels = sorted({channel_name(host_id) for host_id in host_ids})
+        conn.execute(q.PG_NOTIFY, {"channels": channels})
 
     def notify_hosts(self, host_ids: Collection[str]) -> None:
         self._run(lambda c: self._notify_in_txn(c, host_ids))

@@ -8,27 +8,33 @@ take the dialect name. Plain Core that one dialect ignores (``FOR UPDATE`` on SQ
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
-from datetime import datetime
+from collections.abc import Sequence
+from functools import cache
 from typing import Any
 
 from sqlalchemy import (
+    DateTime,
     Delete,
-    Insert,
     Select,
+    Text,
     TextClause,
     Update,
     bindparam,
     delete,
     exists,
+    func,
     select,
     text,
+    tuple_,
     update,
 )
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.sql.dml import ReturningInsert, ReturningUpdate
 
 from crossintercom.storage.tables import deliveries, hosts, messages, receipts, roster, settings
+
+# Statements are built once, with bound parameters, and reused: building and hashing a Core
+# statement per call cost more than the round trip of a one-row statement. The functions that
+# take a dialect or a shape are cached per argument for the same reason.
 
 
 def _insert(dialect: str, table: Any) -> Any:
@@ -36,101 +42,137 @@ def _insert(dialect: str, table: Any) -> Any:
     return postgresql.insert(table) if dialect == "postgresql" else sqlite.insert(table)
 
 
+def _in_keys(dialect: str) -> Any:
+    """``(message_id, recipient_session)`` is one of the batch's keys (see ``key_params``).
+
+    PostgreSQL gets two arrays: one statement text whatever the batch size, and a semi-join
+    the planner runs through the unique index, where an IN list of 1,000 pairs became 1,000
+    OR-ed conditions (~200 ms). SQLite gets an expanding IN list of row values.
+    """
+    key = tuple_(deliveries.c.message_id, deliveries.c.recipient_session)
+    if dialect == "postgresql":
+        return key.in_(
+            select(
+                func.unnest(bindparam("key_mids", type_=postgresql.ARRAY(Text))),
+                func.unnest(bindparam("key_sessions", type_=postgresql.ARRAY(Text))),
+            )
+        )
+    return key.in_(bindparam("keys", expanding=True))
+
+
+def key_params(dialect: str, keys: Sequence[tuple[str, str]]) -> dict[str, Any]:
+    """The parameters ``_in_keys`` reads."""
+    if dialect == "postgresql":
+        return {"key_mids": [k[0] for k in keys], "key_sessions": [k[1] for k in keys]}
+    return {"keys": list(keys)}
+
+
+def _current(host_param: str = "host_id") -> Any:
+    """True while ``:generation`` is still the host's current one (reads are fenced by it)."""
+    return exists().where(
+        hosts.c.host_id == bindparam(host_param), hosts.c.generation == bindparam("generation")
+    )
+
+
 # -- hosts, fencing, liveness ---------------------------------------------------------------
 
 
-def claim_host(dialect: str, host_id: str) -> ReturningInsert[int]:
-    """generation := generation + 1, creating the host row on first start."""
-    stmt = _insert(dialect, hosts).values(host_id=host_id, generation=1, heartbeat=0)
-    stmt = stmt.on_conflict_do_update(
+@cache
+def claim_host(dialect: str) -> Any:
+    """generation := generation + 1, creating the host row on first start. Params: host_id."""
+    stmt = _insert(dialect, hosts).values(host_id=bindparam("host_id"), generation=1, heartbeat=0)
+    return stmt.on_conflict_do_update(
         index_elements=[hosts.c.host_id],
         set_={"generation": hosts.c.generation + 1},
-    )
-    returning: ReturningInsert[int] = stmt.returning(hosts.c.generation)
-    return returning
+    ).returning(hosts.c.generation)
 
 
-def heartbeat(host_id: str, generation: int) -> Update:
-    return (
-        update(hosts)
-        .where(hosts.c.host_id == host_id, hosts.c.generation == generation)
-        .values(heartbeat=hosts.c.heartbeat + 1)
-    )
+# Params: host, gen (an UPDATE may not bind its own column names).
+HEARTBEAT: Update = (
+    update(hosts)
+    .where(hosts.c.host_id == bindparam("host"), hosts.c.generation == bindparam("gen"))
+    .values(heartbeat=hosts.c.heartbeat + 1)
+)
 
+LIST_HOSTS: Select[str, int, int] = select(
+    hosts.c.host_id, hosts.c.generation, hosts.c.heartbeat
+).order_by(hosts.c.host_id)
 
-def list_hosts() -> Select[str, int, int]:
-    return select(hosts.c.host_id, hosts.c.generation, hosts.c.heartbeat).order_by(hosts.c.host_id)
-
-
-def current_generation(host_id: str) -> Select[int]:
-    """Read under a share lock, so a concurrent ``claim_host`` waits until this write ends:
-    a write conditioned on generation g is never committed after g + 1 was handed out."""
-    return select(hosts.c.generation).where(hosts.c.host_id == host_id).with_for_update(read=True)
+# Read under a share lock, so a concurrent ``claim_host`` waits until this write ends: a write
+# conditioned on generation g is never committed after g + 1 was handed out. Params: host_id.
+CURRENT_GENERATION: Select[int] = (
+    select(hosts.c.generation)
+    .where(hosts.c.host_id == bindparam("host_id"))
+    .with_for_update(read=True)
+)
 
 
 # -- roster --------------------------------------------------------------------------------
 
-
-def delete_roster(host_id: str) -> Delete:
-    return delete(roster).where(roster.c.host_id == host_id)
-
-
-def insert_roster() -> Insert:
-    return roster.insert()
-
-
-def list_roster() -> Select[Any]:
-    return select(roster).order_by(roster.c.host_id, roster.c.session_id)
+DELETE_ROSTER: Delete = delete(roster).where(roster.c.host_id == bindparam("host_id"))
+INSERT_ROSTER = roster.insert()
+LIST_ROSTER: Select[Any] = select(roster).order_by(roster.c.host_id, roster.c.session_id)
 
 
 # -- messages and deliveries -----------------------------------------------------------------
 
 
-def insert_message_if_absent(dialect: str) -> Any:
-    return _insert(dialect, messages).on_conflict_do_nothing(index_elements=[messages.c.message_id])
+@cache
+def insert_messages_if_absent(dialect: str) -> Any:
+    """Run with a list of rows (one multi-row INSERT); returns the ids actually inserted."""
+    return (
+        _insert(dialect, messages)
+        .on_conflict_do_nothing(index_elements=[messages.c.message_id])
+        .returning(messages.c.message_id)
+    )
 
 
-def insert_delivery_if_absent(dialect: str) -> Any:
-    """Returns the new seq, or no row when the (message, recipient) pair already existed."""
+@cache
+def insert_deliveries_if_absent(dialect: str) -> Any:
+    """Run with a list of rows; returns (seq, message_id, recipient_session) of the new ones,
+    nothing for a (message, recipient) pair that already existed. Rows get their seq in list
+    order (one multi-row INSERT)."""
     return (
         _insert(dialect, deliveries)
         .on_conflict_do_nothing(
             index_elements=[deliveries.c.message_id, deliveries.c.recipient_session]
         )
-        .returning(deliveries.c.seq)
+        .returning(deliveries.c.seq, deliveries.c.message_id, deliveries.c.recipient_session)
     )
 
 
-def message_digest(message_id: str) -> Select[str]:
-    return select(messages.c.digest).where(messages.c.message_id == message_id)
+# Params: message_id.
+MESSAGE_DIGEST: Select[str] = select(messages.c.digest).where(
+    messages.c.message_id == bindparam("message_id")
+)
+
+# Params: message_ids (a list).
+MESSAGE_DIGESTS: Select[str, str] = select(messages.c.message_id, messages.c.digest).where(
+    messages.c.message_id.in_(bindparam("message_ids", expanding=True))
+)
 
 
-def delivery_state(message_id: str, recipient_session: str) -> Select[str]:
-    return select(deliveries.c.state).where(
-        deliveries.c.message_id == message_id,
-        deliveries.c.recipient_session == recipient_session,
-    )
+@cache
+def delivery_states(dialect: str) -> Select[str, str, str]:
+    """Params: ``key_params``."""
+    return select(
+        deliveries.c.message_id, deliveries.c.recipient_session, deliveries.c.state
+    ).where(_in_keys(dialect))
 
 
-def message_states(message_id: str) -> Select[str, str]:
-    return select(deliveries.c.recipient_session, deliveries.c.state).where(
-        deliveries.c.message_id == message_id
-    )
+# Params: message_id.
+MESSAGE_STATES: Select[str, str] = select(deliveries.c.recipient_session, deliveries.c.state).where(
+    deliveries.c.message_id == bindparam("message_id")
+)
 
 
-def inbound(
-    host_id: str,
-    generation: int,
-    limit: int,
-    session_ids: Collection[str] | None,
-    *,
-    skip_locked: bool,
-) -> Select[int, str, str, Any, str]:
+@cache
+def inbound(*, by_session: bool, skip_locked: bool) -> Select[int, str, str, Any, str]:
     """Queued rows for one host, by state and in seq order, only for its current generation.
 
-    Never ``seq > cursor``: sequences commit out of order, so a cursor would skip late commits.
+    Params: host_id, generation, limit, and session_ids (a list) when ``by_session``. Never
+    ``seq > cursor``: sequences commit out of order, so a cursor would skip late commits.
     """
-    current = exists().where(hosts.c.host_id == host_id, hosts.c.generation == generation)
     stmt = (
         select(
             deliveries.c.seq,
@@ -140,125 +182,160 @@ def inbound(
             messages.c.sender_host,
         )
         .join(messages, messages.c.message_id == deliveries.c.message_id)
-        .where(deliveries.c.recipient_host == host_id, deliveries.c.state == "queued", current)
+        .where(
+            deliveries.c.recipient_host == bindparam("host_id"),
+            deliveries.c.state == "queued",
+            _current(),
+        )
         .order_by(deliveries.c.seq)
-        .limit(limit)
+        .limit(bindparam("limit"))
     )
-    if session_ids is not None:
-        stmt = stmt.where(deliveries.c.recipient_session.in_(list(session_ids)))
+    if by_session:
+        stmt = stmt.where(
+            deliveries.c.recipient_session.in_(bindparam("session_ids", expanding=True))
+        )
     if skip_locked:
         # Rows an ack or expiry is changing right now are skipped, not waited for.
         stmt = stmt.with_for_update(skip_locked=True, of=deliveries)
     return stmt
 
 
-def finish_delivery(
-    host_id: str,
-    ack_message_id: str,
-    recipient_session: str,
-    state: str,
-    reason: str | None,
-    now: datetime,
-) -> Update:
-    """queued → delivered/refused; matches nothing when already finished (idempotent ack)."""
+# queued → delivered/refused for a list of (message_id, recipient_session) keys that share one
+# outcome; matches nothing for a row already finished (idempotent ack). Returns the keys it
+# changed. Params: host_id, new_state, new_reason, finished and ``key_params``.
+@cache
+def finish_deliveries(dialect: str) -> Any:
     return (
         update(deliveries)
         .where(
-            deliveries.c.message_id == ack_message_id,
-            deliveries.c.recipient_session == recipient_session,
-            deliveries.c.recipient_host == host_id,
+            _in_keys(dialect),
+            deliveries.c.recipient_host == bindparam("host_id"),
             deliveries.c.state == "queued",
         )
-        .values(state=state, reason=reason, finished_at=now)
-    )
-
-
-def message_senders(message_ids: Collection[str]) -> Select[str, str]:
-    return select(messages.c.message_id, messages.c.sender_host).where(
-        messages.c.message_id.in_(list(message_ids))
-    )
-
-
-def insert_receipt() -> Insert:
-    return receipts.insert()
-
-
-def list_receipts(host_id: str, limit: int) -> Select[int, str, str, str, str, str | None]:
-    return (
-        select(
-            receipts.c.id,
-            receipts.c.message_id,
-            receipts.c.recipient_session,
-            receipts.c.recipient_host,
-            receipts.c.outcome,
-            receipts.c.code,
+        .values(
+            state=bindparam("new_state"),
+            reason=bindparam("new_reason"),
+            finished_at=bindparam("finished"),
         )
-        .where(receipts.c.sender_host == host_id)
-        .order_by(receipts.c.id)
-        .limit(limit)
+        .returning(deliveries.c.message_id, deliveries.c.recipient_session)
     )
 
 
-def delete_receipts(host_id: str, receipt_ids: Sequence[int]) -> Delete:
-    return delete(receipts).where(receipts.c.sender_host == host_id, receipts.c.id.in_(receipt_ids))
+# One receipt per finished delivery among ``keys``, for the sender's host, in seq order: the
+# outcome is the delivery's new state and the code its reason. Returns the sender hosts (to
+# wake). Params: created and ``key_params``.
+@cache
+def receipts_for_finished(dialect: str) -> Any:
+    return (
+        receipts.insert()
+        .from_select(
+            [
+                "sender_host",
+                "message_id",
+                "recipient_session",
+                "recipient_host",
+                "outcome",
+                "code",
+                "created",
+            ],
+            select(
+                messages.c.sender_host,
+                deliveries.c.message_id,
+                deliveries.c.recipient_session,
+                deliveries.c.recipient_host,
+                deliveries.c.state,
+                deliveries.c.reason,
+                bindparam("created", type_=DateTime(timezone=True)),
+            )
+            .join(messages, messages.c.message_id == deliveries.c.message_id)
+            .where(_in_keys(dialect))
+            .order_by(deliveries.c.seq),
+        )
+        .returning(receipts.c.sender_host)
+    )
 
 
-def expire_batch(now: datetime, limit: int) -> ReturningUpdate[int, str, str, str]:
+# Params: host_id, generation, limit. Fenced in the statement itself: nothing for a stale
+# generation.
+LIST_RECEIPTS: Select[int, str, str, str, str, str | None] = (
+    select(
+        receipts.c.id,
+        receipts.c.message_id,
+        receipts.c.recipient_session,
+        receipts.c.recipient_host,
+        receipts.c.outcome,
+        receipts.c.code,
+    )
+    .where(receipts.c.sender_host == bindparam("host_id"), _current())
+    .order_by(receipts.c.id)
+    .limit(bindparam("limit"))
+)
+
+# Params: host_id, receipt_ids (a list).
+DELETE_RECEIPTS: Delete = delete(receipts).where(
+    receipts.c.sender_host == bindparam("host_id"),
+    receipts.c.id.in_(bindparam("receipt_ids", expanding=True)),
+)
+
+
+def _expire_batch() -> Update:
     due = (
         select(deliveries.c.seq)
-        .where(deliveries.c.state == "queued", deliveries.c.expires_at < now)
+        .where(deliveries.c.state == "queued", deliveries.c.expires_at < bindparam("now"))
         .order_by(deliveries.c.seq)
-        .limit(limit)
+        .limit(bindparam("limit"))
         .with_for_update(skip_locked=True)
     )
     return (
         update(deliveries)
         .where(deliveries.c.seq.in_(due.scalar_subquery()), deliveries.c.state == "queued")
-        .values(state="expired", reason="expired", finished_at=now)
-        .returning(
-            deliveries.c.seq,
-            deliveries.c.message_id,
-            deliveries.c.recipient_session,
-            deliveries.c.recipient_host,
-        )
+        .values(state="expired", reason="expired", finished_at=bindparam("finished"))
     )
+
+
+# Params: now, finished (the same time), limit. Returns the keys it expired.
+EXPIRE_BATCH = _expire_batch().returning(deliveries.c.message_id, deliveries.c.recipient_session)
 
 
 # -- purge ---------------------------------------------------------------------------------
 
-
-def purge_deliveries(cutoff: datetime, limit: int) -> Any:
-    done = (
-        select(deliveries.c.seq)
-        .where(deliveries.c.state != "queued", deliveries.c.finished_at < cutoff)
-        .limit(limit)
+# Params: cutoff, limit.
+PURGE_DELIVERIES = (
+    delete(deliveries)
+    .where(
+        deliveries.c.seq.in_(
+            select(deliveries.c.seq)
+            .where(deliveries.c.state != "queued", deliveries.c.finished_at < bindparam("cutoff"))
+            .limit(bindparam("limit"))
+            .scalar_subquery()
+        )
     )
-    return (
-        delete(deliveries)
-        .where(deliveries.c.seq.in_(done.scalar_subquery()))
-        .returning(deliveries.c.message_id)
+    .returning(deliveries.c.message_id)
+)
+
+# Drop messages among ``message_ids`` that no delivery row refers to any more.
+PURGE_ORPHAN_MESSAGES: Delete = delete(messages).where(
+    messages.c.message_id.in_(bindparam("message_ids", expanding=True)),
+    ~exists().where(deliveries.c.message_id == messages.c.message_id),
+)
+
+# Receipts nobody consumed (their host is gone) go after the retention period.
+# Params: cutoff, limit.
+PURGE_RECEIPTS: Delete = delete(receipts).where(
+    receipts.c.id.in_(
+        select(receipts.c.id)
+        .where(receipts.c.created < bindparam("cutoff"))
+        .limit(bindparam("limit"))
+        .scalar_subquery()
     )
-
-
-def purge_orphan_messages(message_ids: Collection[str]) -> Delete:
-    """Drop messages among ``message_ids`` that no delivery row refers to any more."""
-    return delete(messages).where(
-        messages.c.message_id.in_(list(message_ids)),
-        ~exists().where(deliveries.c.message_id == messages.c.message_id),
-    )
-
-
-def purge_receipts(cutoff: datetime, limit: int) -> Delete:
-    """Receipts nobody consumed (their host is gone) go after the retention period."""
-    old = select(receipts.c.id).where(receipts.c.created < cutoff).limit(limit)
-    return delete(receipts).where(receipts.c.id.in_(old.scalar_subquery()))
+)
 
 
 # -- settings and schema -------------------------------------------------------------------
 
-
-def read_settings() -> Select[int, int]:
-    return select(settings.c.max_message_bytes, settings.c.retention_s).where(settings.c.id == 1)
+READ_SETTINGS: Select[int, int] = select(
+    settings.c.max_message_bytes, settings.c.retention_s
+).where(settings.c.id == 1)
 
 
 def update_settings(values: dict[str, int]) -> Update:
@@ -269,8 +346,10 @@ SCHEMA_VERSION = text("SELECT version_num FROM alembic_version")
 
 # -- PostgreSQL only -------------------------------------------------------------------------
 
-PG_NOTIFY: TextClause = text("SELECT pg_notify(:channel, '')").bindparams(
-    bindparam("channel", type_=None)
+# One statement wakes every host of a transaction; sent at commit, once per channel.
+# Params: channels (a list).
+PG_NOTIFY: TextClause = text(
+    "SELECT pg_notify(channel, '') FROM unnest(CAST(:channels AS text[])) AS channel"
 )
 PG_HEALTH = "SELECT 1"
 # Serialises concurrent `db upgrade` runs; the key is arbitrary but fixed forever.

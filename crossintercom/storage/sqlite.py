@@ -23,6 +23,8 @@ from crossintercom.storage.wakeup import DoorbellWaiter, ring_doorbell
 
 BUSY_TIMEOUT_S = 30
 POOL_SIZE = 2
+# Execution option: run each statement in its own (implicit) transaction, no BEGIN IMMEDIATE.
+AUTOCOMMIT = "crossintercom_autocommit"
 
 
 def sqlite_engine(parsed: StoreURL) -> Engine:
@@ -45,7 +47,8 @@ def sqlite_engine(parsed: StoreURL) -> Engine:
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Connection) -> None:
-        conn.exec_driver_sql("BEGIN IMMEDIATE")
+        if not conn.get_execution_options().get(AUTOCOMMIT):
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
 
     return engine
 
@@ -100,6 +103,10 @@ class SqliteStore(SqlMailboxStore):
     def _commit_failed(self, exc: SQLAlchemyError) -> StoreError:
         # A failed SQLite COMMIT leaves the transaction unapplied: not in doubt, just failed.
         return StoreUnavailable(f"could not commit to the store {self.url_masked}: {one_line(exc)}")
+
+    def _autocommit(self, conn: Connection) -> Connection:
+        # A lone statement takes the locks it needs itself; a read then leaves writers alone.
+        return conn.execution_options(**{AUTOCOMMIT: True})
 
     def _after_commit(self, host_ids: Collection[str]) -> None:
         for host_id in host_ids:

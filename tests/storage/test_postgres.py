@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import text
 
 from crossintercom.errors import StoreInDoubt
-from crossintercom.storage import OutboundItem, open_store
+from crossintercom.storage import Ack, OutboundItem, open_store
 from crossintercom.storage import queries as q
 from crossintercom.storage.postgres import PostgresStore
 from crossintercom.storage.wakeup import PostgresWaiter
@@ -39,17 +39,23 @@ def item(mid: str, host: str = HOST) -> OutboundItem:
 def test_hot_queries_use_indexes(pg_store: PostgresStore) -> None:
     pg_store.enqueue([item(f"m{i}", f"h{i % 20}") for i in range(400)])
     statements = {
-        "claim_inbound": q.inbound(HOST, 1, 500, None, skip_locked=True),
-        "receipts": q.list_receipts(HOST, 500),
-        "expire": q.expire_batch(q_now(), 1000),
+        "claim_inbound": (
+            q.inbound(by_session=False, skip_locked=True),
+            {"host_id": HOST, "generation": 1, "limit": 500},
+        ),
+        "receipts": (q.LIST_RECEIPTS, {"host_id": HOST, "generation": 1, "limit": 500}),
+        "expire": (q.EXPIRE_BATCH, {"now": q_now(), "finished": q_now(), "limit": 1000}),
     }
     with pg_store.engine.connect() as conn:
         conn.execute(text("ANALYZE"))
         # Tiny tables make a seq scan cheapest; forbid it to prove the index is usable.
         conn.execute(text("SET enable_seqscan = off"))
-        for name, stmt in statements.items():
-            compiled = stmt.compile(conn, compile_kwargs={"literal_binds": True})
-            plan = "\n".join(conn.execute(text(f"EXPLAIN {compiled}")).scalars())
+        for name, (stmt, params) in statements.items():
+            compiled = stmt.compile(dialect=conn.dialect)
+            explain = conn.exec_driver_sql(
+                f"EXPLAIN {compiled.string}", compiled.construct_params(params)
+            )
+            plan = "\n".join(explain.scalars())
             assert "Index" in plan, f"{name} does not use an index:\n{plan}"
             assert "Seq Scan on deliveries" not in plan, f"{name}:\n{plan}"
             assert "Seq Scan on receipts" not in plan, f"{name}:\n{plan}"
@@ -149,3 +155,32 @@ def test_commit_lost_in_flight_is_resolved_by_id(pg_store: PostgresStore, pg_url
     [result] = pg_store.enqueue([item("in-doubt")])
     assert result.inserted
     assert pg_store.get_message("in-doubt").states == {"s1": "queued"}  # type: ignore[union-attr]
+
+
+def test_stale_pooled_connections_are_discarded_and_retried(
+    pg_store: PostgresStore, pg_url: str
+) -> None:
+    gen = pg_store.claim_host(HOST)
+    # Two connections in the pool, both idle.
+    threads = [
+        threading.Thread(target=pg_store.enqueue, args=([item(f"warm{i}")],)) for i in range(4)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    dbname = pg_url.rsplit("/", 1)[1]
+    for _round in range(2):
+        with psycopg.connect(libpq(pg_url), autocommit=True) as admin:
+            killed = admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE datname = %s AND pid <> pg_backend_pid()",
+                (dbname,),
+            ).fetchall()
+        assert killed
+        # No pre-ping: each call meets a dead pooled socket first, and must not surface it.
+        assert pg_store.heartbeat(HOST, gen) is True
+        [result] = pg_store.enqueue([item(f"after{_round}")])
+        assert result.inserted
+        assert pg_store.ack(HOST, gen, [Ack(f"after{_round}", "s1", "delivered")]) == 1
+        assert pg_store.receipts("alice@a", 1) == []  # alice never claimed: fenced, no error
