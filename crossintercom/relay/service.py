@@ -29,7 +29,6 @@ from crossintercom.client import AsyncClient, Identity
 from crossintercom.config import Settings
 from crossintercom.errors import (
     CrossintercomError,
-    RemoteError,
     StoreError,
     StoreInDoubt,
     StoreUnavailable,
@@ -129,9 +128,7 @@ class Relay:
         self._loop = asyncio.get_running_loop()
         self.generation = await self._store_call(self.store.claim_host, self.host)
         log.info("relay started", extra={"host_id": self.host, "generation": self.generation})
-        ident = Identity(
-            id=new_id(), name="relay", purpose="control", status=self.store.url_masked
-        )
+        ident = Identity(id=new_id(), name="relay", purpose="control", status=self.store.url_masked)
         self.client = AsyncClient(self.settings, ident, mode="own", spawn=True, reconnect=True)
         self.client.on_frame = self._on_frame
         await self.client.connect()
@@ -337,7 +334,6 @@ class Relay:
         by_key = {(r.message_id, r.recipient_session): r for r in results}
         for fwd in batch:
             self._spawn(self._settle_forward(fwd, by_key))
-        self._wake.set()  # our own receipts may already be there
 
     async def _resolve_in_doubt(self, items: list[OutboundItem]) -> list[EnqueueResult]:
         """The commit's fate is unknown: read the rows by id once the store answers again."""
@@ -458,12 +454,15 @@ class Relay:
                 await asyncio.wait_for(self._wake.wait(), POLL_BACKSTOP_S)
             self._wake.clear()
             try:
-                await self._take_receipts()
-                while await self._claim_once():
-                    pass
+                # Receipts for our senders and rows for our sessions are independent reads.
+                await asyncio.gather(self._take_receipts(), self._claim_all())
             except StoreError as exc:
                 log.warning("store unreachable; retrying", extra={"error": exc.message})
                 await asyncio.sleep(1.0)
+
+    async def _claim_all(self) -> None:
+        while await self._claim_once():
+            pass
 
     async def _claim_once(self) -> bool:
         """Hand one batch of inbound rows to the broker; True if a full batch was moved."""
@@ -489,17 +488,29 @@ class Relay:
         return len(rows) == INBOUND_BATCH and len(acks) == len(rows)
 
     async def _hand_over(self, rows: list[InboundRow]) -> list[Ack]:
-        """One recipient's rows, in order; stop at the first that cannot be handed over now."""
+        """One recipient's rows, all in flight at once; acks for those that landed.
+
+        The frames are written in row order and the broker pushes them to the recipient in the
+        order it reads them, so pipelining keeps per-recipient order. A row that did not land
+        (unknown, broker gone) stays queued and is handed over again next round; the
+        recipient's inbox keys by message id, so that never shows it twice.
+        """
         assert self.client is not None
-        acks = []
-        for row in rows:
-            try:
-                resp = await self.client.query(
+        client = self.client
+        answers = await asyncio.gather(
+            *(
+                client.query(
                     {"type": "inbound", "message": row.payload, "recipient": row.recipient_session}
                 )
-            except (RemoteError, CrossintercomError) as exc:
-                log.warning("hand-over failed", extra={"id": row.message_id, "error": str(exc)})
-                break
+                for row in rows
+            ),
+            return_exceptions=True,
+        )
+        acks = []
+        for row, resp in zip(rows, answers, strict=True):
+            if isinstance(resp, BaseException):
+                log.warning("hand-over failed", extra={"id": row.message_id, "error": str(resp)})
+                continue
             outcome = resp.get("outcome")
             if outcome == "delivered":
                 acks.append(Ack(row.message_id, row.recipient_session, "delivered"))
@@ -507,16 +518,8 @@ class Relay:
                 # Now in the recipient host's durable custody: done for the store.
                 acks.append(Ack(row.message_id, row.recipient_session, "delivered", "queued"))
             elif outcome == "refused":
-                acks.append(
-                    Ack(
-                        row.message_id,
-                        row.recipient_session,
-                        "refused",
-                        str(resp.get("code") or "refused"),
-                    )
-                )
-            else:
-                break  # unknown or not handed over: left queued, tried again next round
+                code = str(resp.get("code") or "refused")
+                acks.append(Ack(row.message_id, row.recipient_session, "refused", code))
         return acks
 
     async def _take_receipts(self) -> None:
