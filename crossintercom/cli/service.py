@@ -56,7 +56,7 @@ def relay(store_url: str | None, polling_observer: bool) -> None:
 @click.command()
 @json_option
 def demo(as_json: bool) -> None:
-    """Two sessions exchange send / ask / reply and print what happened."""
+    """Two simulated hosts over a temporary SQLite store exchange send / ask / reply."""
     from crossintercom.demo import run_demo
 
     run_demo(as_json=as_json)
