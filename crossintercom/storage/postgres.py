@@ -17,6 +17,7 @@ from crossintercom.storage.wakeup import KEEPALIVES, PostgresWaiter, channel_nam
 # Two pooled connections plus the listener: at most three per store object.
 POOL_SIZE = 2
 CONNECT_TIMEOUT_S = 5
+IDLE_IN_TXN_MS = 30_000
 
 
 def hint_for(message: str) -> str:
@@ -40,7 +41,13 @@ class PostgresStore(SqlMailboxStore):
             max_overflow=0,
             # No pre-ping (a round trip per transaction): a dropped pooled connection fails
             # before COMMIT, is discarded and the transaction retried (SqlMailboxStore._run).
-            connect_args={"connect_timeout": CONNECT_TIMEOUT_S, **KEEPALIVES},
+            connect_args={
+                "connect_timeout": CONNECT_TIMEOUT_S,
+                # A relay frozen inside a transaction (SIGSTOP, a paused VM) must not hold its
+                # locks forever: the server ends such a session, so a successor can take over.
+                "options": f"-c idle_in_transaction_session_timeout={IDLE_IN_TXN_MS}",
+                **KEEPALIVES,
+            },
         )
         super().__init__(parsed, engine)
 
