@@ -186,10 +186,7 @@ ClientFrame = (
     | RosterRefresh
 )
 
-CLIENT_TYPES: Final = frozenset(
-    t.__struct_config__.tag
-    for t in ClientFrame.__args__
-)
+CLIENT_TYPES: Final = frozenset(t.__struct_config__.tag for t in ClientFrame.__args__)
 # Frames a connection may send before it registers: queries that need no identity (DESIGN §3)
 # and the acknowledgements that never act on anyone's behalf.
 ANONYMOUS_TYPES: Final = frozenset({"register", "list", "status", "groups", "ping", "confirm"})

@@ -19,13 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.soak import (
-    BrokerProc,
-    inbox_count,
-    inbox_rows,
-    live_broker_pid,
-    queued_count,
-)
 
 from crossintercom.client import Client, Identity
 from crossintercom.config import Settings
@@ -39,6 +32,13 @@ from tests.conftest import (
     run_cli,
     settings_for,
     wait_for,
+)
+from tests.soak import (
+    BrokerProc,
+    inbox_count,
+    inbox_rows,
+    live_broker_pid,
+    queued_count,
 )
 
 EXIT_REFUSED, EXIT_NOT_SENT, EXIT_UNKNOWN, EXIT_NO_REPLY = 3, 4, 5, 6
