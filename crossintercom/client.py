@@ -208,6 +208,9 @@ class AsyncClient:
                             "protocol": p.PROTOCOL_VERSION,
                             "session": self.identity.frame(),
                             "mode": self.mode,
+                            # Asks this client still waits on: after a broker restart their
+                            # replies come back to this connection, not the session's owner.
+                            "awaiting": [a for a, w in self._ask_waiters.items() if not w.done()],
                         }
                     )
                 except RemoteError:

@@ -68,6 +68,8 @@ class Register(msgspec.Struct, tag="register", frozen=True):
     # "own": this connection becomes the session's owner (listen); "auto": attach to the live
     # owner if there is one, else own it for the life of the connection (one-shot commands).
     mode: str = "own"
+    # Ids of asks this session made that the connection still waits on (after a reconnect).
+    awaiting: list[MessageId] = []
 
 
 class Send(msgspec.Struct, tag="send", frozen=True):

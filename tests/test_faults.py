@@ -379,6 +379,59 @@ def test_ask_broker_killed_while_waiting_for_reply(
     assert incoming_ids(bob, 0.5) == []  # never handed to bob twice
 
 
+def test_ask_beside_own_listener_gets_reply_after_broker_restart(
+    cli_env: dict[str, str],
+    cfg: Settings,
+    brokers: list[BrokerProc],
+    clients: Callable[..., Client],
+) -> None:
+    """alice listens *and* asks from a one-shot process attached to her session. After a
+    broker restart the ask re-registers announcing the ask it waits on, so the reply goes to
+    the asking process, not to alice's listener as a late message."""
+    home = cfg.home
+    faulty_broker(brokers, cli_env, "")
+    bob = clients(cfg, "bob")
+    alice = clients(cfg, "alice")  # the listener: owns alice and reconnects by itself
+    asker = subprocess.Popen(
+        [*CLI, "ask", "--as", "alice", "--to", "bob", "--timeout", "40", "--json", "q?"],
+        env=cli_env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        item = bob.next_incoming(timeout=15)
+        assert item is not None and item.message is not None
+        ask_id = item.message.id
+
+        def ask_has_its_outcome() -> bool:  # the asker confirmed `delivered`: record released
+            with RawConn(home) as conn:
+                return bool(conn.request({"type": "status"})["dedup"]["records"] == 0)
+
+        wait_for(ask_has_its_outcome, 15, "the asker to confirm its outcome")
+        old = kill_broker(home)
+        new_broker_serving(home, old)
+
+        def both_back() -> bool:  # alice's listener is registered again
+            with RawConn(home) as conn:
+                sessions = conn.request({"type": "list"})["sessions"]
+            return any(x["name"] == "alice" and x["online"] for x in sessions)
+
+        wait_for(both_back, 15, "alice's listener to reconnect")
+        time.sleep(1.5)  # the one-shot ask re-registers within a second of losing its broker
+        answer = bob.reply("answer!", reply_to=ask_id)
+        assert answer.outcome is Outcome.DELIVERED
+        out, err = asker.communicate(timeout=45)
+    finally:
+        if asker.poll() is None:
+            asker.kill()
+            asker.communicate(timeout=10)
+    assert asker.returncode == 0, (out, err)
+    assert json.loads(out)["reply"]["message"] == "answer!"
+    assert incoming_ids(alice, 0.5) == []  # not also shown to the listener as a late reply
+
+
 @pytest.mark.parametrize(("point", "held"), [("after_reserve", 0), ("after_forward", 1)])
 def test_ask_broker_killed_during_delivery(
     point: str,

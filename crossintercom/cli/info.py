@@ -11,7 +11,8 @@ from rich.table import Table
 from crossintercom.cli.common import as_options, identity, json_option, one_shot, settings
 from crossintercom.cli.output import emit_json
 from crossintercom.client import Client
-from crossintercom.errors import BrokerUnavailable, Disconnected
+from crossintercom.errors import BrokerUnavailable, Disconnected, UsageError
+from crossintercom.models import valid_name
 from crossintercom.storage.urls import mask_url
 
 LIST_FIELDS = ("id", "name", "host", "cwd", "model", "status", "purpose", "groups", "online")
@@ -139,6 +140,15 @@ def groups(as_json: bool) -> None:
     )
 
 
+def _group_name(_ctx: click.Context, _param: click.Parameter, value: str) -> str:
+    if not valid_name(value):
+        raise UsageError(
+            f"invalid group name {value!r}: use letters, digits, '.', '_' or '-', starting "
+            "with a letter or digit, at most 64 characters"
+        )
+    return value
+
+
 def _membership(
     as_name: str, session_id: str | None, group: str, as_json: bool, joining: bool
 ) -> None:
@@ -154,7 +164,7 @@ def _membership(
 @click.command()
 @as_options(required=True)
 @json_option
-@click.argument("group")
+@click.argument("group", callback=_group_name)
 def join(as_name: str, session_id: str | None, as_json: bool, group: str) -> None:
     """Add NAME to GROUP (kept for a durable session)."""
     _membership(as_name, session_id, group, as_json, joining=True)
@@ -163,7 +173,7 @@ def join(as_name: str, session_id: str | None, as_json: bool, group: str) -> Non
 @click.command()
 @as_options(required=True)
 @json_option
-@click.argument("group")
+@click.argument("group", callback=_group_name)
 def leave(as_name: str, session_id: str | None, as_json: bool, group: str) -> None:
     """Remove NAME from GROUP."""
     _membership(as_name, session_id, group, as_json, joining=False)

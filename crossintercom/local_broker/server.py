@@ -340,6 +340,9 @@ class Broker:
                 self.state.remember_session(s.id, s.name, list(info.groups))
                 self.known[s.id] = (s.name, list(info.groups))
         conn.session_id = s.id
+        for ask_id in f.awaiting:
+            if self.state.ask_owner(ask_id) == s.id:
+                self.ask_waiters[ask_id] = conn
         conn.write(
             {
                 "type": "registered",
