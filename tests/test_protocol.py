@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import socket
 import struct
 import uuid
@@ -311,3 +312,35 @@ def test_control_session_is_not_a_mailbox(home: Path) -> None:
             assert st["relay"] == {"connected": True, "store": "store ok"}
     assert "Traceback" not in (home / "broker.log").read_text()
     assert_send_still_works(home)
+
+
+def test_unacknowledged_delivery_is_unknown_and_keeps_the_session(
+    runtime_home: Path, cli_env: dict[str, str]
+) -> None:
+    """A recipient that takes a message but never acks: the sender hears `unknown` (it may
+    have been saved), and the recipient is not thrown off as if its socket had failed."""
+    (runtime_home / "config.json").write_text(json.dumps({"ack_timeout_s": 0.3}))
+    start_broker(cli_env)
+    sid = "5a1d2c3b-4e5f-4a6b-8c7d-9e0f1a2b3c4d"
+    with RawConn(runtime_home) as mute, RawConn(runtime_home) as sender:
+        assert (
+            mute.request(
+                {"type": "register", "protocol": 1, "session": {"id": sid, "name": "mute"}}
+            )["type"]
+            == "registered"
+        )
+        assert (
+            sender.request(
+                {"type": "register", "protocol": 1, "session": {"id": str(uuid.uuid4())}}
+            )["type"]
+            == "registered"
+        )
+        for _ in range(2):
+            mid = str(uuid.uuid4())
+            result = sender.request(
+                {"type": "send", "message": {"id": mid, "to": "mute", "message": "hi"}}
+            )
+            assert (result["outcome"], result["code"]) == ("unknown", "no_ack")
+            assert mute.recv_type("deliver")["message"]["id"] == mid
+        listed = sender.request({"type": "list"})["sessions"]
+        assert [s["online"] for s in listed if s["id"] == sid] == [True]

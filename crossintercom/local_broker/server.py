@@ -675,11 +675,12 @@ class Broker:
             return "connection_lost"
         try:
             await asyncio.wait_for(conn.writer.drain(), self.settings.ack_timeout_s)
-            code = await asyncio.wait_for(asyncio.shield(fut), self.settings.ack_timeout_s)
-        except (ConnectionError, OSError):
+        except OSError:  # TimeoutError included: a client that stops reading cannot be written
             self._retire(conn)  # a write that fails retires the session at once
             return "connection_lost"
-        except TimeoutError:
+        try:
+            code = await asyncio.wait_for(asyncio.shield(fut), self.settings.ack_timeout_s)
+        except TimeoutError:  # written, but not acknowledged in time: the session stays
             conn.acks.pop(msg.id, None)
             return "timeout"
         return "acked" if code is None else code

@@ -19,7 +19,7 @@ import os
 import signal
 import threading
 import time
-from collections import OrderedDict, defaultdict
+from collections import Counter, OrderedDict, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,6 +53,9 @@ HEARTBEAT_S = 1.0
 POLL_BACKSTOP_S = 2.0
 HOUSEKEEPING_S = 60.0
 INBOUND_BATCH = 500
+# A row the recipient's broker answered for but could not hand over this many times is marked
+# refused ("undeliverable") rather than retried forever.
+MAX_HANDOVER_ATTEMPTS = 5
 # A receipt from another host for a message we queued earlier is shown to the sender; we keep
 # the sender of recent forwards to know whom to tell.
 _SENDER_MEMORY = 100_000
@@ -114,6 +117,7 @@ class Relay:
         self._outbox: asyncio.Queue[_Forward] = asyncio.Queue()
         self._receipt_waits: dict[tuple[str, str], asyncio.Future[ReceiptRow]] = {}
         self._senders: OrderedDict[str, str] = OrderedDict()
+        self._failed_handovers: Counter[tuple[str, str]] = Counter()
         self._wake = asyncio.Event()
         self._stop = asyncio.Event()
         self._published: list[dict[str, Any]] | None = None
@@ -512,13 +516,22 @@ class Relay:
                 log.warning("hand-over failed", extra={"id": row.message_id, "error": str(resp)})
                 continue
             outcome = resp.get("outcome")
+            code = str(resp.get("code") or "refused")
+            key = (row.message_id, row.recipient_session)
+            if outcome not in ("delivered", "queued", "refused"):
+                # The broker answered but could not hand it over (the recipient never
+                # acknowledged): retried next round, but not forever.
+                self._failed_handovers[key] += 1
+                if self._failed_handovers[key] < MAX_HANDOVER_ATTEMPTS:
+                    continue
+                outcome, code = "refused", "undeliverable"
+            self._failed_handovers.pop(key, None)
             if outcome == "delivered":
                 acks.append(Ack(row.message_id, row.recipient_session, "delivered"))
             elif outcome == "queued":
                 # Now in the recipient host's durable custody: done for the store.
                 acks.append(Ack(row.message_id, row.recipient_session, "delivered", "queued"))
-            elif outcome == "refused":
-                code = str(resp.get("code") or "refused")
+            else:
                 acks.append(Ack(row.message_id, row.recipient_session, "refused", code))
         return acks
 

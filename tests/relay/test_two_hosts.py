@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import time
 import uuid
+from typing import Any
 
 from tests.relay.conftest import CLI, Cluster, wait_for
 
@@ -232,3 +234,50 @@ def test_burst_of_registrations_published_without_conflicts(cluster: Cluster) ->
     for n in names[:3]:
         a.wait_sees(n, "B", online=False)
     assert "roster publish failed" not in b.relay_log(), b.relay_log()[-3000:]
+
+
+def test_row_that_cannot_be_handed_over_is_refused_not_retried_forever(cluster: Cluster) -> None:
+    """B's recipient takes its messages but never acknowledges them: the row is tried a few
+    times, then marked refused (`undeliverable`) and the sender's host gets that receipt."""
+    from tests.conftest import RawConn
+
+    a, b = cluster.up("A", "B", B={"ack_timeout_s": 0.3})
+    mute = RawConn(b.home)
+    try:
+        sid = "0b0e6a8c-5d1e-4f7a-9c3b-2a1d0e9f8c7b"
+        reg = mute.request(
+            {"type": "register", "protocol": 1, "session": {"id": sid, "name": "mute"}}
+        )
+        assert reg["type"] == "registered"
+        a.wait_sees("mute", "B")
+        planner = a.client("planner")
+        first = planner.send("mute@B", "hello?")
+        assert first.outcome.value == "queued"  # committed; no receipt within remote_ack_wait
+
+        def refused_receipt() -> dict[str, Any] | None:
+            item = planner.next_incoming(timeout=1)
+            if item is not None and item.receipt is not None and item.receipt["id"] == first.id:
+                return item.receipt
+            return None
+
+        receipt = wait_for(
+            refused_receipt,
+            60,
+            lambda: (
+                "the undeliverable receipt on A; B relay log:\n"
+                + b.relay_log()[-3000:]
+                + "\nA relay log:\n"
+                + a.relay_log()[-2000:]
+                + "\nB broker log:\n"
+                + (b.home / "broker.log").read_text()[-2000:]
+            ),
+        )
+        assert (receipt["outcome"], receipt["code"]) == ("refused", "undeliverable")
+        delivered_to_mute = 0
+        mute.sock.settimeout(0.2)
+        with contextlib.suppress(TimeoutError):
+            while (frame := mute.recv()) is not None:
+                delivered_to_mute += frame["type"] == "deliver"
+        assert delivered_to_mute >= 1  # handed over (and never acknowledged) before giving up
+    finally:
+        mute.close()
