@@ -138,6 +138,7 @@ def test_commit_lost_in_flight_is_resolved_by_id(pg_store: PostgresStore, pg_url
         while victim is None and time.monotonic() < deadline:
             row = admin.execute(
                 "SELECT pid FROM pg_stat_activity WHERE query = 'COMMIT' AND state = 'active'"
+                " AND datname = current_database()"  # other tests commit in parallel
             ).fetchone()
             victim = row[0] if row else None
             time.sleep(0.05)
