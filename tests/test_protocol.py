@@ -344,3 +344,35 @@ def test_unacknowledged_delivery_is_unknown_and_keeps_the_session(
             assert mute.recv_type("deliver")["message"]["id"] == mid
         listed = sender.request({"type": "list"})["sessions"]
         assert [s["online"] for s in listed if s["id"] == sid] == [True]
+
+
+def test_receipt_pushed_to_a_sender_that_dies_before_acking_comes_back(
+    runtime_home: Path, cli_env: dict[str, str]
+) -> None:
+    """An `expired` receipt shown live to a durable sender whose connection dies before it
+    acknowledges stays queued, and is handed over again when the sender returns."""
+    (runtime_home / "config.json").write_text(
+        json.dumps({"retention_s": 0.5, "sweep_interval_s": 0.2})
+    )
+    start_broker(cli_env)
+    alice = {"id": str(uuid.uuid4()), "name": "alice", "durable": True}
+    bob = {"id": str(uuid.uuid4()), "name": "bob", "durable": True}
+    with RawConn(runtime_home) as b:
+        b.request({"type": "register", "protocol": 1, "session": bob})
+    with RawConn(runtime_home) as a:
+        a.request({"type": "register", "protocol": 1, "session": alice})
+        mid = str(uuid.uuid4())
+        sent = a.request({"type": "send", "message": {"id": mid, "to": "bob", "message": "x"}})
+        assert sent["outcome"] == "queued"
+        notice = a.recv_type("notice")  # the expiry receipt, live; never acknowledged
+        assert (notice["receipt"]["id"], notice["receipt"]["outcome"]) == (mid, "expired")
+    with RawConn(runtime_home) as again:
+        again.request({"type": "register", "protocol": 1, "session": alice})
+        resent = again.recv_type("notice")
+        assert resent["receipt"]["id"] == mid
+        again.send({"type": "ack", "id": resent["key"]})
+    with RawConn(runtime_home) as third:  # acknowledged now: not handed over a third time
+        third.request({"type": "register", "protocol": 1, "session": alice})
+        third.sock.settimeout(0.5)
+        with pytest.raises(TimeoutError):
+            third.recv()

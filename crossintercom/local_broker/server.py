@@ -955,14 +955,24 @@ class Broker:
         """A receipt for a sender on this host: shown live, or queued for its return."""
         live = self.live.get(sender_id)
         key = f"{receipt.get('id')}:{receipt.get('recipient') or ''}:{receipt.get('outcome')}"
+        durable = sender_id in self.known
+        if durable:
+            # Queued first: a live push whose connection dies before the ack is not lost.
+            self.state.enqueue(sender_id, "receipt", key, receipt, self.settings.retention_s)
         if live is not None and live.owner is not None:
             conn = live.owner
             fut: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
             conn.acks[key] = fut
-            if conn.write({"type": "notice", "kind": "receipt", "key": key, "receipt": receipt}):
-                return
-        if sender_id in self.known:
-            self.state.enqueue(sender_id, "receipt", key, receipt, self.settings.retention_s)
+            notice = {"type": "notice", "kind": "receipt", "key": key, "receipt": receipt}
+            if conn.write(notice) and durable:
+                self._spawn(self._dequeue_on_ack(sender_id, key, fut))
+
+    async def _dequeue_on_ack(
+        self, sender_id: str, key: str, fut: asyncio.Future[str | None]
+    ) -> None:
+        with contextlib.suppress(TimeoutError):
+            if await asyncio.wait_for(fut, self.settings.ack_timeout_s) is None:
+                self.state.dequeue_item(sender_id, "receipt", key)
 
     def _require_relay(self, conn: Conn) -> None:
         if conn is not self.relay:

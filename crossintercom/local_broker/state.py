@@ -128,6 +128,12 @@ class BrokerState:
     def dequeue(self, seq: int) -> None:
         self._db.execute("DELETE FROM queue WHERE seq = ?", (seq,))
 
+    def dequeue_item(self, recipient: str, kind: str, item_id: str) -> None:
+        self._db.execute(
+            "DELETE FROM queue WHERE recipient = ? AND kind = ? AND item_id = ?",
+            (recipient, kind, item_id),
+        )
+
     def queue_size(self) -> int:
         return int(self._db.execute("SELECT count(*) FROM queue").fetchone()[0])
 
