@@ -39,7 +39,6 @@ from crossintercom.models import (
     now_iso,
     weakest,
 )
-from crossintercom.runtime import modes
 
 log = logging.getLogger(__name__)
 
@@ -1054,7 +1053,3 @@ def _request_id_of(body: bytes) -> int | None:
         return None
     rid = obj.get("request_id") if isinstance(obj, dict) else None
     return rid if isinstance(rid, int) and not isinstance(rid, bool) else None
-
-
-def file_mode(settings: Settings) -> int:
-    return modes(settings)[1]
