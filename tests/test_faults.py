@@ -15,6 +15,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -91,6 +92,12 @@ def incoming_ids(client: Client, wait: float) -> list[str]:
         if item is not None and item.message is not None:
             out.append(item.message.id)
     return out
+
+
+def asker_confirmed(home: Path) -> bool:
+    """The asker confirmed its `delivered` outcome: the broker released the dedup record."""
+    with RawConn(home) as conn:
+        return bool(conn.request({"type": "status"})["dedup"]["records"] == 0)
 
 
 def new_broker_serving(home: Path, dead_pid: int) -> int:
@@ -355,11 +362,7 @@ def test_ask_broker_killed_while_waiting_for_reply(
         ask_id = item.message.id
         assert item.message.expects_reply
 
-        def ask_has_its_outcome() -> bool:  # the asker confirmed `delivered`: record released
-            with RawConn(home) as conn:
-                return bool(conn.request({"type": "status"})["dedup"]["records"] == 0)
-
-        wait_for(ask_has_its_outcome, 15, "the asker to confirm its outcome")
+        wait_for(partial(asker_confirmed, home), 15, "the asker to confirm its outcome")
         kill_broker(home)  # the person's SIGKILL, while `ask` waits for the reply
         answer = bob.reply("answer!", reply_to=ask_id)  # bob's client respawns a broker
         assert answer.outcome in (Outcome.DELIVERED, Outcome.QUEUED)
@@ -405,17 +408,16 @@ def test_ask_beside_own_listener_gets_reply_after_broker_restart(
         assert item is not None and item.message is not None
         ask_id = item.message.id
 
-        def ask_has_its_outcome() -> bool:  # the asker confirmed `delivered`: record released
-            with RawConn(home) as conn:
-                return bool(conn.request({"type": "status"})["dedup"]["records"] == 0)
-
-        wait_for(ask_has_its_outcome, 15, "the asker to confirm its outcome")
+        wait_for(partial(asker_confirmed, home), 15, "the asker to confirm its outcome")
         old = kill_broker(home)
         new_broker_serving(home, old)
 
         def both_back() -> bool:  # alice's listener is registered again
-            with RawConn(home) as conn:
-                sessions = conn.request({"type": "list"})["sessions"]
+            try:
+                with RawConn(home) as conn:
+                    sessions = conn.request({"type": "list"})["sessions"]
+            except OSError:  # the new broker may not accept connections yet
+                return False
             return any(x["name"] == "alice" and x["online"] for x in sessions)
 
         wait_for(both_back, 15, "alice's listener to reconnect")
