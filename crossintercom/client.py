@@ -330,7 +330,7 @@ class AsyncClient:
     async def _request(self, frame: dict[str, Any]) -> dict[str, Any]:
         writer = self._writer
         if writer is None or writer.is_closing():
-            raise Disconnected("not connected to the broker")
+            raise Disconnected("not connected to the broker", written=False)
         rid = self._next_rid
         self._next_rid += 1
         data = p.encode({**frame, "request_id": rid})
@@ -348,7 +348,7 @@ class AsyncClient:
             await writer.drain()
         except (ConnectionError, OSError):
             self._requests.pop(rid, None)
-            raise Disconnected("the connection to the broker was lost") from None
+            raise Disconnected("the connection to the broker was lost", written=False) from None
         return await fut
 
     def post(self, frame: dict[str, Any]) -> bool:
@@ -399,8 +399,14 @@ class AsyncClient:
                 async for attempt in retrying:
                     with attempt:
                         await self._ensure_connected()
-                        maybe_sent = True
-                        resp = await asyncio.wait_for(self._request(frame), OPERATION_DEADLINE_S)
+                        try:
+                            resp = await asyncio.wait_for(
+                                self._request(frame), OPERATION_DEADLINE_S
+                            )
+                        except Disconnected as exc:
+                            # Lost before the frame was written: that attempt sent nothing.
+                            maybe_sent = maybe_sent or exc.details.get("written", True)
+                            raise
             except _RECOVERABLE as exc:
                 if maybe_sent:
                     return SendResult(msg_id, Outcome.UNKNOWN, "disconnected", str(exc))
