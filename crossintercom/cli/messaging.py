@@ -11,6 +11,7 @@ import click
 from crossintercom.cli.common import as_options, identity, json_option, one_shot, settings
 from crossintercom.cli.output import emit_json, format_message, result_exit
 from crossintercom.client import MAX_ASK_TIMEOUT_S, Client, Identity, load_attachment
+from crossintercom.config import Settings
 from crossintercom.inbox import Entry, Inbox
 from crossintercom.models import Attachment
 from crossintercom.runtime import ensure_runtime_dir, modes
@@ -19,6 +20,14 @@ ATTACH_HELP = (
     "Attach a UTF-8 text file. One over the message size limit is refused before anything is "
     "sent: error code too_large, exit 2."
 )
+
+
+def _outgoing(
+    message: str | None, attach: tuple[str, ...]
+) -> tuple[Settings, str, list[Attachment]]:
+    """Settings, text and attachments of a send/ask/reply, checked before anything is sent."""
+    cfg = settings()
+    return cfg, _message_arg(message), _attachments(attach, cfg.max_message_bytes)
 
 
 def _attachments(paths: tuple[str, ...], limit: int) -> list[Attachment]:
@@ -106,9 +115,7 @@ def send(
     message: str | None,
 ) -> None:
     """Send MESSAGE to TARGET without waiting for an answer ('-' reads standard input)."""
-    cfg = settings()
-    text = _message_arg(message)
-    files = _attachments(attach, cfg.max_message_bytes)
+    cfg, text, files = _outgoing(message, attach)
     with one_shot(cfg, identity(cfg, as_name, session_id)) as client:
         result = client.send(target, text, files)
     result_exit(result, as_json)
@@ -139,9 +146,7 @@ def ask(
     message: str | None,
 ) -> None:
     """Send MESSAGE to TARGET and wait for its reply (exit 6 when none comes in time)."""
-    cfg = settings()
-    text = _message_arg(message)
-    files = _attachments(attach, cfg.max_message_bytes)
+    cfg, text, files = _outgoing(message, attach)
     with one_shot(cfg, identity(cfg, as_name, session_id)) as client:
         result = client.ask(target, text, files, timeout=timeout)
     result_exit(result, as_json, with_reply=True)
@@ -162,9 +167,7 @@ def reply(
     message: str | None,
 ) -> None:
     """Answer an ask that was delivered to NAME."""
-    cfg = settings()
-    text = _message_arg(message)
-    files = _attachments(attach, cfg.max_message_bytes)
+    cfg, text, files = _outgoing(message, attach)
     with one_shot(cfg, identity(cfg, as_name, session_id)) as client:
         result = client.reply(text, reply_to=reply_to, attachments=files)
     result_exit(result, as_json)
