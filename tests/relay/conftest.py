@@ -36,6 +36,7 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from tests.conftest import pids_using_home  # noqa: E402
 from tests.pgharness import (  # noqa: E402, F401  (fixtures are found by name)
     PgServer,
     pg_server,
@@ -63,34 +64,6 @@ def wait_for(predicate: Callable[[], Any], timeout: float, what: str | Callable[
             text = what() if callable(what) else what
             raise AssertionError(f"timed out after {timeout}s waiting for {text}")
         time.sleep(0.05)
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    with contextlib.suppress(OSError):
-        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[:1]
-        if state == ["Z"]:
-            return False
-    return True
-
-
-def pids_using_home(home: Path) -> list[int]:
-    """Processes (other than this one) whose environment names ``home`` as CROSSINTERCOM_HOME."""
-    want = f"CROSSINTERCOM_HOME={home}".encode()
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            raw = (entry / "environ").read_bytes()
-        except OSError:
-            continue
-        if want in raw.split(b"\0"):
-            found.append(int(entry.name))
-    return found
 
 
 # --- a bare socket query to a broker (no session, no threads) ----------------------------------
