@@ -26,6 +26,9 @@ from typing import Any
 
 import pytest
 
+# The process helpers live in tests/soak.py, which must run as a plain script without pytest.
+from tests.soak import broker_pid, pid_alive, wait_for
+
 REPO = Path(__file__).resolve().parents[1]
 # Plain `pytest` (not `python -m pytest`) does not put the checkout on sys.path.
 if str(REPO) not in sys.path:
@@ -70,26 +73,6 @@ def pids_using_home(home: Path) -> list[int]:
     return found
 
 
-def broker_pid(home: Path) -> int | None:
-    try:
-        text = (home / "broker.pid").read_text().strip()
-    except OSError:
-        return None
-    return int(text) if text.isdigit() else None
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    with contextlib.suppress(OSError):
-        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[:1]
-        if state == ["Z"]:
-            return False
-    return True
-
-
 def kill_broker(home: Path) -> int | None:
     """SIGKILL the broker whose pid is in ``home/broker.pid``; returns that pid (or None)."""
     pid = broker_pid(home)
@@ -98,18 +81,6 @@ def kill_broker(home: Path) -> int | None:
             os.kill(pid, signal.SIGKILL)
         wait_for(lambda: not pid_alive(pid), 5, f"broker {pid} to die")
     return pid
-
-
-def wait_for(predicate: Any, timeout: float, what: str = "condition") -> Any:
-    """Poll ``predicate`` until it returns something truthy; fail the test after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.02)
 
 
 # --- runtime dir and environment ----------------------------------------------------------------

@@ -28,7 +28,6 @@ import os
 import random
 import shutil
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -38,6 +37,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from crossintercom.local_broker.spawn import can_connect
 
 REPO = Path(__file__).resolve().parents[1]
 FAULTS_ENV = "CROSSINTERCOM_FAULTS"
@@ -54,18 +55,6 @@ def make_env(home: Path, host_id: str = HOST_ID, **extra: str) -> dict[str, str]
     env.update(CROSSINTERCOM_HOME=str(home), CROSSINTERCOM_HOST_ID=host_id, **extra)
     env["PYTHONPATH"] = str(REPO)
     return env
-
-
-def can_connect(path: Path) -> bool:
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        s.settimeout(1.0)
-        s.connect(str(path))
-    except OSError:
-        return False
-    finally:
-        s.close()
-    return True
 
 
 def pid_alive(pid: int) -> bool:

@@ -94,6 +94,18 @@ def incoming_ids(client: Client, wait: float) -> list[str]:
     return out
 
 
+def start_ask(env: dict[str, str], text: str) -> subprocess.Popen[str]:
+    """`crossintercom ask --as alice --to bob` in the background, waiting up to 40 s."""
+    return subprocess.Popen(
+        [*CLI, "ask", "--as", "alice", "--to", "bob", "--timeout", "40", "--json", text],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
 def asker_confirmed(home: Path) -> bool:
     """The asker confirmed its `delivered` outcome: the broker released the dedup record."""
     with RawConn(home) as conn:
@@ -348,14 +360,7 @@ def test_ask_broker_killed_while_waiting_for_reply(
     home = cfg.home
     faulty_broker(brokers, cli_env, "")
     bob = clients(cfg, "bob")
-    asker = subprocess.Popen(
-        [*CLI, "ask", "--as", "alice", "--to", "bob", "--timeout", "40", "--json", "question?"],
-        env=cli_env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    asker = start_ask(cli_env, "question?")
     try:
         item = bob.next_incoming(timeout=15)
         assert item is not None and item.message is not None
@@ -395,14 +400,7 @@ def test_ask_beside_own_listener_gets_reply_after_broker_restart(
     faulty_broker(brokers, cli_env, "")
     bob = clients(cfg, "bob")
     alice = clients(cfg, "alice")  # the listener: owns alice and reconnects by itself
-    asker = subprocess.Popen(
-        [*CLI, "ask", "--as", "alice", "--to", "bob", "--timeout", "40", "--json", "q?"],
-        env=cli_env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    asker = start_ask(cli_env, "q?")
     try:
         item = bob.next_incoming(timeout=15)
         assert item is not None and item.message is not None
