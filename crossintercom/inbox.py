@@ -2,7 +2,11 @@
 
 One SQLite file per session id under ``$CROSSINTERCOM_HOME/inbox/``. The message id is the key,
 so a message handed over twice (after a crash, a retry or a relay restart) is held once. The
-``shown`` mark is set only after the message was printed and flushed (DESIGN §5).
+``shown`` mark is set only after the message was printed and flushed (docs/delivery.md).
+
+This module is the only one that knows where an inbox file lives and what it holds: every reader
+(the CLI, the tools, the tests) goes through ``Inbox``; ``Inbox.view`` reads another process's
+inbox without creating or changing anything.
 """
 
 from __future__ import annotations
@@ -44,7 +48,7 @@ class Entry:
 
 
 def _tighten(path: Path, file_mode: int) -> None:
-    """Give an inbox file the runtime file mode; a looser one is tightened and logged (§7)."""
+    """Give an inbox file the runtime file mode; a looser one is tightened and logged."""
     try:
         current = stat.S_IMODE(path.stat().st_mode)
     except FileNotFoundError:
@@ -54,12 +58,33 @@ def _tighten(path: Path, file_mode: int) -> None:
         log.warning("inbox file mode tightened", extra={"path": str(path), "was": oct(current)})
 
 
+_COLUMNS = "seq, id, kind, body, shown"
+
+
+def _open_read_only(path: Path) -> sqlite3.Connection:
+    """A connection that can only read ``path``; an inbox not written yet reads as empty."""
+    if path.exists():
+        db = sqlite3.connect(f"{path.absolute().as_uri()}?mode=ro", uri=True, timeout=30.0)
+        if db.execute("SELECT 1 FROM sqlite_master WHERE name = 'entries'").fetchone():
+            return db
+        db.close()  # created by its owner, who has not written the schema yet
+    db = sqlite3.connect(":memory:")
+    db.executescript(_SCHEMA)
+    db.execute("PRAGMA query_only = ON")
+    return db
+
+
 class Inbox:
     """Not shared between threads; each process or thread opens its own."""
 
-    def __init__(self, directory: Path, session_id: str, file_mode: int = 0o600) -> None:
-        directory.mkdir(parents=True, exist_ok=True)
+    def __init__(
+        self, directory: Path, session_id: str, file_mode: int = 0o600, *, read_only: bool = False
+    ) -> None:
         self.path = directory / f"{session_id}.sqlite"
+        if read_only:
+            self._db = _open_read_only(self.path)
+            return
+        directory.mkdir(parents=True, exist_ok=True)
         fresh = not self.path.exists()
         self._db = sqlite3.connect(self.path, timeout=30.0, isolation_level=None)
         if fresh:
@@ -73,8 +98,21 @@ class Inbox:
         for suffix in ("-wal", "-shm"):  # SQLite gives them the mode the database file had
             _tighten(self.path.with_name(self.path.name + suffix), file_mode)
 
+    @classmethod
+    def view(cls, directory: Path, session_id: str) -> Inbox:
+        """Read a session's inbox (another process may own it) without creating or writing it."""
+        return cls(directory, session_id, read_only=True)
+
     def close(self) -> None:
         self._db.close()
+
+    def __enter__(self) -> Inbox:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- writing (the session's own client) ---------------------------------------------------
 
     def save(self, message: Message, *, shown: bool = False) -> bool:
         """Store once; True if it was new. Committed before the caller acknowledges."""
@@ -96,25 +134,10 @@ class Inbox:
 
     def holds_other_payload(self, message: Message) -> bool:
         """True if ``message.id`` is held for a different payload (sender, text, thread...)."""
-        row = self._db.execute(
-            "SELECT body FROM entries WHERE kind = 'message' AND id = ?", (message.id,)
-        ).fetchone()
-        if row is None:
+        held = self.message(message.id)
+        if held is None:
             return False
-        held = Message.from_dict(json.loads(row[0]))
-        return held.canonical_payload() != message.canonical_payload()
-
-    def has(self, message_id: str) -> bool:
-        row = self._db.execute(
-            "SELECT 1 FROM entries WHERE kind = 'message' AND id = ?", (message_id,)
-        ).fetchone()
-        return row is not None
-
-    def unshown(self) -> list[Entry]:
-        rows = self._db.execute(
-            "SELECT seq, id, kind, body, shown FROM entries WHERE shown = 0 ORDER BY seq"
-        ).fetchall()
-        return [Entry(r[0], r[1], r[2], json.loads(r[3]), bool(r[4])) for r in rows]
+        return Message.from_dict(held.body).canonical_payload() != message.canonical_payload()
 
     def mark_shown(self, seqs: list[int]) -> None:
         if seqs:
@@ -126,12 +149,10 @@ class Inbox:
         )
 
     def add_flag(self, message_id: str, flag: str) -> None:
-        row = self._db.execute(
-            "SELECT body FROM entries WHERE kind = 'message' AND id = ?", (message_id,)
-        ).fetchone()
-        if row is None:
+        held = self.message(message_id)
+        if held is None:
             return
-        body = json.loads(row[0])
+        body = held.body
         if flag not in body["flags"]:
             body["flags"].append(flag)
             self._db.execute(
@@ -139,8 +160,38 @@ class Inbox:
                 (json.dumps(body), message_id),
             )
 
-    def transcript(self) -> list[Entry]:
+    # --- reading ------------------------------------------------------------------------------
+
+    def _select(self, where: str = "", params: tuple[Any, ...] = ()) -> list[Entry]:
         rows = self._db.execute(
-            "SELECT seq, id, kind, body, shown FROM entries ORDER BY seq"
+            f"SELECT {_COLUMNS} FROM entries {where} ORDER BY seq", params
         ).fetchall()
         return [Entry(r[0], r[1], r[2], json.loads(r[3]), bool(r[4])) for r in rows]
+
+    def transcript(self) -> list[Entry]:
+        """Every message and receipt, in arrival order."""
+        return self._select()
+
+    def messages(self) -> list[Entry]:
+        return self._select("WHERE kind = 'message'")
+
+    def receipts(self) -> list[Entry]:
+        return self._select("WHERE kind = 'receipt'")
+
+    def unshown(self) -> list[Entry]:
+        return self._select("WHERE shown = 0")
+
+    def message(self, message_id: str) -> Entry | None:
+        found = self._select("WHERE kind = 'message' AND id = ?", (message_id,))
+        return found[0] if found else None
+
+    def has(self, message_id: str) -> bool:
+        row = self._db.execute(
+            "SELECT 1 FROM entries WHERE kind = 'message' AND id = ?", (message_id,)
+        ).fetchone()
+        return row is not None
+
+    def count(self) -> int:
+        """How many messages are held (receipts not counted)."""
+        row = self._db.execute("SELECT count(*) FROM entries WHERE kind = 'message'").fetchone()
+        return int(row[0])
