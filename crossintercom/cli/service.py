@@ -57,7 +57,7 @@ def relay(store_url: str | None, polling_observer: bool) -> None:
 @json_option
 def demo(as_json: bool) -> None:
     """Two simulated hosts over a temporary SQLite store exchange send / ask / reply."""
-    from crossintercom.demo import run_demo
+    from crossintercom.tools.demo import run_demo
 
     run_demo(as_json=as_json)
 
@@ -76,7 +76,7 @@ def bench(store_url: str | None, quick: bool, as_json: bool) -> None:
     """Latency and throughput of every path, beside raw baselines measured in the same run."""
     import json
 
-    from crossintercom.bench import render, run_bench
+    from crossintercom.tools.bench import render, run_bench
 
     report = run_bench(store_url, quick=quick)
     if as_json:
@@ -104,7 +104,7 @@ def chaos(store_url: str | None, hosts: int, duration: float, seed: int, as_json
     duplicated."""
     import json
 
-    from crossintercom.chaos import render, run_chaos
+    from crossintercom.tools.chaos import render, run_chaos
 
     report = run_chaos(store_url, hosts=hosts, duration=duration, seed=seed)
     if as_json:

@@ -1,6 +1,31 @@
-"""`python -m crossintercom.relay`: the relay in the foreground (same as `crossintercom relay`)."""
+"""`python -m crossintercom.relay`: the relay in the foreground, as `crossintercom relay` runs it.
 
-from crossintercom.cli.main import cli
+The store comes from ``CROSSINTERCOM_STORE``; warnings and errors go to stderr in the CLI's
+format, and an error ends the process with its exit code.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+from crossintercom.config import load_settings
+from crossintercom.errors import CrossintercomError
+from crossintercom.relay.service import run_relay
+
+
+def main() -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        run_relay(load_settings())
+    except CrossintercomError as exc:
+        print(f"error: {exc.message}", file=sys.stderr)
+        return exc.exit_code
+    except OSError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
 
 if __name__ == "__main__":
-    cli(["relay"], prog_name="crossintercom")
+    sys.exit(main())

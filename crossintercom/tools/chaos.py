@@ -1,10 +1,10 @@
 """`crossintercom chaos`: several simulated hosts exchange mail while faults are injected.
 
 Each host is what a machine runs (its own runtime dir, host id, broker and relay process, see
-``crossintercom.demo.sim_host``) plus a durable listener process (`crossintercom listen --as
-sink`). A sender client per host (Python API, in this process) sends continuously to the sinks of
-the other hosts and, now and then, to its own host's sink. At seeded random moments one of these
-faults hits one host:
+``harness.SimHost``) plus a durable listener process (`crossintercom listen --as sink`). A sender
+client per host (Python API, in this process) sends continuously to the sinks of the other hosts
+and, now and then, to its own host's sink. At seeded random moments one of these faults hits one
+host:
 
 * ``relay_kill``: SIGKILL of the relay, restarted a moment later;
 * ``broker_kill``: SIGKILL of the broker; clients and the relay reconnect and respawn it;
@@ -12,8 +12,8 @@ faults hits one host:
 * ``pg_terminate`` (PostgreSQL only): ``pg_terminate_backend`` of every other connection to the
   store's database, that is the relays' pooled and LISTEN connections.
 
-At the end everything is restarted, the listeners drain (with a deadline), and every inbox
-(``<home>/inbox/<session-id>.sqlite``) is compared with what the senders were told:
+At the end everything is restarted, the listeners drain (with a deadline), and every sink's inbox
+is compared with what the senders were told:
 
 * lost: an acknowledged (``delivered`` / ``queued``) message missing from its recipient's inbox;
 * duplicated: a message id, or a sequence number carried in the text, seen twice in one inbox
@@ -25,29 +25,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
-import os
+import functools
 import random
 import re
 import secrets
-import shutil
-import signal
-import sqlite3
-import subprocess
-import sys
-import tempfile
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
-from crossintercom.client import AsyncClient, Identity
-from crossintercom.demo import SimHost, sim_host
+from crossintercom.client import AsyncClient
 from crossintercom.errors import CrossintercomError
-from crossintercom.models import durable_session_id, new_id
-from crossintercom.storage import migrate, parse_store_url
+from crossintercom.models import new_id
+from crossintercom.tools.common import Store, prepare_store, scratch_dir, utc_now
+from crossintercom.tools.harness import Cluster, ListenerProcess, SimHost
 
 SINK = "sink"
 SENDERS_PER_HOST = 2
@@ -105,81 +97,16 @@ class ChaosReport:
         return asdict(self) | {"ok": self.ok}
 
 
-class Listener:
-    """`crossintercom listen --as sink` on one simulated host; killable and restartable."""
-
-    def __init__(self, host: SimHost) -> None:
-        self.host = host
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        with open(self.host.settings.home / "listen.log", "ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "crossintercom.cli.main", "listen", "--as", SINK],
-                env=self.host.env,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=log,
-            )
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-
-    def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-
-    @property
-    def inbox(self) -> Path:
-        s = self.host.settings
-        return s.inbox_dir / f"{durable_session_id(s.host_id, SINK)}.sqlite"
+def read_sink(host: SimHost) -> list[tuple[str, str]]:
+    """(message id, text) of every message saved in the sink's inbox on ``host``."""
+    with host.open_inbox(SINK) as inbox:
+        return [(e.id, str(e.body.get("message", ""))) for e in inbox.messages()]
 
 
-def read_inbox(path: Path) -> list[tuple[str, str]]:
-    """(message id, text) of every message saved in an inbox file."""
-    if not path.exists():
-        return []
-    db = sqlite3.connect(path, timeout=30.0)
-    try:
-        rows = db.execute("SELECT id, body FROM entries WHERE kind = 'message'").fetchall()
-    except sqlite3.OperationalError:
-        return []
-    finally:
-        db.close()
-    out = []
-    for msg_id, body in rows:
-        try:
-            text = str(json.loads(body).get("message", ""))
-        except (ValueError, AttributeError):
-            text = ""
-        out.append((str(msg_id), text))
-    return out
-
-
-def _kill_broker(host: SimHost) -> bool:
-    try:
-        pid = int(host.settings.file("broker.pid").read_text().strip())
-        os.kill(pid, signal.SIGKILL)
-    except (OSError, ValueError):
-        return False
-    return True
-
-
-def _pg_terminate(url: str) -> int:
+def _pg_terminate(store: Store) -> int:
     import psycopg
 
-    with psycopg.connect(parse_store_url(url).libpq_conninfo(), autocommit=True) as conn:
+    with psycopg.connect(store.parsed.libpq_conninfo(), autocommit=True) as conn:
         rows = conn.execute(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
             "WHERE datname = current_database() AND pid <> pg_backend_pid() "
@@ -190,12 +117,12 @@ def _pg_terminate(url: str) -> int:
 
 class Chaos:
     def __init__(
-        self, url: str, hosts: list[SimHost], duration: float, seed: int, token: str
+        self, store: Store, hosts: list[SimHost], duration: float, seed: int, token: str
     ) -> None:
-        self.url = url
-        self.is_pg = parse_store_url(url).kind == "postgres"
+        self.store = store
+        self.is_pg = store.kind == "postgres"
         self.hosts = hosts
-        self.listeners = [Listener(h) for h in hosts]
+        self.listeners: list[ListenerProcess] = []  # one per host, started by ``run``
         self.duration = duration
         self.rng = random.Random(seed)
         self.seed = seed
@@ -217,10 +144,11 @@ class Chaos:
             self._seq += 1
             seq = self._seq
             msg_id = new_id()
-            target = f"{SINK}@{self.hosts[dst].name}"
-            record = Sent(seq, msg_id, self.hosts[src].name, self.hosts[dst].name, "unknown")
+            sender, recipient = self.hosts[src].host_id, self.hosts[dst].host_id
+            target = f"{SINK}@{recipient}"
+            record = Sent(seq, msg_id, sender, recipient, "unknown")
             self.sent.append(record)
-            text = f"chaos {self.token} seq={seq} from={self.hosts[src].name}"
+            text = f"chaos {self.token} seq={seq} from={sender}"
             try:
                 r = await client.send(target, text, message_id=msg_id)
                 record.outcome, record.code = r.outcome.value, r.code
@@ -234,7 +162,7 @@ class Chaos:
 
     # -- faults -------------------------------------------------------------------------
 
-    def _later(self, delay: float, fn: Any) -> None:
+    def _later(self, delay: float, fn: Callable[[], object]) -> None:
         async def run() -> None:
             await asyncio.sleep(delay)
             await asyncio.to_thread(fn)
@@ -258,23 +186,23 @@ class Chaos:
             delay = self.rng.uniform(0.2, 2.0)
             detail: Any = None
             if kind == "relay_kill":
-                if host.relay.poll() is not None:
+                if host.relay is None or host.relay.poll() is not None:
                     continue  # still down from an earlier fault
-                host.relay.kill()
-                await asyncio.to_thread(host.relay.wait)
-                self._later(delay, host.restart_relay)
+                await asyncio.to_thread(host.kill_relay)
+                self._later(delay, functools.partial(host.start_relay, wait=False))
             elif kind == "broker_kill":
-                if not _kill_broker(host):
+                if not host.kill_broker():
                     continue
             elif kind == "listener_kill":
                 if not listener.alive():
                     continue
                 await asyncio.to_thread(listener.kill)
-                self._later(delay, listener.start)
+                self._later(delay, listener.restart)
             else:
-                detail = await asyncio.to_thread(_pg_terminate, self.url)
+                detail = await asyncio.to_thread(_pg_terminate, self.store)
             self.faults[kind] += 1
-            entry = {"t": round(time.monotonic() - self._t0, 2), "fault": kind, "host": host.name}
+            t = round(time.monotonic() - self._t0, 2)
+            entry: dict[str, Any] = {"t": t, "fault": kind, "host": host.host_id}
             if kind in ("relay_kill", "listener_kill"):
                 entry["restart_after_s"] = round(delay, 2)
             if detail is not None:
@@ -285,19 +213,12 @@ class Chaos:
 
     async def run(self) -> float:
         """Returns how long the drain took."""
-        for listener in self.listeners:
-            listener.start()
-        clients = [
-            AsyncClient(h.settings, Identity.named(h.settings, "src", cwd="/")) for h in self.hosts
-        ]
+        self.listeners = [h.listen(SINK) for h in self.hosts]
+        clients = [AsyncClient(h.settings, h.identity("src", cwd="/")) for h in self.hosts]
         try:
             for c in clients:
                 await c.connect()
-            from crossintercom.bench import wait_for_sessions
-
-            wanted = {(SINK, h.name) for h in self.hosts}
-            for c in clients:
-                await wait_for_sessions(c, wanted, timeout=60)
+            await asyncio.to_thread(self._wait_sinks_listed)
             stop = asyncio.Event()
             self._t0 = time.monotonic()
             senders = [
@@ -321,12 +242,18 @@ class Chaos:
             for c in clients:
                 await c.close()
 
+    def _wait_sinks_listed(self) -> None:
+        """Until every host lists every sink online: the roster has gone round."""
+        for host in self.hosts:
+            for other in self.hosts:
+                host.wait_sees(SINK, other.host_id, timeout=60)
+
     def _restart_everything(self) -> None:
         for host, listener in zip(self.hosts, self.listeners, strict=True):
-            if host.relay.poll() is not None:
-                host.restart_relay()
+            if host.relay is None or host.relay.poll() is not None:
+                host.start_relay(wait=False)
             if not listener.alive():
-                listener.start()
+                listener.restart()
 
     async def _drain(self) -> float:
         t0 = time.monotonic()
@@ -334,20 +261,16 @@ class Chaos:
         for s in self.sent:
             if s.outcome in ACKNOWLEDGED:
                 want.setdefault(s.recipient_host, set()).add(s.id)
-        by_name = {h.name: lst for h, lst in zip(self.hosts, self.listeners, strict=True)}
+        by_id = {h.host_id: h for h in self.hosts}
         while time.monotonic() - t0 < DRAIN_DEADLINE_S:
             missing = 0
             for host, ids in want.items():
-                have = {i for i, _ in await asyncio.to_thread(read_inbox, by_name[host].inbox)}
+                have = {i for i, _ in await asyncio.to_thread(read_sink, by_id[host])}
                 missing += len(ids - have)
             if missing == 0:
                 break
             await asyncio.sleep(0.5)
         return time.monotonic() - t0
-
-    def stop_listeners(self) -> None:
-        for listener in self.listeners:
-            listener.stop()
 
     def tally(self, report: ChaosReport) -> None:
         outcomes = Counter(s.outcome for s in self.sent)
@@ -361,9 +284,7 @@ class Chaos:
         report.codes = dict(
             Counter(f"{s.outcome}:{s.code}" for s in self.sent if s.code is not None)
         )
-        inboxes = {
-            h.name: read_inbox(lst.inbox) for h, lst in zip(self.hosts, self.listeners, strict=True)
-        }
+        inboxes = {h.host_id: read_sink(h) for h in self.hosts}
         mine = re.compile(rf"^chaos {re.escape(self.token)} ")
         for entries in inboxes.values():
             ids = Counter(i for i, _ in entries)
@@ -390,35 +311,22 @@ def run_chaos(
     store_url: str | None = None, *, hosts: int = 3, duration: float = 30.0, seed: int = 1
 ) -> ChaosReport:
     started = time.monotonic()
-    root = Path(tempfile.mkdtemp(prefix="ci-chaos-"))
-    try:
-        url = store_url or f"sqlite:///{root / 'mailbox.sqlite'}"
-        parsed = parse_store_url(url)
-        migrate.upgrade(url)
+    with scratch_dir("ci-chaos-") as root:
+        store = prepare_store(store_url, root)
         report = ChaosReport(
-            backend=parsed.kind,
-            store=parsed.masked if store_url else "temporary SQLite file",
+            backend=store.kind,
+            store=store.label,
             hosts=hosts,
             duration_s=duration,
             seed=seed,
-            date=datetime.now(UTC).isoformat(timespec="seconds"),
+            date=utc_now(),
         )
         token = secrets.token_hex(3)
-        with contextlib.ExitStack() as stack:
-            sims = [stack.enter_context(sim_host(root, f"h{i}-{token}", url)) for i in range(hosts)]
-            from crossintercom.bench import wait_relays
-
-            wait_relays(sims)
-            chaos = Chaos(url, sims, duration, seed, token)
-            try:
-                report.drain_s = round(asyncio.run(chaos.run()), 2)
-            finally:
-                chaos.stop_listeners()
-                for listener in chaos.listeners:
-                    listener.kill()
-        chaos.tally(report)
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+        with Cluster(root, store.url, SimHost) as cluster:
+            sims = cluster.up(*(f"h{i}-{token}" for i in range(hosts)))
+            chaos = Chaos(store, sims, duration, seed, token)
+            report.drain_s = round(asyncio.run(chaos.run()), 2)
+        chaos.tally(report)  # every listener has stopped: the inboxes are final
     report.elapsed_s = round(time.monotonic() - started, 1)
     return report
 

@@ -1,0 +1,1 @@
+"""The `crossintercom` command line (click); ``main.cli`` is the root group."""

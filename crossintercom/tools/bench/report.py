@@ -1,0 +1,90 @@
+"""The benchmark's figures: crossintercom beside its raw baseline, the ratio, the target."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+LATENCY_TARGET = 1.5  # crossintercom / raw, at most (cross-host PostgreSQL p50)
+THROUGHPUT_TARGET = 0.8  # crossintercom / raw, at least (cross-host PostgreSQL)
+
+
+@dataclass
+class Figure:
+    path: str
+    metric: str
+    unit: str
+    crossintercom: float
+    baseline: float
+    baseline_is: str
+    higher_is_better: bool
+    target: float | None = None
+    ratio: float = 0.0
+    target_met: bool | None = None
+
+    def __post_init__(self) -> None:
+        self.ratio = self.crossintercom / self.baseline if self.baseline > 0 else float("inf")
+        if self.target is not None:
+            self.target_met = (
+                self.ratio >= self.target if self.higher_is_better else self.ratio <= self.target
+            )
+
+
+@dataclass
+class BenchReport:
+    backend: str
+    store: str
+    quick: bool
+    date: str
+    counts: dict[str, int]
+    figures: list[Figure] = field(default_factory=list)
+    details: dict[str, Any] = field(default_factory=dict)
+    elapsed_s: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def percentile(samples: list[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100)."""
+    if not samples:
+        return 0.0
+    ordered = sorted(samples)
+    rank = max(1, min(len(ordered), round(q / 100 * len(ordered) + 0.5)))
+    return ordered[rank - 1]
+
+
+def render(report: BenchReport) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(
+        title=f"crossintercom bench ({report.backend}: {report.store}; "
+        f"{'quick' if report.quick else 'full'} run, {report.date})"
+    )
+    for col in ("path", "metric", "crossintercom", "baseline", "ratio", "target"):
+        table.add_column(col, justify="left" if col in ("path", "metric") else "right")
+    for f in report.figures:
+        fmt = "{:,.0f}" if f.unit == "msg/s" else "{:.2f}"
+        if f.target is None:
+            target = "-"
+        else:
+            sign = ">=" if f.higher_is_better else "<="
+            target = f"{sign}{f.target}x {'met' if f.target_met else 'NOT met'}"
+        table.add_row(
+            f.path,
+            f"{f.metric} ({f.unit})",
+            fmt.format(f.crossintercom),
+            fmt.format(f.baseline),
+            f"{f.ratio:.2f}x",
+            target,
+        )
+    console = Console()
+    console.print(table)
+    seen = set()
+    for f in report.figures:
+        if f.baseline_is not in seen:
+            seen.add(f.baseline_is)
+            console.print(f"  baseline ({f.path} {f.metric.split()[0]}): {f.baseline_is}")
+    console.print(f"  outcomes: {report.details['outcomes']}")
+    console.print(f"  took {report.elapsed_s} s; nothing left running")
