@@ -1,4 +1,5 @@
-"""Fixtures every test can use: a short runtime dir, a subprocess environment, CLI helpers.
+"""Fixtures every test can use: a short runtime dir, a subprocess environment, CLI helpers, and
+the one ``Listener`` helper (a `crossintercom listen` process whose output the test reads).
 
 Every process a test starts runs with ``CROSSINTERCOM_HOME`` set to that test's own runtime dir,
 so teardown finds and SIGKILLs exactly those (the broker, listeners, one-shot commands) by pid and
@@ -20,19 +21,23 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-# The process helpers live in tests/soak.py, which must run as a plain script without pytest.
-from tests.soak import broker_pid, pid_alive, wait_for
-
 REPO = Path(__file__).resolve().parents[1]
 # Plain `pytest` (not `python -m pytest`) does not put the checkout on sys.path.
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
+
+from crossintercom.tools.harness import CLI, ListenerProcess, sees  # noqa: E402
+
+# The process helpers live in tests/soak.py, which must run as a plain script without pytest.
+from tests.soak import broker_pid, pid_alive, wait_for  # noqa: E402
+from tests.soak import make_env as _make_env  # noqa: E402
 
 # pytest imports this file as `conftest`; tests import helpers as `tests.conftest`. One module,
 # so the listener registry below is shared.
@@ -41,8 +46,6 @@ sys.modules.setdefault("tests.conftest", sys.modules[__name__])
 HOST_ID = "testhost"
 # AF_UNIX sun_path holds 108 bytes including the NUL.
 MAX_SOCKET_PATH = 107
-CLI = [sys.executable, "-m", "crossintercom.cli.main"]
-_ENV_PREFIX = "CROSSINTERCOM_"
 
 
 # --- processes --------------------------------------------------------------------------------
@@ -102,11 +105,8 @@ def runtime_home() -> Iterator[Path]:
 
 
 def make_env(home: Path, host_id: str = HOST_ID, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(_ENV_PREFIX)}
-    env.update(CROSSINTERCOM_HOME=str(home), CROSSINTERCOM_HOST_ID=host_id, **extra)
-    env["PYTHONPATH"] = str(REPO)
-    env.pop("PYTHONASYNCIODEBUG", None)
-    return env
+    """A clean environment for a subprocess on ``home`` (nothing CROSSINTERCOM_* inherited)."""
+    return _make_env(home, host_id, **extra)
 
 
 @pytest.fixture
@@ -166,23 +166,21 @@ def _stop_listeners() -> Iterator[None]:
         _LISTENERS.pop().stop()
 
 
-class Listener:
-    """`crossintercom listen --as NAME --json [extra...]` in the background."""
+class Listener(ListenerProcess):
+    """`crossintercom listen --as NAME --json [extra...]` in the background, its output collected.
 
-    def __init__(self, env: dict[str, str], name: str, *extra: str, wait: bool = True) -> None:
-        self.env = env
-        self.name = name
+    Every JSON object it prints is kept in ``seen`` (in order) and queued for ``messages`` and
+    ``next_message``. Stopped at the end of the test at the latest.
+    """
+
+    def __init__(
+        self, env: dict[str, str], name: str, *extra: str, wait: bool = True, timeout: float = 20
+    ) -> None:
+        super().__init__(env, name, "--json", *extra)
         self.home = Path(env["CROSSINTERCOM_HOME"])
-        self.proc = subprocess.Popen(
-            [*CLI, "listen", "--as", name, "--json", *extra],
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
         _LISTENERS.append(self)
-        self._lines: queue.Queue[str | None] = queue.Queue()
+        self._lines: queue.Queue[dict[str, Any] | None] = queue.Queue()
+        self.seen: list[dict[str, Any]] = []
         self._stderr: list[str] = []
         self._threads = [
             threading.Thread(target=self._pump_stdout, daemon=True),
@@ -191,12 +189,14 @@ class Listener:
         for t in self._threads:
             t.start()
         if wait:
-            self.wait_online()
+            self.wait_online(timeout)
 
     def _pump_stdout(self) -> None:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
-            self._lines.put(line)
+            obj = json.loads(line)
+            self.seen.append(obj)
+            self._lines.put(obj)
         self._lines.put(None)
 
     def _pump_stderr(self) -> None:
@@ -208,36 +208,48 @@ class Listener:
     def stderr(self) -> str:
         return "".join(self._stderr)
 
-    def wait_online(self, timeout: float = 15) -> None:
+    def wait_online(self, timeout: float = 20) -> Listener:
+        settings = settings_for(self.env)
+
         def online() -> bool:
             if self.proc.poll() is not None:
                 raise AssertionError(f"listen exited {self.proc.returncode}: {self.stderr}")
-            return any(
-                s["name"] == self.name and s["online"]
-                for s in sessions(self.home, quiet=True) or ()
-            )
+            return sees(settings, self.name, settings.host_id)
 
-        wait_for(online, timeout, f"listener {self.name} to be online")
+        wait_for(online, timeout, f"listener {self.name}@{settings.host_id} to be online")
+        return self
+
+    def _next(self, deadline: float, what: str) -> dict[str, Any]:
+        try:
+            obj = self._lines.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            raise AssertionError(f"listener {self.name}: {what}; stderr: {self.stderr}") from None
+        if obj is None:
+            self._lines.put(None)
+            raise AssertionError(
+                f"listener {self.name} exited ({self.proc.poll()}): {what}; stderr: {self.stderr}"
+            )
+        return obj
 
     def messages(self, n: int, timeout: float = 10) -> list[dict[str, Any]]:
-        """The next ``n`` JSON lines the listener printed (fails after ``timeout``)."""
+        """The next ``n`` JSON objects the listener printed (fails after ``timeout``)."""
         out: list[dict[str, Any]] = []
         deadline = time.monotonic() + timeout
         while len(out) < n:
-            try:
-                line = self._lines.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                raise AssertionError(
-                    f"listener {self.name}: got {len(out)} of {n} lines; stderr: {self.stderr}"
-                ) from None
-            if line is None:
-                self._lines.put(None)
-                raise AssertionError(
-                    f"listener {self.name} exited ({self.proc.poll()}) after {len(out)} of {n} "
-                    f"lines; stderr: {self.stderr}"
-                )
-            out.append(json.loads(line))
+            out.append(self._next(deadline, f"got {len(out)} of {n} lines"))
         return out
+
+    def next_message(self, timeout: float = 20) -> dict[str, Any]:
+        """The next printed object of type ``message`` (receipts and notices skipped)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            obj = self._next(deadline, f"printed no message in {timeout}s")
+            if obj.get("type") == "message":
+                return obj
+
+    def message_ids(self) -> Counter[str]:
+        """How many times each message id was printed."""
+        return Counter(o["id"] for o in list(self.seen) if o.get("type") == "message")
 
     def no_message(self, wait: float = 0.5) -> None:
         """Assert nothing more is printed within ``wait`` seconds."""
@@ -248,19 +260,13 @@ class Listener:
         raise AssertionError(f"listener {self.name} printed unexpectedly: {line!r}")
 
     def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        code = super().stop()
         for t in self._threads:
             t.join(5)
         for stream in (self.proc.stdout, self.proc.stderr):
             if stream is not None:
                 stream.close()
-        return self.proc.returncode
+        return code
 
     def __enter__(self) -> Listener:
         return self

@@ -1,4 +1,4 @@
-"""Randomized crash soak for the same-host delivery contract (DESIGN §5).
+"""Randomized crash soak for the same-host delivery contract (docs/delivery.md).
 
 Several durable sessions, each in its own process, send messages to one another while the broker
 is SIGKILLed at random (seeded) moments; the clients respawn it and retry with the same message
@@ -34,10 +34,13 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from crossintercom.config import ENV_HOME, load_settings
+from crossintercom.inbox import Inbox
 from crossintercom.local_broker.spawn import can_connect
 
 REPO = Path(__file__).resolve().parents[1]
@@ -46,15 +49,22 @@ HOST_ID = "soakhost"
 ACKNOWLEDGED = ("delivered", "queued")
 
 
-# --- process helpers (shared with tests/test_faults.py) -----------------------------------------
+# --- process helpers (shared with the tests through tests/conftest.py) --------------------------
+
+
+def clean_env(**values: str) -> dict[str, str]:
+    """This process's environment for a subprocess: no inherited CROSSINTERCOM_* variable and no
+    asyncio debug mode (it slows every process down), the checkout importable, plus ``values``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CROSSINTERCOM_")}
+    env.pop("PYTHONASYNCIODEBUG", None)
+    env["PYTHONPATH"] = str(REPO)
+    env.update(values)
+    return env
 
 
 def make_env(home: Path, host_id: str = HOST_ID, **extra: str) -> dict[str, str]:
-    """A clean environment for a subprocess on ``home``: no inherited CROSSINTERCOM_* variable."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CROSSINTERCOM_")}
-    env.update(CROSSINTERCOM_HOME=str(home), CROSSINTERCOM_HOST_ID=host_id, **extra)
-    env["PYTHONPATH"] = str(REPO)
-    return env
+    """A clean environment for a subprocess on the runtime dir ``home``."""
+    return clean_env(CROSSINTERCOM_HOME=str(home), CROSSINTERCOM_HOST_ID=host_id, **extra)
 
 
 def pid_alive(pid: int) -> bool:
@@ -69,15 +79,24 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
-def wait_for(predicate: Any, timeout: float, what: str = "condition") -> Any:
+def wait_for(
+    predicate: Callable[[], Any],
+    timeout: float,
+    what: str | Callable[[], str] = "condition",
+    interval: float = 0.02,
+) -> Any:
+    """Poll ``predicate`` until it returns something truthy (returned); fail after ``timeout``.
+
+    ``what`` may be a callable, evaluated only on failure (to describe the final state)."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.02)
+            text = what() if callable(what) else what
+            raise AssertionError(f"timed out after {timeout}s waiting for {text}")
+        time.sleep(interval)
 
 
 def broker_pid(home: Path) -> int | None:
@@ -146,23 +165,11 @@ class BrokerProc:
         self.proc.wait(10)
 
 
-def inbox_path(home: Path, session_id: str) -> Path:
-    return home / "inbox" / f"{session_id}.sqlite"
-
-
 def inbox_rows(home: Path, session_id: str) -> list[tuple[str, str, dict[str, Any], bool]]:
     """(id, kind, body, shown) of every entry in a session's inbox; [] when it has none."""
-    path = inbox_path(home, session_id)
-    if not path.exists():
-        return []
-    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
-    try:
-        rows = db.execute("SELECT id, kind, body, shown FROM entries ORDER BY seq").fetchall()
-    except sqlite3.OperationalError:
-        return []  # created but the schema not yet written
-    finally:
-        db.close()
-    return [(r[0], r[1], json.loads(r[2]), bool(r[3])) for r in rows]
+    inbox_dir = load_settings({ENV_HOME: str(home)}).inbox_dir
+    with Inbox.view(inbox_dir, session_id) as inbox:
+        return [(e.id, e.kind, e.body, e.shown) for e in inbox.transcript()]
 
 
 def inbox_count(home: Path, session_id: str, message_id: str) -> int:

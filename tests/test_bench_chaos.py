@@ -8,7 +8,6 @@ nothing duplicated.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -23,14 +22,15 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from tests.conftest import _environ_of  # noqa: E402
+from crossintercom.tools.harness import CLI  # noqa: E402
+from tests.conftest import pids_using_home  # noqa: E402
 from tests.pgharness import (  # noqa: E402, F401  (fixtures are found by name)
     PgServer,
     pg_empty_url,
     pg_server,
 )
+from tests.soak import clean_env  # noqa: E402
 
-CLI = [sys.executable, "-m", "crossintercom.cli.main"]
 FIGURES = {
     ("same-host", "send latency p50"),
     ("same-host", "send latency p99"),
@@ -42,15 +42,13 @@ FIGURES = {
 
 
 def run_cli(args: list[str], tmp_path: Path, timeout: float) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CROSSINTERCOM_")}
-    env["PYTHONPATH"] = str(REPO)
-    env["TMPDIR"] = str(tmp_path)  # whatever the command leaves behind would show up here
+    # TMPDIR: whatever the command leaves behind would show up there
     return subprocess.run(
         [*CLI, *args],
         capture_output=True,
         text=True,
         timeout=timeout,
-        env=env,
+        env=clean_env(TMPDIR=str(tmp_path)),
         check=False,
     )
 
@@ -74,13 +72,7 @@ def store_args(request: pytest.FixtureRequest) -> list[str]:
 
 def leftovers(tmp_path: Path) -> list[int]:
     """Processes still running with a runtime dir under ``tmp_path`` (there must be none)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and int(entry.name) != os.getpid():
-            home = _environ_of(int(entry.name)).get("CROSSINTERCOM_HOME", "")
-            if home.startswith(str(tmp_path)):
-                found.append(int(entry.name))
-    return found
+    return pids_using_home(tmp_path)
 
 
 def check_bench(report: dict[str, Any], backend: str) -> None:
