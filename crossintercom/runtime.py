@@ -58,7 +58,7 @@ def ensure_runtime_dir(settings: Settings) -> Path:
         )
     if st.st_uid == os.geteuid():
         apply_mode(settings, home, dir_mode)
-    inbox = home / "inbox"
+    inbox = settings.inbox_dir
     inbox.mkdir(mode=dir_mode, exist_ok=True)
     apply_mode(settings, inbox, dir_mode)
     return home

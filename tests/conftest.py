@@ -39,6 +39,9 @@ from crossintercom.tools.harness import CLI, ListenerProcess, sees  # noqa: E402
 from tests.soak import broker_pid, pid_alive, wait_for  # noqa: E402
 from tests.soak import make_env as _make_env  # noqa: E402
 
+# Imported names the tests take from here (for mypy, imports are re-exported only when listed).
+__all__ = ["CLI", "broker_pid", "pid_alive", "wait_for"]
+
 # pytest imports this file as `conftest`; tests import helpers as `tests.conftest`. One module,
 # so the listener registry below is shared.
 sys.modules.setdefault("tests.conftest", sys.modules[__name__])

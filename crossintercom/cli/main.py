@@ -1,4 +1,5 @@
-"""`crossintercom`: the command line (DESIGN §8). Keep names, JSON shapes and exit codes stable."""
+"""`crossintercom`: the command line (README.md, docs/delivery.md). Keep names, JSON shapes and
+exit codes stable."""
 
 from __future__ import annotations
 

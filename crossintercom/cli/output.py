@@ -11,7 +11,7 @@ import click
 from crossintercom.errors import CrossintercomError
 from crossintercom.models import Outcome, SendResult
 
-# DESIGN §8 exit codes.
+# Exit codes, as README.md lists them (outcomes to codes: docs/delivery.md).
 EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_USAGE = 2
@@ -35,7 +35,7 @@ def emit_json(obj: Any) -> None:
 
 
 def fail(exc: CrossintercomError, as_json: bool) -> NoReturn:
-    """Print an error the DESIGN §8 way and exit with its code."""
+    """Print an error (one line, or README.md's JSON error object) and exit with its code."""
     if as_json:
         emit_json(
             {

@@ -10,7 +10,6 @@ are SIGKILLed, clients are closed.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import signal
@@ -32,8 +31,14 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from crossintercom.tools import harness  # noqa: E402
-from crossintercom.tools.harness import CLI  # noqa: E402
-from tests.conftest import Listener, pids_using_home, wait_for  # noqa: E402, F401  (re-exported)
+from tests.conftest import (  # noqa: E402
+    CLI,
+    Listener,
+    cli_json,
+    pids_using_home,
+    run_cli,
+    wait_for,
+)
 from tests.pgharness import (  # noqa: E402, F401  (fixtures are found by name)
     PgServer,
     pg_server,
@@ -41,6 +46,9 @@ from tests.pgharness import (  # noqa: E402, F401  (fixtures are found by name)
     pg_url,
 )
 from tests.soak import clean_env  # noqa: E402
+
+# Imported names the tests take from here (for mypy, imports are re-exported only when listed).
+__all__ = ["CLI", "Listener", "wait_for"]
 
 
 class Host(harness.SimHost):
@@ -59,20 +67,10 @@ class Host(harness.SimHost):
 
     def cli(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
         """One `crossintercom` command in this host's environment; never raises on exit status."""
-        return subprocess.run(
-            [*CLI, *args],
-            env=self.env,
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
-        )
+        return run_cli(self.env, *args, timeout=timeout)
 
     def cli_json(self, *args: str, expect_rc: int = 0, timeout: float = 60) -> Any:
-        out = self.cli(*args, "--json", timeout=timeout)
-        assert out.returncode == expect_rc, (out.returncode, out.stdout, out.stderr)
-        return json.loads(out.stdout)
+        return cli_json(self.env, *args, expect_rc=expect_rc, timeout=timeout)
 
     def inbox(self, name: str) -> Counter[str]:
         """How many times each message id is in NAME's durable inbox (empty if it has none)."""
