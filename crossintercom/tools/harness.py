@@ -4,8 +4,8 @@ A simulated host is what a machine runs: its own runtime dir (``CROSSINTERCOM_HO
 (``CROSSINTERCOM_HOST_ID``), a relay process (which spawns the host's broker on connecting) and
 any listener processes. Each relay run logs to its own file beside the host's runtime dir, so a
 caller can read what one particular relay said. ``Cluster`` starts the relays of several hosts
-together and stops everything they started, in parallel. Queries go through the public
-``Client`` API without a session, never through the socket or the files directly.
+together and stops everything they started, in parallel. A host's broker is asked through the
+public ``Client`` API (no session, no spawning) and its inboxes are read through ``Inbox``.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from crossintercom.models import SessionInfo, durable_session_id
 CLI = [sys.executable, "-m", "crossintercom"]
 RELAY = [sys.executable, "-m", "crossintercom.relay"]
 _POLL_S = 0.05
+T = TypeVar("T")
 
 
 def _until(predicate: Callable[[], bool], timeout: float, failure: Callable[[], str]) -> None:
@@ -39,7 +40,7 @@ def _until(predicate: Callable[[], bool], timeout: float, failure: Callable[[], 
 # --- what a host's broker says (no session, no spawning) ---------------------------------------
 
 
-def _query(settings: Settings, ask: Callable[[Client], Any]) -> Any:
+def _query(settings: Settings, ask: Callable[[Client], T]) -> T:
     with Client(settings, None, spawn=False, reconnect=False) as client:
         return ask(client)
 
@@ -47,10 +48,9 @@ def _query(settings: Settings, ask: Callable[[Client], Any]) -> Any:
 def broker_sessions(settings: Settings) -> list[SessionInfo]:
     """The sessions the broker of ``settings`` lists (none while no broker answers)."""
     try:
-        found: list[SessionInfo] = _query(settings, Client.list_sessions)
+        return _query(settings, Client.list_sessions)
     except CrossintercomError:
         return []
-    return found
 
 
 def sees(settings: Settings, name: str, host: str, *, online: bool = True) -> bool:
@@ -101,23 +101,13 @@ class ListenerProcess:
 
     def _spawn(self) -> subprocess.Popen[str]:
         cmd = [*CLI, "listen", "--as", self.name, *self.extra]
-        if self.log is None:
+        with contextlib.ExitStack() as files:
+            out: Any = subprocess.PIPE
+            err: Any = subprocess.PIPE
+            if self.log is not None:
+                out, err = subprocess.DEVNULL, files.enter_context(open(self.log, "a"))
             return subprocess.Popen(
-                cmd,
-                env=self.env,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-        with open(self.log, "a") as log:
-            return subprocess.Popen(
-                cmd,
-                env=self.env,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=log,
-                text=True,
+                cmd, env=self.env, stdin=subprocess.DEVNULL, stdout=out, stderr=err, text=True
             )
 
     def alive(self) -> bool:
