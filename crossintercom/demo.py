@@ -111,7 +111,7 @@ def _relay_up(host: SimHost) -> bool:
         raise CrossintercomError(f"relay for {host.name} exited: {log[-500:]}")
     try:
         with Client(host.settings, None, spawn=False, reconnect=False) as c:
-            return bool(c.status()["relay"]["connected"])
+            return bool(c.status().relay.connected)
     except CrossintercomError:
         return False
 

@@ -476,9 +476,9 @@ def test_queued_message_expires_with_receipt(
     assert sent.outcome is Outcome.QUEUED
     item = alice.next_incoming(timeout=20)
     assert item is not None and item.receipt is not None
-    assert item.receipt["id"] == sent.id
-    assert item.receipt["outcome"] == "expired"
-    assert item.receipt["recipient"] == sid("bob")
+    assert item.receipt.id == sent.id
+    assert item.receipt.outcome == "expired"
+    assert item.receipt.recipient == sid("bob")
     receipts = [r for r in inbox_rows(home, sid("alice")) if r[1] == "receipt"]
     assert [(r[2]["id"], r[2]["outcome"]) for r in receipts] == [(sent.id, "expired")]
     # The receipt stays queued until alice's ack reaches the broker, then leaves the queue.

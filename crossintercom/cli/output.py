@@ -26,6 +26,7 @@ OUTCOME_EXIT = {
     Outcome.REFUSED: EXIT_REFUSED,
     Outcome.NOT_SENT: EXIT_NOT_SENT,
     Outcome.UNKNOWN: EXIT_UNKNOWN,
+    Outcome.EXPIRED: EXIT_REFUSED,
 }
 
 

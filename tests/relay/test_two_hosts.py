@@ -7,8 +7,8 @@ import json
 import subprocess
 import time
 import uuid
-from typing import Any
 
+from crossintercom.models import Receipt
 from tests.relay.conftest import CLI, Cluster, wait_for
 
 MESSAGE_KEYS = {
@@ -254,9 +254,9 @@ def test_row_that_cannot_be_handed_over_is_refused_not_retried_forever(cluster: 
         first = planner.send("mute@B", "hello?")
         assert first.outcome.value == "queued"  # committed; no receipt within remote_ack_wait
 
-        def refused_receipt() -> dict[str, Any] | None:
+        def refused_receipt() -> Receipt | None:
             item = planner.next_incoming(timeout=1)
-            if item is not None and item.receipt is not None and item.receipt["id"] == first.id:
+            if item is not None and item.receipt is not None and item.receipt.id == first.id:
                 return item.receipt
             return None
 
@@ -272,7 +272,7 @@ def test_row_that_cannot_be_handed_over_is_refused_not_retried_forever(cluster: 
                 + (b.home / "broker.log").read_text()[-2000:]
             ),
         )
-        assert (receipt["outcome"], receipt["code"]) == ("refused", "undeliverable")
+        assert (receipt.outcome, receipt.code) == ("refused", "undeliverable")
         delivered_to_mute = 0
         mute.sock.settimeout(0.2)
         with contextlib.suppress(TimeoutError):
