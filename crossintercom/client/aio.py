@@ -263,9 +263,12 @@ class AsyncClient:
         finally:
             self._in_flight -= 1
         result = expect(resp, p.Result).send_result()
-        # Tell the broker we have the outcome, so its dedup record can go at once.
-        self._conn.post(p.Confirm([result.id]))
+        self._confirm(result.id)
         return result
+
+    def _confirm(self, message_id: str) -> None:
+        """Tell the broker we have the outcome, so its dedup record can go at once."""
+        self._conn.post(p.Confirm([message_id]))
 
     @staticmethod
     def _body(
