@@ -32,7 +32,7 @@ def test_send_ask_reply_list_across_two_hosts(cluster: Cluster) -> None:
     a.wait_sees("worker", "B")
     b.wait_sees("planner", "A")
 
-    # send: delivered, and the listener on B prints the DESIGN §8 message object
+    # send: delivered, and the listener on B prints the message object of docs/protocol.md
     sent = a.cli_json("send", "--as", "planner", "--to", "worker", "hello from A")
     assert set(sent) >= {"id", "outcome"}
     assert sent["outcome"] == "delivered"

@@ -1,4 +1,4 @@
-"""Crash and fault tests of the delivery contract (DESIGN §5, issue 3), with real processes.
+"""Crash and fault tests of the delivery contract (docs/delivery.md, issue 3), with real processes.
 
 The broker under test is started by the test itself with ``CROSSINTERCOM_FAULTS`` naming the
 point where it SIGKILLs itself; every client runs without the variable, so the broker a client
