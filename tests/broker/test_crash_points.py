@@ -316,7 +316,7 @@ def test_message_id_reuse(
     alice = clients(cfg, "alice")
     mid = new_id()
     # While the sender has not confirmed its outcome, the dedup record stands.
-    alice.aio._confirm = lambda _id: None  # type: ignore[method-assign]
+    alice.aio._confirm = lambda message_id: None  # type: ignore[method-assign]
     first = alice.send("bob", "one", message_id=mid)
     assert first.outcome is Outcome.DELIVERED
     conflict = alice.send("bob", "two", message_id=mid)
@@ -408,6 +408,7 @@ def test_ask_beside_own_listener_gets_reply_after_broker_restart(
 
         wait_for(partial(asker_confirmed, home), 15, "the asker to confirm its outcome")
         old = kill_broker(home)
+        assert old is not None
         new_broker_serving(home, old)
 
         def both_back() -> bool:  # alice's listener is registered again

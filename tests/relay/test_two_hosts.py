@@ -9,6 +9,7 @@ import time
 import uuid
 from typing import Any
 
+from crossintercom.client import Client
 from tests.relay.conftest import CLI, Cluster, wait_for
 
 MESSAGE_KEYS = {
@@ -250,7 +251,7 @@ def test_row_that_cannot_be_handed_over_is_refused_not_retried_forever(cluster: 
         )
         assert reg["type"] == "registered"
         a.wait_sees("mute", "B")
-        planner = a.client("planner")
+        planner: Client = a.client("planner")
         first = planner.send("mute@B", "hello?")
         assert first.outcome.value == "queued"  # committed; no receipt within remote_ack_wait
 
