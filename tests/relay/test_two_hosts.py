@@ -8,6 +8,7 @@ import subprocess
 import time
 import uuid
 
+from crossintercom.client import Client
 from crossintercom.models import Receipt
 from tests.relay.conftest import CLI, Cluster, wait_for
 
@@ -32,7 +33,7 @@ def test_send_ask_reply_list_across_two_hosts(cluster: Cluster) -> None:
     a.wait_sees("worker", "B")
     b.wait_sees("planner", "A")
 
-    # send: delivered, and the listener on B prints the DESIGN §8 message object
+    # send: delivered, and the listener on B prints the message object of docs/protocol.md
     sent = a.cli_json("send", "--as", "planner", "--to", "worker", "hello from A")
     assert set(sent) >= {"id", "outcome"}
     assert sent["outcome"] == "delivered"
@@ -250,7 +251,7 @@ def test_row_that_cannot_be_handed_over_is_refused_not_retried_forever(cluster: 
         )
         assert reg["type"] == "registered"
         a.wait_sees("mute", "B")
-        planner = a.client("planner")
+        planner: Client = a.client("planner")
         first = planner.send("mute@B", "hello?")
         assert first.outcome.value == "queued"  # committed; no receipt within remote_ack_wait
 

@@ -21,6 +21,7 @@ from typing import Any
 import psycopg
 from sqlalchemy.engine import make_url
 
+from crossintercom.client import Client
 from tests.relay.conftest import Cluster, Host, Listener, wait_for
 
 ACKED = ("delivered", "queued")
@@ -232,7 +233,7 @@ def test_store_unreachable_during_stream(cluster: Cluster, backend: str) -> None
     a, b = cluster.up("A", "B", A={"remote_ack_wait_s": 2})
     worker = b.listen("worker")
     a.wait_sees("worker", "B")
-    planner = a.client("planner")
+    planner: Client = a.client("planner")
 
     stop = threading.Event()
     rounds: list[int] = []

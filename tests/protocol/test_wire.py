@@ -1,4 +1,4 @@
-"""The wire protocol (DESIGN §3) against a live broker over its real Unix socket."""
+"""The wire protocol (docs/protocol.md) against a live broker over its real Unix socket."""
 
 from __future__ import annotations
 
