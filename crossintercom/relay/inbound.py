@@ -9,16 +9,14 @@ import contextlib
 import logging
 import time
 from collections import Counter, defaultdict
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
 from crossintercom import protocol as p
 from crossintercom.errors import Code, StoreError
 from crossintercom.models import Message, Outcome
-from crossintercom.relay.outbound import receipt_of
+from crossintercom.relay.core import RelayCore
+from crossintercom.relay.outbound import Outbound, receipt_of
 from crossintercom.storage import Ack, InboundRow
-
-if TYPE_CHECKING:
-    from crossintercom.relay.service import Relay
 
 log = logging.getLogger(__name__)
 
@@ -30,8 +28,9 @@ MAX_HANDOVER_ATTEMPTS: Final = 5
 
 
 class Inbound:
-    def __init__(self, relay: Relay) -> None:
+    def __init__(self, relay: RelayCore, outbound: Outbound) -> None:
         self.relay = relay
+        self.outbound = outbound
         self.wake = asyncio.Event()
         self._failed_handovers: Counter[tuple[str, str]] = Counter()
 
@@ -147,11 +146,11 @@ class Inbound:
             return
         late: list[p.SenderReceipt] = []
         for row in rows:
-            fut = relay.outbound.receipt_waits.get((row.message_id, row.recipient_session))
+            fut = self.outbound.receipt_waits.get((row.message_id, row.recipient_session))
             if fut is not None and not fut.done():
                 fut.set_result(row)
                 continue
-            sender = relay.outbound.senders.get(row.message_id)
+            sender = self.outbound.senders.get(row.message_id)
             if sender is not None:
                 r = receipt_of(row)
                 late.append(

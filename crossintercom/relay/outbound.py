@@ -9,17 +9,15 @@ import logging
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
 import tenacity
 
 from crossintercom import protocol as p
 from crossintercom.errors import Code, StoreError, StoreInDoubt
 from crossintercom.models import Outcome, Receipt, outcome_for_state
+from crossintercom.relay.core import RelayCore
 from crossintercom.storage import EnqueueResult, OutboundItem, ReceiptRow
-
-if TYPE_CHECKING:
-    from crossintercom.relay.service import Relay
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +33,7 @@ class _Forward:
 
 
 class Outbound:
-    def __init__(self, relay: Relay) -> None:
+    def __init__(self, relay: RelayCore) -> None:
         self.relay = relay
         self._queue: asyncio.Queue[_Forward] = asyncio.Queue()
         # (message id, recipient) -> the forward waiting for that receipt.

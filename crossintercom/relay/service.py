@@ -14,8 +14,7 @@ import logging
 import os
 import signal
 import threading
-from collections.abc import Callable, Coroutine
-from typing import Any, Final, ParamSpec, TypeVar
+from typing import Final, ParamSpec, TypeVar
 
 import msgspec
 import tenacity
@@ -25,6 +24,7 @@ from crossintercom.client import AsyncClient, Identity
 from crossintercom.config import Settings
 from crossintercom.errors import CrossintercomError, StoreError, StoreUnavailable
 from crossintercom.models import SessionInfo, new_id
+from crossintercom.relay.core import RelayCore
 from crossintercom.relay.inbound import POLL_BACKSTOP_S, Inbound
 from crossintercom.relay.outbound import Outbound
 from crossintercom.runtime import LockHeld, ensure_runtime_dir, hold_pid_lock
@@ -68,22 +68,15 @@ def hold_relay_lock(settings: Settings) -> int:
         ) from None
 
 
-class Relay:
+class Relay(RelayCore):
     def __init__(self, settings: Settings, store: MailboxStore) -> None:
-        self.settings = settings
-        self.host = settings.host_id
-        self.store = store
-        self.generation = 0
-        self.client: AsyncClient | None = None
-        self.local_sessions: list[SessionInfo] = []
+        super().__init__(settings, store)
         self.remote_sessions: list[SessionInfo] = []
         self.leases = LeaseTracker(settings.lease_s)
         self.outbound = Outbound(self)
-        self.inbound = Inbound(self)
-        self.stopping = asyncio.Event()
+        self.inbound = Inbound(self, self.outbound)
         self._published: list[SessionInfo] | None = None
         self._publish_lock = asyncio.Lock()
-        self._tasks: set[asyncio.Task[Any]] = set()
         self.failure: BaseException | None = None
 
     # --- lifecycle ------------------------------------------------------------------------------
@@ -139,15 +132,6 @@ class Relay:
                 self.store_call(self.store.publish_sessions, self.host, self.generation, offline),
                 3.0,
             )
-
-    async def store_call(self, fn: Callable[P, R], *args: P.args, **kw: P.kwargs) -> R:
-        """Run a blocking store call off the event loop, keeping its types."""
-        return await asyncio.to_thread(fn, *args, **kw)
-
-    def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
 
     # --- broker frames --------------------------------------------------------------------------
 
