@@ -71,7 +71,7 @@ class CrossintercomError(Exception):
     """crossintercom failed."""
 
     code: ClassVar[str] = "error"
-    # CLI exit code when this error ends a command (DESIGN §8: 1 = operational error).
+    # CLI exit code when this error ends a command (1 = operational error; see README "Exit codes").
     exit_code: ClassVar[int] = 1
 
     def __init__(self, message: str | None = None, **details: Any) -> None:

@@ -2,7 +2,7 @@
 
 One SQLite file per session id under ``$CROSSINTERCOM_HOME/inbox/``. The message id is the key,
 so a message handed over twice (after a crash, a retry or a relay restart) is held once. The
-``shown`` mark is set only after the message was printed and flushed (DESIGN §5).
+``shown`` mark is set only after the message was printed and flushed (docs/delivery.md).
 """
 
 from __future__ import annotations

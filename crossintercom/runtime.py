@@ -1,4 +1,4 @@
-"""The runtime directory: creation, ownership and modes (DESIGN §7)."""
+"""The runtime directory: creation, ownership and modes (docs/operations.md)."""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ import click
 from crossintercom.errors import CrossintercomError
 from crossintercom.models import Outcome, SendResult
 
-# DESIGN §8 exit codes.
+# Exit codes (README "Exit codes"): scripts and agents branch on them.
 EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_USAGE = 2
@@ -36,7 +36,7 @@ def emit_json(obj: Any) -> None:
 
 
 def fail(exc: CrossintercomError, as_json: bool) -> NoReturn:
-    """Print an error the DESIGN §8 way and exit with its code."""
+    """Print an error the documented way and exit with its code."""
     if as_json:
         emit_json(
             {
