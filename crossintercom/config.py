@@ -2,7 +2,7 @@
 
 Precedence, lowest first: built-in defaults, ``$CROSSINTERCOM_HOME/config.json``, environment
 variables, explicit keyword overrides (command-line options). Environment variables exist only
-for settings that are safe to inherit (DESIGN §7): never targets, reply ids or ``--fresh``.
+for settings that are safe to inherit (docs/operations.md): never targets, reply ids or ``--fresh``.
 """
 
 from __future__ import annotations

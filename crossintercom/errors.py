@@ -6,14 +6,72 @@ without repeating text at every raise site.
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Any, ClassVar
+
+
+class Code(StrEnum):
+    """Every code that crosses a wire: error frames, refusals and receipts (docs/protocol.md).
+
+    Codes are stable: scripts and agents branch on them. Add a code here before using it.
+    """
+
+    # A frame that cannot be read (the connection stays open unless the byte stream broke).
+    BAD_UTF8 = "bad_utf8"
+    BAD_JSON = "bad_json"
+    NOT_OBJECT = "not_object"
+    MISSING_FIELD = "missing_field"
+    BAD_FIELD = "bad_field"
+    UNKNOWN_TYPE = "unknown_type"
+    FRAME_TOO_LARGE = "frame_too_large"
+    # A frame that is well formed but not allowed now, or from this connection.
+    NOT_REGISTERED = "not_registered"
+    ALREADY_REGISTERED = "already_registered"
+    PROTOCOL_MISMATCH = "protocol_mismatch"
+    INVALID_PURPOSE = "invalid_purpose"
+    SESSION_IN_USE = "session_in_use"
+    RELAY_IN_USE = "relay_in_use"
+    NOT_AGENT = "not_agent"
+    NOT_RELAY = "not_relay"
+    UNEXPECTED_ACK = "unexpected_ack"
+    INTERNAL = "internal"
+    # Refusals of a send, ask or reply.
+    NOT_FOUND = "not_found"
+    AMBIGUOUS = "ambiguous"
+    MISSING_TARGET = "missing_target"
+    GROUP_ASK = "group_ask"
+    BAD_ATTACHMENT = "bad_attachment"
+    TOO_LARGE = "too_large"
+    PAYLOAD_CONFLICT = "payload_conflict"
+    OVER_CAPACITY = "over_capacity"
+    REPLY_NOT_AUTHORISED = "reply_not_authorised"
+    ALREADY_REPLIED = "already_replied"
+    ASKER_GONE = "asker_gone"
+    BAD_MESSAGE = "bad_message"
+    UNDELIVERABLE = "undeliverable"
+    ID_CONFLICT = "id_conflict"
+    REFUSED = "refused"
+    EXPIRED = "expired"
+    # Why nothing was sent (not_sent) or why the outcome is not known (unknown).
+    NO_RELAY = "no_relay"
+    RECIPIENT_GONE = "recipient_gone"
+    STORE_UNAVAILABLE = "store_unavailable"
+    STORE_IN_DOUBT = "store_in_doubt"
+    BROKER_UNAVAILABLE = "broker_unavailable"
+    DISCONNECTED = "disconnected"
+    RELAY_LOST = "relay_lost"
+    NO_ACK = "no_ack"
+    UNCERTAIN = "uncertain"
+    DEADLINE = "deadline"
+    # Extra detail on a queued outcome: the recipient's host holds it for an away session.
+    QUEUED_AT_HOST = "queued_at_host"
 
 
 class CrossintercomError(Exception):
     """crossintercom failed."""
 
     code: ClassVar[str] = "error"
-    # CLI exit code when this error ends a command (DESIGN §8: 1 = operational error).
+    # CLI exit code when this error ends a command (1 = operational error; see README "Exit codes").
     exit_code: ClassVar[int] = 1
 
     def __init__(self, message: str | None = None, **details: Any) -> None:

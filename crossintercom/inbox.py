@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from crossintercom.models import Message
+from crossintercom.models import Message, Receipt
 
 log = logging.getLogger(__name__)
 
@@ -123,12 +123,11 @@ class Inbox:
         )
         return cur.rowcount == 1
 
-    def save_receipt(self, receipt: dict[str, Any]) -> bool:
-        key = f"{receipt.get('id')}:{receipt.get('recipient') or ''}:{receipt.get('outcome')}"
+    def save_receipt(self, receipt: Receipt) -> bool:
         cur = self._db.execute(
             "INSERT OR IGNORE INTO entries (id, kind, body, received_at, shown) "
             "VALUES (?, 'receipt', ?, ?, 0)",
-            (key, json.dumps({"type": "receipt", **receipt}), time.time()),
+            (receipt.key, json.dumps({"type": "receipt", **receipt.to_dict()}), time.time()),
         )
         return cur.rowcount == 1
 

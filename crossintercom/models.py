@@ -1,7 +1,9 @@
 """Domain values shared by the broker, the relay, the store and the clients.
 
-Everything here is plain data: frozen dataclasses with ``to_dict``/``from_dict`` that produce and
-accept the JSON shapes of DESIGN §8. Validation of untrusted input lives in ``protocol``.
+Everything here is plain data: frozen ``msgspec`` structs whose field names are the JSON shapes
+of the CLI contract (docs/protocol.md). The same structs travel inside wire frames, so a value
+is validated once when a frame is decoded and never rebuilt by hand. ``to_dict`` and
+``from_dict`` are for JSON stored outside frames (the store's payload column, inbox files).
 """
 
 from __future__ import annotations
@@ -10,24 +12,35 @@ import hashlib
 import json
 import re
 import uuid
-from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Any
+from typing import Annotated, Any, Final, Literal, Self
 
-NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+import msgspec
+
+NAME_PATTERN: Final = r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}"
+Name = Annotated[str, msgspec.Meta(pattern=f"^{NAME_PATTERN}$")]
 # uuid5 namespace for durable session ids derived from (host id, name); fixed forever.
 SESSION_NAMESPACE = uuid.UUID("6f1c2a4e-8d0b-5b7e-9a53-3c1d2e4f5a60")
-PURPOSES = ("agent", "control")
-ATTACHMENT_KINDS = ("file", "snippet", "context")
+Purpose = Literal["agent", "control"]
+PURPOSES: Final[tuple[Purpose, ...]] = ("agent", "control")
+AttachmentKind = Literal["file", "snippet", "context"]
+ATTACHMENT_KINDS: Final[tuple[AttachmentKind, ...]] = ("file", "snippet", "context")
+
+_NAME_RE = re.compile(NAME_PATTERN)
+_encoder = msgspec.json.Encoder()
 
 
 class Outcome(StrEnum):
+    """Every outcome the code reports, to a sender or in a later receipt (docs/delivery.md)."""
+
     DELIVERED = "delivered"
     QUEUED = "queued"
     REFUSED = "refused"
     NOT_SENT = "not_sent"
     UNKNOWN = "unknown"
+    # Receipts only: the message waited out the retention without being collected.
+    EXPIRED = "expired"
 
     @property
     def strength(self) -> int:
@@ -36,10 +49,11 @@ class Outcome(StrEnum):
 
 
 _STRENGTH = {
-    Outcome.DELIVERED: 4,
-    Outcome.QUEUED: 3,
-    Outcome.UNKNOWN: 2,
-    Outcome.NOT_SENT: 1,
+    Outcome.DELIVERED: 5,
+    Outcome.QUEUED: 4,
+    Outcome.UNKNOWN: 3,
+    Outcome.NOT_SENT: 2,
+    Outcome.EXPIRED: 1,
     Outcome.REFUSED: 0,
 }
 
@@ -47,14 +61,33 @@ UNKNOWN_ADVICE = (
     "the message may or may not have been delivered; do not resend it automatically, "
     "check with the recipient first"
 )
+EXPIRED_ADVICE = "not collected within the retention"
 
 
 def weakest(outcomes: list[Outcome]) -> Outcome:
     return min(outcomes, key=lambda o: o.strength) if outcomes else Outcome.REFUSED
 
 
+def outcome_for_state(state: str, code: str | None) -> tuple[Outcome, str | None, str | None]:
+    """What a store row's delivery state means to its sender: (outcome, code, message).
+
+    The one mapping from the shared store's states (``queued``, ``delivered``, ``refused``,
+    ``expired``) to outcomes. A row acknowledged with code ``queued`` was taken into the
+    recipient host's durable queue (its session is away): still ``queued`` for the sender.
+    """
+    if state == "delivered":
+        if code == "queued":
+            return Outcome.QUEUED, "queued_at_host", None
+        return Outcome.DELIVERED, None, None
+    if state == "queued":
+        return Outcome.QUEUED, None, None
+    if state == "expired":
+        return Outcome.EXPIRED, "expired", EXPIRED_ADVICE
+    return Outcome.REFUSED, code or "refused", None
+
+
 def valid_name(name: str) -> bool:
-    return NAME_RE.fullmatch(name) is not None
+    return _NAME_RE.fullmatch(name) is not None
 
 
 def durable_session_id(host_id: str, name: str) -> str:
@@ -78,54 +111,47 @@ def canonical_json(obj: Any) -> bytes:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
 
 
-@dataclass(frozen=True, slots=True)
-class Attachment:
+class _Value(msgspec.Struct, frozen=True):
+    """JSON conversions shared by every value below."""
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = msgspec.json.decode(_encoder.encode(self))
+        return out
+
+    @classmethod
+    def from_dict(cls, d: Any) -> Self:
+        """Validate plain JSON data; raises ``msgspec.ValidationError`` (a ``ValueError``)."""
+        return msgspec.convert(d, cls)
+
+
+class Attachment(_Value, frozen=True, omit_defaults=True):
     kind: str
     name: str
     content: str
     language: str | None = None
 
-    def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"kind": self.kind, "name": self.name, "content": self.content}
-        if self.language is not None:
-            d["language"] = self.language
-        return d
 
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Attachment:
-        return cls(d["kind"], d["name"], d["content"], d.get("language"))
-
-
-@dataclass(frozen=True, slots=True)
-class Peer:
+class Peer(_Value, frozen=True):
     """Who sent a message."""
 
     id: str
     name: str | None
     host: str
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"id": self.id, "name": self.name, "host": self.host}
 
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Peer:
-        return cls(d["id"], d.get("name"), d["host"])
-
-
-@dataclass(frozen=True, slots=True)
-class Message:
+class Message(_Value, frozen=True, tag_field="type", tag="message"):
     id: str
-    sender: Peer
-    to: str
-    text: str
+    sender: Peer = msgspec.field(name="from")
+    to: str = ""
+    text: str = msgspec.field(name="message", default="")
     attachments: tuple[Attachment, ...] = ()
     reply_to: str | None = None
     expects_reply: bool = False
-    sent_at: str = field(default_factory=now_iso)
+    sent_at: str = msgspec.field(default_factory=now_iso)
     flags: tuple[str, ...] = ()
 
     def canonical_payload(self) -> bytes:
-        """What identity covers: a retry must repeat exactly this (DESIGN §6)."""
+        """What identity covers: a retry must repeat exactly this (docs/delivery.md)."""
         return canonical_json(
             {
                 "from": self.sender.id,
@@ -147,144 +173,72 @@ class Message:
 
     def with_flags(self, *flags: str) -> Message:
         merged = tuple(dict.fromkeys((*self.flags, *flags)))
-        return replace(self, flags=merged)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "type": "message",
-            "id": self.id,
-            "from": self.sender.to_dict(),
-            "to": self.to,
-            "message": self.text,
-            "attachments": [a.to_dict() for a in self.attachments],
-            "reply_to": self.reply_to,
-            "expects_reply": self.expects_reply,
-            "sent_at": self.sent_at,
-            "flags": list(self.flags),
-        }
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Message:
-        return cls(
-            id=d["id"],
-            sender=Peer.from_dict(d["from"]),
-            to=d["to"],
-            text=d["message"],
-            attachments=tuple(Attachment.from_dict(a) for a in d.get("attachments") or ()),
-            reply_to=d.get("reply_to"),
-            expects_reply=bool(d.get("expects_reply", False)),
-            sent_at=d.get("sent_at") or now_iso(),
-            flags=tuple(d.get("flags") or ()),
-        )
+        return msgspec.structs.replace(self, flags=merged)
 
 
-@dataclass(frozen=True, slots=True)
-class SessionInfo:
+class SessionInfo(_Value, frozen=True):
     id: str
     host: str
     name: str | None = None
+    # The name shown for the session: its name, else a runtime-only fallback (never stored).
+    alias: str = ""
     cwd: str | None = None
     model: str | None = None
     status: str | None = None
-    purpose: str = "agent"
+    purpose: Purpose = "agent"
     groups: tuple[str, ...] = ("default",)
     durable: bool = False
     online: bool = True
 
+    def __post_init__(self) -> None:
+        if not self.alias:
+            msgspec.structs.force_setattr(self, "alias", self.name or fallback_alias(self.id))
+
     @property
     def display_name(self) -> str:
-        return self.name or fallback_alias(self.id)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "name": self.name,
-            "alias": self.display_name,
-            "host": self.host,
-            "cwd": self.cwd,
-            "model": self.model,
-            "status": self.status,
-            "purpose": self.purpose,
-            "groups": list(self.groups),
-            "durable": self.durable,
-            "online": self.online,
-        }
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> SessionInfo:
-        return cls(
-            id=d["id"],
-            host=d["host"],
-            name=d.get("name"),
-            cwd=d.get("cwd"),
-            model=d.get("model"),
-            status=d.get("status"),
-            purpose=d.get("purpose", "agent"),
-            groups=tuple(d.get("groups") or ("default",)),
-            durable=bool(d.get("durable", False)),
-            online=bool(d.get("online", True)),
-        )
+        return self.alias
 
 
-@dataclass(frozen=True, slots=True)
-class Receipt:
-    """One recipient's outcome for a message."""
+class Receipt(_Value, frozen=True, omit_defaults=True):
+    """One recipient's outcome for a message (``host``: the recipient's, for remote ones)."""
 
     id: str
     outcome: Outcome
     recipient: str | None = None
     code: str | None = None
     message: str | None = None
+    host: str | None = None
 
-    def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"id": self.id, "outcome": self.outcome.value}
-        if self.recipient is not None:
-            d["recipient"] = self.recipient
-        if self.code is not None:
-            d["code"] = self.code
-        if self.message is not None:
-            d["message"] = self.message
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Receipt:
-        return cls(
-            d["id"], Outcome(d["outcome"]), d.get("recipient"), d.get("code"), d.get("message")
-        )
+    @property
+    def key(self) -> str:
+        """Identifies one receipt across resends: message, recipient and outcome."""
+        return f"{self.id}:{self.recipient or ''}:{self.outcome.value}"
 
 
-@dataclass(frozen=True, slots=True)
-class SendResult:
-    """What a sender is told. ``receipts`` is set for group targets."""
+class SendResult(_Value, frozen=True, omit_defaults=True):
+    """What a sender is told. ``receipts`` is set for group targets, ``reply`` by ``ask``."""
 
     id: str
     outcome: Outcome
     code: str | None = None
     message: str | None = None
     receipts: tuple[Receipt, ...] | None = None
+    # A reply's result: the ask it answered (on the wire; the CLI prints only id and outcome).
+    reply_to: str | None = None
     reply: Message | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"id": self.id, "outcome": self.outcome.value}
-        if self.code is not None:
-            d["code"] = self.code
-        if self.message is not None:
-            d["message"] = self.message
-        elif self.outcome is Outcome.UNKNOWN:
+        d = super().to_dict()
+        d.pop("reply_to", None)
+        d.pop("reply", None)  # the CLI adds it where the contract has it (ask)
+        if self.message is None and self.outcome is Outcome.UNKNOWN:
             d["message"] = UNKNOWN_ADVICE
-        if self.receipts is not None:
-            d["receipts"] = [r.to_dict() for r in self.receipts]
         return d
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> SendResult:
-        receipts = d.get("receipts")
-        return cls(
-            id=d["id"],
-            outcome=Outcome(d["outcome"]),
-            code=d.get("code"),
-            message=d.get("message"),
-            receipts=tuple(Receipt.from_dict(r) for r in receipts)
-            if receipts is not None
-            else None,
-        )
+    def refused(cls, message_id: str, code: str, message: str) -> SendResult:
+        return cls(message_id, Outcome.REFUSED, code, message)
+
+    @classmethod
+    def from_receipt(cls, receipt: Receipt, **extra: Any) -> SendResult:
+        return cls(receipt.id, receipt.outcome, receipt.code, receipt.message, **extra)

@@ -1,7 +1,8 @@
-"""The runtime directory: creation, ownership and modes (DESIGN §7)."""
+"""The runtime directory: creation, ownership and modes (docs/operations.md)."""
 
 from __future__ import annotations
 
+import fcntl
 import grp
 import logging
 import os
@@ -101,3 +102,32 @@ def secure_tree(settings: Settings) -> None:
         for entry in directory.iterdir():
             if not entry.is_symlink() and not entry.is_dir():
                 secure_file(settings, entry)
+
+
+class LockHeld(RuntimeDirError):
+    """Another process holds this lock."""
+
+    code = "lock_held"
+
+    def __init__(self, path: Path, holder: str) -> None:
+        super().__init__(f"{path} is locked by pid {holder or '?'}", path=str(path))
+        self.holder = holder
+
+
+def hold_pid_lock(settings: Settings, name: str) -> int:
+    """flock a file under the runtime dir for this process's lifetime and write our pid in it.
+
+    The lock, not the file, says who runs: a file left by a dead process is simply taken.
+    Raises ``LockHeld`` (with the holder's pid as written) when another process holds it.
+    """
+    path = settings.file(name)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, modes(settings)[1])
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
+        os.close(fd)
+        raise LockHeld(path, holder) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd

@@ -1,4 +1,4 @@
-"""PostgreSQL for tests, found in the order DESIGN §9 gives.
+"""PostgreSQL for tests, found in the order the README's "Testing" section gives.
 
 1. ``CROSSINTERCOM_TEST_PG_DSN`` (an admin DSN: it must be allowed to CREATE DATABASE);
 2. a testcontainers ``PostgresContainer`` when a Docker engine answers;

@@ -1,1 +1,1 @@
-"""The `crossintercom` command line (click); ``main.cli`` is the root group."""
+"""The `crossintercom` command line (click): the top layer, over the client, relay and tools."""

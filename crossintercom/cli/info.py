@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import click
+import msgspec
 from rich.console import Console
 from rich.table import Table
 
@@ -78,14 +79,14 @@ def status(as_json: bool) -> None:
         report |= {
             "broker": {
                 "running": True,
-                "pid": st["pid"],
-                "uptime_s": st["uptime_s"],
-                "queued": st["queued"],
-                "dedup": st["dedup"],
+                "pid": st.pid,
+                "uptime_s": st.uptime_s,
+                "queued": st.queued,
+                "dedup": msgspec.to_builtins(st.dedup),
             },
-            "relay": st["relay"],
-            "sessions": st["sessions"],
-            "remote_sessions": st["remote_sessions"],
+            "relay": msgspec.to_builtins(st.relay),
+            "sessions": st.sessions,
+            "remote_sessions": st.remote_sessions,
         }
     if as_json:
         emit_json(report)
@@ -119,7 +120,7 @@ def groups(as_json: bool) -> None:
     with one_shot(cfg, None) as client:
         found = client.groups()
     if as_json:
-        emit_json(found)
+        emit_json(msgspec.to_builtins(found))
         return
     if not found:
         click.echo("no groups")
@@ -129,10 +130,9 @@ def groups(as_json: bool) -> None:
         ["group", "members"],
         [
             [
-                g["name"],
+                g.name,
                 ", ".join(
-                    f"{m['name']}@{m['host']}" + ("" if m["online"] else " (offline)")
-                    for m in g["members"]
+                    f"{m.name}@{m.host}" + ("" if m.online else " (offline)") for m in g.members
                 ),
             ]
             for g in found

@@ -11,7 +11,7 @@ import click
 from crossintercom.errors import CrossintercomError
 from crossintercom.models import Outcome, SendResult
 
-# Exit codes, as README.md lists them (outcomes to codes: docs/delivery.md).
+# Exit codes (README "Exit codes"): scripts and agents branch on them.
 EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_USAGE = 2
@@ -26,6 +26,7 @@ OUTCOME_EXIT = {
     Outcome.REFUSED: EXIT_REFUSED,
     Outcome.NOT_SENT: EXIT_NOT_SENT,
     Outcome.UNKNOWN: EXIT_UNKNOWN,
+    Outcome.EXPIRED: EXIT_REFUSED,
 }
 
 
@@ -35,7 +36,7 @@ def emit_json(obj: Any) -> None:
 
 
 def fail(exc: CrossintercomError, as_json: bool) -> NoReturn:
-    """Print an error (one line, or README.md's JSON error object) and exit with its code."""
+    """Print an error the documented way and exit with its code."""
     if as_json:
         emit_json(
             {

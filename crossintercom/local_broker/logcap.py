@@ -1,4 +1,4 @@
-"""A log file the broker keeps small by itself (DESIGN §7: capped at 8 KiB)."""
+"""A log file the broker keeps small by itself (capped at 8 KiB; docs/operations.md)."""
 
 from __future__ import annotations
 

@@ -62,7 +62,7 @@ def sees(settings: Settings, name: str, host: str, *, online: bool = True) -> bo
 
 def relay_connected(settings: Settings) -> bool:
     try:
-        return bool(_query(settings, Client.status)["relay"]["connected"])
+        return _query(settings, Client.status).relay.connected
     except CrossintercomError:
         return False
 

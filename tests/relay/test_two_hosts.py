@@ -7,8 +7,9 @@ import json
 import subprocess
 import time
 import uuid
-from typing import Any
 
+from crossintercom.client import Client
+from crossintercom.models import Receipt
 from tests.relay.conftest import CLI, Cluster, wait_for
 
 MESSAGE_KEYS = {
@@ -32,7 +33,7 @@ def test_send_ask_reply_list_across_two_hosts(cluster: Cluster) -> None:
     a.wait_sees("worker", "B")
     b.wait_sees("planner", "A")
 
-    # send: delivered, and the listener on B prints the DESIGN §8 message object
+    # send: delivered, and the listener on B prints the message object of docs/protocol.md
     sent = a.cli_json("send", "--as", "planner", "--to", "worker", "hello from A")
     assert set(sent) >= {"id", "outcome"}
     assert sent["outcome"] == "delivered"
@@ -109,7 +110,7 @@ def test_three_hosts_groups_names_and_dedup(cluster: Cluster) -> None:
     res = planner.send("group:team", "stand-up in 5")
     assert res.outcome.value == "delivered", res
     assert res.receipts is not None
-    assert sorted(r.recipient for r in res.receipts) == sorted(
+    assert sorted(r.recipient or "" for r in res.receipts) == sorted(
         [a.session_id("dup"), b.session_id("worker"), c.session_id("worker")]
     )
     assert all(r.outcome.value == "delivered" for r in res.receipts), res.receipts
@@ -250,13 +251,13 @@ def test_row_that_cannot_be_handed_over_is_refused_not_retried_forever(cluster: 
         )
         assert reg["type"] == "registered"
         a.wait_sees("mute", "B")
-        planner = a.client("planner")
+        planner: Client = a.client("planner")
         first = planner.send("mute@B", "hello?")
         assert first.outcome.value == "queued"  # committed; no receipt within remote_ack_wait
 
-        def refused_receipt() -> dict[str, Any] | None:
+        def refused_receipt() -> Receipt | None:
             item = planner.next_incoming(timeout=1)
-            if item is not None and item.receipt is not None and item.receipt["id"] == first.id:
+            if item is not None and item.receipt is not None and item.receipt.id == first.id:
                 return item.receipt
             return None
 
@@ -272,7 +273,7 @@ def test_row_that_cannot_be_handed_over_is_refused_not_retried_forever(cluster: 
                 + (b.home / "broker.log").read_text()[-2000:]
             ),
         )
-        assert (receipt["outcome"], receipt["code"]) == ("refused", "undeliverable")
+        assert (receipt.outcome, receipt.code) == ("refused", "undeliverable")
         delivered_to_mute = 0
         mute.sock.settimeout(0.2)
         with contextlib.suppress(TimeoutError):

@@ -77,11 +77,11 @@ def test_missing_outdated_and_future_schemas_are_refused(empty_url: str) -> None
         engine.dispose()
     head = migrate.head_revision
     try:
-        migrate.head_revision = lambda: "9999"  # type: ignore[assignment]
+        migrate.head_revision = lambda: "9999"
         with pytest.raises(SchemaOutdated, match="db upgrade"):
             open_store(empty_url).close()
     finally:
-        migrate.head_revision = head  # type: ignore[assignment]
+        migrate.head_revision = head
 
 
 def test_sqlite_uses_a_rollback_journal(sqlite_url: str) -> None:

@@ -128,9 +128,9 @@ def test_asyncio_api(cfg: Any) -> None:
             assert result.reply is not None
             assert result.reply.text == "yes"
             assert await worker.join("ops") == ["default", "ops"]
-            groups = {g["name"]: g for g in await planner.groups()}
-            assert [m["name"] for m in groups["ops"]["members"]] == ["worker"]
-            assert (await planner.status())["sessions"] == 2
+            groups = {g.name: g for g in await planner.groups()}
+            assert [m.name for m in groups["ops"].members] == ["worker"]
+            assert (await planner.status()).sessions == 2
 
     asyncio.run(main())
 

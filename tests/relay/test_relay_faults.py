@@ -14,13 +14,14 @@ import sqlite3
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import psycopg
 from sqlalchemy.engine import make_url
 
+from crossintercom.client import Client
 from tests.relay.conftest import Cluster, Host, Listener, wait_for
 
 ACKED = ("delivered", "queued")
@@ -91,7 +92,7 @@ def settle(
 
 
 def report(
-    case: str, outcomes: dict[str, str], acked: set[str], held: Counter[str], **extra: Any
+    case: str, outcomes: Mapping[str, str], acked: set[str], held: Counter[str], **extra: Any
 ) -> tuple[int, int]:
     lost = len(acked - set(held))
     dups = sum(c - 1 for c in held.values() if c > 1)
@@ -232,7 +233,7 @@ def test_store_unreachable_during_stream(cluster: Cluster, backend: str) -> None
     a, b = cluster.up("A", "B", A={"remote_ack_wait_s": 2})
     worker = b.listen("worker")
     a.wait_sees("worker", "B")
-    planner = a.client("planner")
+    planner: Client = a.client("planner")
 
     stop = threading.Event()
     rounds: list[int] = []

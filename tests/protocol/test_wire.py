@@ -1,4 +1,4 @@
-"""The wire protocol (DESIGN §3) against a live broker over its real Unix socket."""
+"""The wire protocol (docs/protocol.md) against a live broker over its real Unix socket."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import msgspec
 import pytest
 
 from crossintercom import protocol as p
+from crossintercom.models import Message, Outcome, Peer, Receipt, SessionInfo
 from tests.conftest import RawConn, broker_pid, make_env, pid_alive, start_broker
 
 
@@ -79,11 +80,13 @@ SAMPLES: list[Any] = [
     p.SetStatus(request_id=9, status="busy"),
     p.Pending(request_id=10),
     p.Ping(request_id=11),
-    p.RemoteRoster(sessions=[{"id": "x", "host": "h2"}], request_id=12),
-    p.Inbound(request_id=13, message={"id": "m"}, recipient=sid()),
-    p.ForwardResult(fid=1, receipts=[{"id": "m", "outcome": "queued"}]),
-    p.RemoteReceipt(receipts=[{"id": "m", "outcome": "delivered"}]),
-    p.RosterRefresh(fid=2),
+    p.RemoteRoster(sessions=[SessionInfo(id="x", host="h2")], request_id=12),
+    p.Inbound(
+        request_id=13, message=Message(id="m", sender=Peer("s", None, "h2")), recipient=sid()
+    ),
+    p.ForwardResult(fid=1, receipts=[Receipt(id="m", outcome=Outcome.QUEUED)]),
+    p.RemoteReceipt(receipts=[p.SenderReceipt(id="m", outcome=Outcome.DELIVERED, sender="s")]),
+    p.RosterRefreshed(fid=2),
 ]
 
 
@@ -102,13 +105,13 @@ def test_every_frame_type_round_trips(frame: Any) -> None:
 
 
 def test_error_frame_shape() -> None:
-    assert p.error_frame("bad_json", "nope", 7) == {
+    assert msgspec.json.decode(p.encode(p.Error("bad_json", "nope", 7))[4:]) == {
         "type": "error",
         "code": "bad_json",
         "message": "nope",
         "request_id": 7,
     }
-    assert "request_id" not in p.error_frame("bad_json", "nope")
+    assert "request_id" not in msgspec.json.decode(p.encode(p.Error("bad_json", "nope"))[4:])
 
 
 # --- every frame type answered by a live broker -------------------------------------------------

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import (
+    REPO,
     Listener,
     RawConn,
     broker_pid,
@@ -56,7 +57,7 @@ with RawConn(cfg.home) as c:
 def test_concurrent_starts_give_one_broker(cli_env: dict[str, str], runtime_home: Path) -> None:
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", _PING_PID, str(Path(__file__).parents[1])],
+            [sys.executable, "-c", _PING_PID, str(REPO)],
             env=cli_env,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -299,7 +300,7 @@ def test_log_handler_stays_under_cap_with_many_lines(tmp_path: Path) -> None:
     handler.close()
 
 
-# --- runtime modes (DESIGN §7) ------------------------------------------------------------------
+# --- runtime modes (docs/operations.md) ----------------------------------------------------------
 
 
 def all_entries(home: Path) -> list[Path]:

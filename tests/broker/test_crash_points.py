@@ -1,4 +1,4 @@
-"""Crash and fault tests of the delivery contract (DESIGN §5, issue 3), with real processes.
+"""Crash and fault tests of the delivery contract (docs/delivery.md, issue 3), with real processes.
 
 The broker under test is started by the test itself with ``CROSSINTERCOM_FAULTS`` naming the
 point where it SIGKILLs itself; every client runs without the variable, so the broker a client
@@ -316,7 +316,7 @@ def test_message_id_reuse(
     alice = clients(cfg, "alice")
     mid = new_id()
     # While the sender has not confirmed its outcome, the dedup record stands.
-    alice.aio._confirm = lambda _id: None  # type: ignore[method-assign]
+    alice.aio._confirm = lambda message_id: None  # type: ignore[method-assign]
     first = alice.send("bob", "one", message_id=mid)
     assert first.outcome is Outcome.DELIVERED
     conflict = alice.send("bob", "two", message_id=mid)
@@ -408,6 +408,7 @@ def test_ask_beside_own_listener_gets_reply_after_broker_restart(
 
         wait_for(partial(asker_confirmed, home), 15, "the asker to confirm its outcome")
         old = kill_broker(home)
+        assert old is not None
         new_broker_serving(home, old)
 
         def both_back() -> bool:  # alice's listener is registered again
@@ -476,9 +477,9 @@ def test_queued_message_expires_with_receipt(
     assert sent.outcome is Outcome.QUEUED
     item = alice.next_incoming(timeout=20)
     assert item is not None and item.receipt is not None
-    assert item.receipt["id"] == sent.id
-    assert item.receipt["outcome"] == "expired"
-    assert item.receipt["recipient"] == sid("bob")
+    assert item.receipt.id == sent.id
+    assert item.receipt.outcome == "expired"
+    assert item.receipt.recipient == sid("bob")
     receipts = [r for r in inbox_rows(home, sid("alice")) if r[1] == "receipt"]
     assert [(r[2]["id"], r[2]["outcome"]) for r in receipts] == [(sent.id, "expired")]
     # The receipt stays queued until alice's ack reaches the broker, then leaves the queue.

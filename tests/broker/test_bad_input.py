@@ -34,13 +34,13 @@ from tests.conftest import (
     start_broker,
     wait_for,
 )
-from tests.test_protocol import assert_send_still_works
+from tests.protocol.test_wire import assert_send_still_works
 
 ERROR_KEYS = {"code", "message", "outcome", "id"}
 
 
 def error_of(out: subprocess.CompletedProcess[str]) -> dict[str, Any]:
-    """The DESIGN §8 error object a --json command printed."""
+    """The ``--json`` error object (README.md, exit codes) a command printed."""
     doc = json.loads(out.stdout)
     assert set(doc) == {"error"}, doc
     assert set(doc["error"]) >= ERROR_KEYS, doc

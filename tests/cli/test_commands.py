@@ -1,4 +1,7 @@
-"""The CLI driven as subprocesses the way a script or an agent would (DESIGN §8)."""
+"""The CLI driven as subprocesses the way a script or an agent would.
+
+Exit codes and ``--json`` shapes are the README's; the message object is docs/protocol.md's.
+"""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Randomized crash soak: the broker is SIGKILLed at seeded random moments while four sessions
 exchange a few thousand messages; the checker proves 0 lost acknowledged messages and 0
-duplicates in any inbox (DESIGN §5). More: ``python tests/soak.py --messages N --kills M``.
+duplicates in any inbox (docs/delivery.md). More: ``python tests/soak.py --messages N --kills M``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Dedup authority (DESIGN §5): decisions, durability, TTL, bounds and refusal of bad files."""
+"""Dedup authority (docs/delivery.md): decisions, durability, TTL, bounds, bad files refused."""
 
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 
 from crossintercom.errors import AuthorityError
 from crossintercom.local_broker.authority import Decision, DedupAuthority
+from tests.conftest import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 OUTCOME = {"id": "m1", "outcome": "delivered", "recipient": "s-1"}
 
 

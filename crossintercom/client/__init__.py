@@ -1,0 +1,26 @@
+"""The Python API: ``AsyncClient`` for asyncio services, ``Client`` for scripts."""
+
+from crossintercom.client.aio import (
+    MAX_ASK_TIMEOUT_S,
+    OPERATION_DEADLINE_S,
+    RECONNECT_WAITS_S,
+    RETRY_WAITS_S,
+    AsyncClient,
+    Incoming,
+)
+from crossintercom.client.identity import AttachmentTooLarge, Identity, load_attachment
+from crossintercom.client.sync import Client, wait_until
+
+__all__ = [
+    "MAX_ASK_TIMEOUT_S",
+    "OPERATION_DEADLINE_S",
+    "RECONNECT_WAITS_S",
+    "RETRY_WAITS_S",
+    "AsyncClient",
+    "AttachmentTooLarge",
+    "Client",
+    "Identity",
+    "Incoming",
+    "load_attachment",
+    "wait_until",
+]

@@ -1,0 +1,393 @@
+"""``AsyncClient``: the Python API for asyncio programs (docs/delivery.md).
+
+A client connects to the local broker (spawning it when needed), registers a session, saves
+every incoming message to the session's durable inbox *before* acknowledging it, and retries
+``send``/``ask``/``reply`` with one message id after recoverable disconnects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import msgspec
+import tenacity
+
+from crossintercom import protocol as p
+from crossintercom.client.connection import BrokerConnection, expect
+from crossintercom.client.identity import Identity
+from crossintercom.config import Settings
+from crossintercom.errors import (
+    BrokerUnavailable,
+    Code,
+    CrossintercomError,
+    Disconnected,
+    RemoteError,
+    UsageError,
+)
+from crossintercom.inbox import Inbox
+from crossintercom.models import (
+    Attachment,
+    Message,
+    Outcome,
+    Receipt,
+    SendResult,
+    SessionInfo,
+    new_id,
+)
+from crossintercom.runtime import modes, secure_file
+from crossintercom.testhooks import crash_at
+
+log = logging.getLogger(__name__)
+
+MAX_ASK_TIMEOUT_S = 600.0
+OPERATION_DEADLINE_S = 660.0
+RETRY_WAITS_S = (1.0, 2.0, 5.0)
+RECONNECT_WAITS_S = (1.0, 2.0, 5.0, 10.0, 30.0)
+_RECOVERABLE = (Disconnected, BrokerUnavailable)
+
+
+@dataclass(frozen=True, slots=True)
+class Incoming:
+    """What a listener sees: a message (saved to the inbox) or a receipt notice."""
+
+    kind: Literal["message", "receipt"]
+    message: Message | None = None
+    receipt: Receipt | None = None
+
+
+class AsyncClient:
+    def __init__(
+        self,
+        settings: Settings,
+        identity: Identity | None = None,
+        *,
+        mode: Literal["own", "auto"] = "own",
+        spawn: bool = True,
+        reconnect: bool = True,
+    ) -> None:
+        self.settings = settings
+        self.identity = identity
+        self.mode = mode
+        self.spawn = spawn
+        self.reconnect = reconnect
+        self.session: SessionInfo | None = None
+        self.attached = False
+        self.incoming: asyncio.Queue[Incoming] = asyncio.Queue()
+        self._conn = BrokerConnection(settings, self._on_frame, self._on_lost)
+        self._reconnect_task: asyncio.Task[None] | None = None
+        self._connect_lock = asyncio.Lock()
+        self._ask_waiters: dict[str, asyncio.Future[Message]] = {}
+        self._in_flight = 0
+        self._closed = False
+        self._inbox: Inbox | None = None
+        self.connected = asyncio.Event()
+        # Frames of the broker <-> relay link, for a control client (the relay).
+        self.on_frame: Callable[[p.ToRelayFrame], None] | None = None
+
+    # --- connection ----------------------------------------------------------------------------
+
+    @property
+    def inbox(self) -> Inbox:
+        if self._inbox is None:
+            if self.identity is None:
+                raise UsageError("this client has no session, so no inbox")
+            self._inbox = Inbox(self.settings.inbox_dir, self.identity.id, modes(self.settings)[1])
+            secure_file(self.settings, self._inbox.path)
+        return self._inbox
+
+    async def connect(self) -> AsyncClient:
+        await self._ensure_connected()
+        return self
+
+    async def __aenter__(self) -> AsyncClient:
+        return await self.connect()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def _ensure_connected(self) -> None:
+        if self._closed:
+            raise Disconnected("the client is closed")
+        async with self._connect_lock:
+            if self._conn.open:
+                return
+            await self._conn.connect(spawn=self.spawn)
+            if self.identity is not None:
+                register = p.Register(
+                    request_id=0,
+                    protocol=p.PROTOCOL_VERSION,
+                    session=self.identity,
+                    mode=self.mode,
+                    # Asks this client still waits on: after a broker restart their replies
+                    # come back to this connection, not the session's owner.
+                    awaiting=[a for a, w in self._ask_waiters.items() if not w.done()],
+                )
+                try:
+                    resp = expect(await self._conn.request(register), p.Registered)
+                except RemoteError:
+                    self._drop_connection()
+                    raise
+                self.attached = resp.attached
+                if resp.session is not None:
+                    self.session = resp.session
+            self.connected.set()
+
+    def _drop_connection(self) -> asyncio.StreamWriter | None:
+        self.connected.clear()
+        return self._conn.drop()
+
+    def _on_lost(self) -> None:
+        self.connected.clear()
+        if self.reconnect and not self._closed and self.identity is not None:
+            self._reconnect_task = asyncio.get_running_loop().create_task(self._reconnect_forever())
+
+    async def _reconnect_forever(self) -> None:
+        """1, 2, 5, 10, then every 30 s, until it works or the client closes."""
+        waits = tenacity.wait_chain(*[tenacity.wait_fixed(w) for w in RECONNECT_WAITS_S])
+        retrying = tenacity.AsyncRetrying(
+            wait=waits,
+            retry=tenacity.retry_if_exception_type(_RECOVERABLE),
+            stop=tenacity.stop_never,
+            reraise=True,
+        )
+        with contextlib.suppress(CrossintercomError):
+            async for attempt in retrying:
+                with attempt:
+                    await self._ensure_connected()
+
+    def _on_frame(self, frame: p.FromBroker) -> None:
+        if isinstance(frame, p.Deliver):
+            self._on_deliver(frame)
+        elif isinstance(frame, p.Notice):
+            self._on_notice(frame)
+        elif isinstance(frame, p.ToRelayFrame) and self.on_frame is not None:
+            self.on_frame(frame)
+
+    def _on_deliver(self, frame: p.Deliver) -> None:
+        msg = frame.message
+        waiter = self._ask_waiters.get(msg.reply_to) if msg.reply_to else None
+        if waiter is not None and not waiter.done():
+            # Returned to the waiting ask: saved, but never shown again by a listener.
+            self.inbox.save(msg, shown=True)
+            self._ack(msg.id)
+            waiter.set_result(msg)
+            return
+        if frame.reply:
+            msg = msg.with_flags("late")
+        new = self.inbox.save(msg)  # saved before delivered: the ack follows the commit
+        crash_at("after_save")
+        if not new and self.inbox.holds_other_payload(msg):
+            # The id was reused for another payload after its dedup record was released: this
+            # one is not saved, so it must not be reported delivered.
+            self._ack(msg.id, refused=Code.ID_CONFLICT)
+            return
+        self._ack(msg.id)
+        if new:  # a message handed over again (after a crash or retry) is held and shown once
+            self.incoming.put_nowait(Incoming("message", message=msg))
+
+    def _on_notice(self, frame: p.Notice) -> None:
+        if self.identity is not None:
+            self.inbox.save_receipt(frame.receipt)
+        self._ack(frame.key)
+        self.incoming.put_nowait(Incoming("receipt", receipt=frame.receipt))
+
+    def _ack(self, key: str, refused: str | None = None) -> None:
+        self._conn.post(p.Ack(key, refused))
+
+    def post(self, frame: msgspec.Struct) -> bool:
+        """Write a frame that expects no answer; False when not connected."""
+        return self._conn.post(frame)
+
+    async def close(self) -> None:
+        self._closed = True
+        for task in (self._reconnect_task, self._conn.read_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+        writer = self._drop_connection()
+        if writer is not None:
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+        if self._inbox is not None:
+            self._inbox.close()
+            self._inbox = None
+
+    # --- operations with one identity ------------------------------------------------------------
+
+    async def _operation(self, frame: p.Send | p.Reply) -> SendResult:
+        msg_id = frame.message.id
+        if self._in_flight >= self.settings.max_in_flight:
+            return SendResult.refused(
+                msg_id,
+                Code.OVER_CAPACITY,
+                f"more than {self.settings.max_in_flight} operations in flight on this client",
+            )
+        self._in_flight += 1
+        maybe_sent = False
+        try:
+            retrying = tenacity.AsyncRetrying(
+                stop=tenacity.stop_after_attempt(1 + len(RETRY_WAITS_S))
+                | tenacity.stop_after_delay(OPERATION_DEADLINE_S),
+                wait=tenacity.wait_chain(*[tenacity.wait_fixed(w) for w in RETRY_WAITS_S]),
+                retry=tenacity.retry_if_exception_type(_RECOVERABLE),
+                reraise=True,
+            )
+            try:
+                async for attempt in retrying:
+                    with attempt:
+                        await self._ensure_connected()
+                        try:
+                            resp = await asyncio.wait_for(
+                                self._conn.request(frame), OPERATION_DEADLINE_S
+                            )
+                        except Disconnected as exc:
+                            # Lost before the frame was written: that attempt sent nothing.
+                            maybe_sent = maybe_sent or exc.details.get("written", True)
+                            raise
+            except _RECOVERABLE as exc:
+                if maybe_sent:
+                    return SendResult(msg_id, Outcome.UNKNOWN, Code.DISCONNECTED, str(exc))
+                return SendResult(msg_id, Outcome.NOT_SENT, Code.BROKER_UNAVAILABLE, exc.message)
+            except TimeoutError:
+                return SendResult(
+                    msg_id, Outcome.UNKNOWN, Code.DEADLINE, "no outcome within 11 min"
+                )
+            except RemoteError as exc:
+                return SendResult.refused(msg_id, exc.code, exc.message)
+        finally:
+            self._in_flight -= 1
+        result = expect(resp, p.Result).send_result()
+        self._confirm(result.id)
+        return result
+
+    def _confirm(self, message_id: str) -> None:
+        """Tell the broker we have the outcome, so its dedup record can go at once."""
+        self._conn.post(p.Confirm([message_id]))
+
+    @staticmethod
+    def _body(
+        to: str | None,
+        text: str,
+        attachments: Sequence[Attachment],
+        reply_to: str | None,
+        expects_reply: bool,
+        message_id: str | None,
+    ) -> p.OutgoingBody:
+        return p.OutgoingBody(
+            id=message_id or new_id(),
+            message=text,
+            to=to,
+            attachments=[
+                p.AttachmentBody(a.kind, a.name, a.content, a.language) for a in attachments
+            ],
+            reply_to=reply_to,
+            expects_reply=expects_reply,
+        )
+
+    async def send(
+        self,
+        to: str,
+        text: str,
+        attachments: Sequence[Attachment] = (),
+        *,
+        reply_to: str | None = None,
+        message_id: str | None = None,
+    ) -> SendResult:
+        body = self._body(to, text, attachments, reply_to, False, message_id)
+        return await self._operation(p.Send(request_id=0, message=body))
+
+    async def ask(
+        self,
+        to: str,
+        text: str,
+        attachments: Sequence[Attachment] = (),
+        *,
+        timeout: float = MAX_ASK_TIMEOUT_S,
+        message_id: str | None = None,
+    ) -> SendResult:
+        if not 0 < timeout <= MAX_ASK_TIMEOUT_S:
+            raise UsageError(f"ask timeout must be between 0 and {MAX_ASK_TIMEOUT_S:.0f} seconds")
+        body = self._body(to, text, attachments, None, True, message_id)
+        waiter: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
+        self._ask_waiters[body.id] = waiter
+        try:
+            result = await self._operation(p.Send(request_id=0, message=body))
+            if result.outcome not in (Outcome.DELIVERED, Outcome.QUEUED):
+                return result
+            try:
+                reply = await self._await_reply(waiter, timeout)
+            except TimeoutError:
+                return result
+            return msgspec.structs.replace(result, reply=reply)
+        finally:
+            self._ask_waiters.pop(body.id, None)
+
+    async def _await_reply(self, waiter: asyncio.Future[Message], timeout: float) -> Message:
+        """Wait for an ask's reply. A client that does not reconnect by itself (a one-shot
+        command) re-registers here when the broker goes away, so the new broker can still hand
+        it the reply (live, or from the queue) instead of the ask waiting out its timeout."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while not waiter.done():
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise TimeoutError
+            pause = 0.5
+            if not self._conn.open and not self.reconnect and not self._closed:
+                try:
+                    await asyncio.wait_for(self._ensure_connected(), remaining)
+                except CrossintercomError:
+                    pause = 1.0  # no broker yet: try again shortly
+            await asyncio.wait({waiter}, timeout=min(pause, max(0.0, deadline - loop.time())))
+        return waiter.result()
+
+    async def reply(
+        self,
+        text: str,
+        *,
+        reply_to: str | None = None,
+        attachments: Sequence[Attachment] = (),
+        message_id: str | None = None,
+    ) -> SendResult:
+        body = self._body(None, text, attachments, reply_to, False, message_id)
+        return await self._operation(p.Reply(request_id=0, message=body))
+
+    # --- queries --------------------------------------------------------------------------------
+
+    async def request(self, frame: msgspec.Struct) -> p.BrokerFrame:
+        """Any request frame (its ``request_id`` is set here); connects first if needed."""
+        await self._ensure_connected()
+        return await self._conn.request(frame)
+
+    async def list_sessions(self) -> list[SessionInfo]:
+        return expect(await self.request(p.ListSessions(0)), p.Sessions).sessions
+
+    async def status(self) -> p.StatusReport:
+        return expect(await self.request(p.Status(0)), p.StatusReport)
+
+    async def groups(self) -> list[p.Group]:
+        return expect(await self.request(p.Groups(0)), p.GroupList).groups
+
+    async def pending(self) -> list[Message]:
+        return expect(await self.request(p.Pending(0)), p.PendingList).messages
+
+    async def join(self, group: str) -> list[str]:
+        return expect(await self.request(p.Join(0, group)), p.Ok).groups or []
+
+    async def leave(self, group: str) -> list[str]:
+        return expect(await self.request(p.Leave(0, group)), p.Ok).groups or []
+
+    async def set_status(self, status: str | None) -> None:
+        expect(await self.request(p.SetStatus(0, status)), p.Ok)
+
+    async def next_incoming(self, timeout: float | None = None) -> Incoming | None:
+        try:
+            return await asyncio.wait_for(self.incoming.get(), timeout)
+        except TimeoutError:
+            return None

@@ -1,0 +1,56 @@
+"""Who a client registers as, and the attachments it sends."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from crossintercom import protocol as p
+from crossintercom.config import Settings
+from crossintercom.errors import Code, UsageError
+from crossintercom.models import Attachment, durable_session_id, new_id, valid_name
+
+
+class Identity(p.SessionBody, frozen=True, omit_defaults=True):
+    """The session a client registers. ``named`` gives the durable mailbox `--as NAME` means."""
+
+    @classmethod
+    def named(
+        cls, settings: Settings, name: str, session_id: str | None = None, **kw: Any
+    ) -> Identity:
+        if not valid_name(name):
+            raise UsageError(
+                f"invalid name {name!r}: use letters, digits, '.', '_' or '-', starting with a "
+                "letter or digit, at most 64 characters"
+            )
+        sid = session_id or durable_session_id(settings.host_id, name)
+        return cls(id=sid, name=name, durable=True, cwd=kw.pop("cwd", os.getcwd()), **kw)
+
+    @classmethod
+    def ephemeral(cls, **kw: Any) -> Identity:
+        return cls(id=new_id(), **kw)
+
+
+class AttachmentTooLarge(UsageError):
+    """An attachment is over the message size limit; nothing was sent."""
+
+    code = Code.TOO_LARGE
+
+
+def load_attachment(path: str, max_bytes: int) -> Attachment:
+    """A file attachment, refused clearly when it is too big or unreadable."""
+    fpath = Path(path)
+    try:
+        size = fpath.stat().st_size
+        if size > max_bytes:
+            raise AttachmentTooLarge(
+                f"attachment {path} is {size} bytes; the message limit is {max_bytes} bytes; "
+                "nothing was sent"
+            )
+        content = fpath.read_text(errors="strict")
+    except UnicodeDecodeError:
+        raise UsageError(f"attachment {path} is not UTF-8 text") from None
+    except OSError as exc:
+        raise UsageError(f"cannot read attachment {path}: {exc.strerror}") from None
+    return Attachment("file", fpath.name, content)

@@ -1,0 +1,118 @@
+"""``Client``: the blocking API for scripts, an ``AsyncClient`` on a background event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from concurrent.futures import Future as ThreadFuture
+from typing import Any, TypeVar
+
+from crossintercom import protocol as p
+from crossintercom.client.aio import AsyncClient, Incoming
+from crossintercom.client.identity import Identity
+from crossintercom.config import Settings
+from crossintercom.inbox import Inbox
+from crossintercom.models import Attachment, Message, SendResult, SessionInfo
+
+T = TypeVar("T")
+
+
+class Client:
+    """Blocking wrapper: an event loop in a background thread runs an ``AsyncClient``."""
+
+    def __init__(self, settings: Settings, identity: Identity | None = None, **kw: Any) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, daemon=True, name="crossintercom-client"
+        )
+        self._thread.start()
+        self._async = self._call(self._make(settings, identity, kw))
+
+    @staticmethod
+    async def _make(
+        settings: Settings, identity: Identity | None, kw: dict[str, Any]
+    ) -> AsyncClient:
+        return AsyncClient(settings, identity, **kw)
+
+    def _call(self, coro: Awaitable[T]) -> T:
+        fut: ThreadFuture[T] = asyncio.run_coroutine_threadsafe(coro, self._loop)  # type: ignore[arg-type]
+        return fut.result()
+
+    @property
+    def aio(self) -> AsyncClient:
+        return self._async
+
+    @property
+    def inbox(self) -> Inbox:
+        return self._async.inbox
+
+    def connect(self) -> Client:
+        self._call(self._async.connect())
+        return self
+
+    def __enter__(self) -> Client:
+        return self.connect()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._loop.is_closed():
+            return
+        with contextlib.suppress(Exception):
+            self._call(self._async.close())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5)
+        self._loop.close()
+
+    def send(
+        self, to: str, text: str, attachments: Sequence[Attachment] = (), **kw: Any
+    ) -> SendResult:
+        return self._call(self._async.send(to, text, attachments, **kw))
+
+    def ask(
+        self, to: str, text: str, attachments: Sequence[Attachment] = (), **kw: Any
+    ) -> SendResult:
+        return self._call(self._async.ask(to, text, attachments, **kw))
+
+    def reply(self, text: str, **kw: Any) -> SendResult:
+        return self._call(self._async.reply(text, **kw))
+
+    def list_sessions(self) -> list[SessionInfo]:
+        return self._call(self._async.list_sessions())
+
+    def status(self) -> p.StatusReport:
+        return self._call(self._async.status())
+
+    def groups(self) -> list[p.Group]:
+        return self._call(self._async.groups())
+
+    def pending(self) -> list[Message]:
+        return self._call(self._async.pending())
+
+    def join(self, group: str) -> list[str]:
+        return self._call(self._async.join(group))
+
+    def leave(self, group: str) -> list[str]:
+        return self._call(self._async.leave(group))
+
+    def set_status(self, status: str | None) -> None:
+        self._call(self._async.set_status(status))
+
+    def next_incoming(self, timeout: float | None = None) -> Incoming | None:
+        return self._call(self._async.next_incoming(timeout))
+
+    def run(self, fn: Callable[[AsyncClient], Awaitable[T]]) -> T:
+        return self._call(fn(self._async))
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float, interval: float = 0.02) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return predicate()

@@ -1,0 +1,363 @@
+"""The broker's orchestration: one handler per frame type over the rooms that do the work.
+
+Rooms: ``registry`` (sessions), ``resolve`` (targets, pure), ``outcomes`` (rules, pure),
+``delivery`` (push, ack, queue, backlog, receipts), ``relay_link`` (the relay). It knows
+nothing about SQL or other hosts: the relay carries messages for remote targets and hands in
+messages from them (docs/architecture.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from crossintercom import protocol as p
+from crossintercom.config import Settings
+from crossintercom.errors import Code, ProtocolError
+from crossintercom.local_broker import outcomes
+from crossintercom.local_broker.authority import DedupAuthority
+from crossintercom.local_broker.conn import Conn
+from crossintercom.local_broker.delivery import Delivery
+from crossintercom.local_broker.outcomes import Refusal
+from crossintercom.local_broker.registry import Live, Registry
+from crossintercom.local_broker.relay_link import RelayLink
+from crossintercom.local_broker.sending import Operations
+from crossintercom.local_broker.state import BrokerState
+from crossintercom.models import (
+    PURPOSES,
+    Message,
+    Outcome,
+    Receipt,
+    SendResult,
+    SessionInfo,
+    outcome_for_state,
+)
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[["Broker", Conn, Any], Coroutine[Any, Any, None]]
+
+
+class Broker:
+    def __init__(self, settings: Settings, authority: DedupAuthority, state: BrokerState) -> None:
+        self.settings = settings
+        self.host = settings.host_id
+        self.authority = authority
+        self.state = state
+        self.conns: set[Conn] = set()
+        self.registry = Registry(self.host, state)
+        self.relay = RelayLink(settings, self.registry)
+        self.delivery = Delivery(
+            settings, self.registry, state, retire=self.retire, spawn=self.spawn
+        )
+        self.ops = Operations(settings, authority, state, self.registry, self.delivery, self.relay)
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._stop = asyncio.Event()
+        self.idle_since: float | None = time.monotonic()
+        self.started = time.time()
+
+    # --- connections ----------------------------------------------------------------------------
+
+    def open(self, conn: Conn) -> None:
+        self.conns.add(conn)
+        self.idle_since = None
+
+    def retire(self, conn: Conn) -> None:
+        """Forget a connection at once: its session goes offline, its pending pushes fail."""
+        if conn.closed:
+            return
+        conn.closed = True
+        self.conns.discard(conn)
+        for fut in conn.acks.values():
+            if not fut.done():
+                fut.set_result(outcomes.CONNECTION_LOST)
+        conn.acks.clear()
+        self.delivery.forget_conn(conn)
+        self.relay.detach(conn)
+        if self.registry.detach(conn):
+            self.relay.send_local_roster()
+        if not conn.writer.is_closing():
+            conn.writer.close()
+        if not self.conns:
+            self.idle_since = time.monotonic()
+
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def dispatch(self, conn: Conn, frame: p.ToBroker) -> None:
+        """The gate: who may send what, then the frame's handler."""
+        ftype = type(frame).__struct_config__.tag
+        assert isinstance(ftype, str)
+        self.gate(conn, ftype)
+        await self._handlers[type(frame)](self, conn, frame)
+
+    def gate(self, conn: Conn, ftype: str) -> None:
+        if conn.session_id is None and ftype not in p.ANONYMOUS_TYPES:
+            raise ProtocolError(
+                f"'{ftype}' needs a registered session; send 'register' first",
+                code=Code.NOT_REGISTERED,
+            )
+        if ftype in p.RELAY_TYPES:
+            self.relay.require(conn)
+        if conn.control and ftype in p.MAILBOX_TYPES:
+            # A control session (the relay) is not a mailbox: it has no entry in the registry.
+            raise ProtocolError(
+                f"a control session cannot send '{ftype}'; it is not a recipient",
+                code=Code.NOT_AGENT,
+            )
+
+    # --- queries --------------------------------------------------------------------------------
+
+    async def _on_ping(self, conn: Conn, f: p.Ping) -> None:
+        conn.write(p.Pong(f.request_id, self.host, os.getpid()))
+
+    async def _on_list(self, conn: Conn, f: p.ListSessions) -> None:
+        conn.write(p.Sessions(f.request_id, self.registry.all_sessions()))
+
+    async def _on_status(self, conn: Conn, f: p.Status) -> None:
+        records, nbytes = self.authority.stats()
+        reg = self.registry
+        conn.write(
+            p.StatusReport(
+                request_id=f.request_id,
+                host_id=self.host,
+                pid=os.getpid(),
+                uptime_s=round(time.time() - self.started, 1),
+                sessions=len([s for s in reg.local_sessions() if s.online]),
+                remote_sessions=len([s for s in reg.remote.values() if s.online]),
+                relay=p.RelayState(self.relay.connected, self.relay.store_status),
+                queued=self.state.queue_size(),
+                dedup=p.DedupStats(records, nbytes),
+            )
+        )
+
+    async def _on_groups(self, conn: Conn, f: p.Groups) -> None:
+        groups: dict[str, list[p.GroupMember]] = {}
+        for s in self.registry.all_sessions():
+            for g in s.groups:
+                member = p.GroupMember(s.id, s.display_name, s.host, s.online)
+                groups.setdefault(g, []).append(member)
+        out = [p.Group(g, m) for g, m in sorted(groups.items())]
+        conn.write(p.GroupList(f.request_id, out))
+
+    async def _on_pending(self, conn: Conn, f: p.Pending) -> None:
+        assert conn.session_id is not None
+        entries = self.state.open_pending(conn.session_id)
+        conn.write(p.PendingList(f.request_id, [Message.from_dict(e.body) for e in entries]))
+
+    # --- registration and membership -----------------------------------------------------------
+
+    async def _on_register(self, conn: Conn, f: p.Register) -> None:
+        s = f.session
+        if f.protocol != p.PROTOCOL_VERSION:
+            raise ProtocolError(
+                f"protocol version {f.protocol} is not supported; this broker speaks "
+                f"{p.PROTOCOL_VERSION}. Upgrade the older side",
+                code=Code.PROTOCOL_MISMATCH,
+            )
+        if conn.session_id is not None:
+            raise ProtocolError(
+                "this connection is already registered", code=Code.ALREADY_REGISTERED
+            )
+        if s.purpose not in PURPOSES:
+            raise ProtocolError(
+                f"purpose must be one of {', '.join(PURPOSES)}, got {s.purpose!r}",
+                code=Code.INVALID_PURPOSE,
+            )
+        if f.mode not in ("own", "auto"):
+            raise ProtocolError("mode must be 'own' or 'auto'", code=Code.BAD_FIELD)
+        if s.purpose == "control":
+            self.relay.attach(conn, s.status)
+            conn.session_id = s.id
+            conn.write(p.Registered(f.request_id, attached=False))
+            return
+        live = self.registry.live.get(s.id)
+        attached = False
+        if live is not None and live.owner is not None:
+            if f.mode == "own":
+                raise ProtocolError(
+                    f"session {live.info.display_name} ({s.id}) is already live on another "
+                    "connection",
+                    code=Code.SESSION_IN_USE,
+                )
+            attached = True
+            live.attached.add(conn)
+        else:
+            info = SessionInfo(
+                id=s.id,
+                host=self.host,
+                name=s.name,
+                cwd=s.cwd,
+                model=s.model,
+                status=s.status,
+                purpose="agent",
+                groups=self.registry.initial_groups(s.id, s.groups, s.durable),
+                durable=s.durable,
+            )
+            if live is None:
+                live = self.registry.live[s.id] = Live(info, conn)
+            else:
+                live.owner, live.info = conn, info
+            conn.owner = True
+            self.registry.remember(info)
+        conn.session_id = s.id
+        for ask_id in f.awaiting:
+            if self.state.ask_owner(ask_id) == s.id:
+                self.delivery.ask_waiters[ask_id] = conn
+        conn.write(p.Registered(f.request_id, attached=attached, session=live.info))
+        if conn.owner:
+            self.delivery.drain_backlog(conn, s.id)
+            self.relay.send_local_roster()
+
+    def _update_info(self, conn: Conn, **changes: Any) -> SessionInfo:
+        assert conn.session_id is not None
+        info = self.registry.update(conn.session_id, **changes)
+        self.relay.send_local_roster()
+        return info
+
+    def _groups_of(self, conn: Conn) -> tuple[str, ...]:
+        assert conn.session_id is not None
+        return self.registry.live[conn.session_id].info.groups
+
+    async def _on_join(self, conn: Conn, f: p.Join) -> None:
+        groups = tuple(dict.fromkeys((*self._groups_of(conn), f.group)))
+        info = self._update_info(conn, groups=groups)
+        conn.write(p.Ok(f.request_id, groups=list(info.groups)))
+
+    async def _on_leave(self, conn: Conn, f: p.Leave) -> None:
+        groups = tuple(g for g in self._groups_of(conn) if g != f.group)
+        info = self._update_info(conn, groups=groups)
+        conn.write(p.Ok(f.request_id, groups=list(info.groups)))
+
+    async def _on_set_status(self, conn: Conn, f: p.SetStatus) -> None:
+        if conn.control:
+            self.relay.store_status = f.status
+        else:
+            self._update_info(conn, status=f.status)
+        conn.write(p.Ok(f.request_id))
+
+    # --- sending ---------------------------------------------------------------------------
+
+    async def _on_send(self, conn: Conn, f: p.Send) -> None:
+        self.spawn(self._answer(conn, f.request_id, f.message.id, self.ops.send(conn, f.message)))
+
+    async def _on_reply(self, conn: Conn, f: p.Reply) -> None:
+        self.spawn(self._answer(conn, f.request_id, f.message.id, self.ops.reply(conn, f.message)))
+
+    async def _answer(
+        self, conn: Conn, request_id: int, message_id: str, work: Coroutine[Any, Any, SendResult]
+    ) -> None:
+        try:
+            result = await work
+        except Refusal as r:
+            result = r.result(message_id)
+        except Exception as exc:
+            log.exception("send failed", extra={"id": message_id})
+            result = SendResult(message_id, Outcome.UNKNOWN, Code.INTERNAL, str(exc))
+        conn.write(p.Result.of(request_id, result))
+
+    async def _on_ack(self, conn: Conn, f: p.Ack) -> None:
+        fut = conn.acks.pop(f.id, None)
+        if fut is None:
+            conn.write(p.Error(Code.UNEXPECTED_ACK, f"no delivery of {f.id} awaits an ack"))
+            return
+        if not fut.done():
+            fut.set_result(f.refused)
+
+    async def _on_confirm(self, conn: Conn, f: p.Confirm) -> None:
+        self.authority.release_many(f.ids)
+
+    # --- frames from the relay ------------------------------------------------------------------
+
+    async def _on_forward_result(self, conn: Conn, f: p.ForwardResult) -> None:
+        self.relay.forward_result(f)
+
+    async def _on_roster_refreshed(self, conn: Conn, f: p.RosterRefreshed) -> None:
+        self.relay.roster_refreshed(f)
+
+    async def _on_remote_roster(self, conn: Conn, f: p.RemoteRoster) -> None:
+        self.registry.set_remote(f.sessions)
+        if f.request_id is not None:
+            conn.write(p.Ok(f.request_id))
+
+    async def _on_inbound(self, conn: Conn, f: p.Inbound) -> None:
+        self.spawn(self._inbound(conn, f))
+
+    async def _inbound(self, conn: Conn, f: p.Inbound) -> None:
+        msg, recipient = f.message, f.recipient
+        if msg.reply_to is not None and self.state.ask_owner(msg.reply_to) == recipient:
+            receipt = await self.delivery.route_reply(msg, recipient)
+        elif self.registry.is_local(recipient):
+            receipt = await self.delivery.deliver(msg, recipient, asker_host=msg.sender.host)
+        else:
+            receipt = Receipt(
+                msg.id, Outcome.REFUSED, recipient, Code.NOT_FOUND, "no such session on this host"
+            )
+        conn.write(p.Result.of_receipt(f.request_id, receipt))
+
+    async def _on_remote_receipt(self, conn: Conn, f: p.RemoteReceipt) -> None:
+        for r in f.receipts:
+            if r.sender:
+                receipt = Receipt(r.id, r.outcome, r.recipient, r.code, r.message, r.host)
+                self.delivery.notify_sender(r.sender, receipt)
+
+    # --- housekeeping ---------------------------------------------------------------------------
+
+    async def housekeeping(self) -> None:
+        last_sweep = 0.0
+        while not self._stop.is_set():
+            await asyncio.sleep(0.2)
+            now = time.monotonic()
+            if self.idle_since is not None and now - self.idle_since >= self.settings.idle_exit_s:
+                log.info("idle: exiting")
+                self._stop.set()
+                return
+            if now - last_sweep >= self.settings.sweep_interval_s:
+                last_sweep = now
+                self._sweep()
+
+    def _sweep(self) -> None:
+        self.authority.sweep()
+        self.state.forget_old()
+        for item in self.state.take_expired():
+            if item.kind != "message":
+                continue
+            msg = Message.from_dict(item.body)
+            outcome, code, text = outcome_for_state("expired", None)
+            receipt = Receipt(msg.id, outcome, item.recipient, code, text)
+            if msg.sender.host == self.host:
+                self.delivery.notify_sender(msg.sender.id, receipt)
+            log.info("message expired", extra={"id": msg.id, "recipient": item.recipient})
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    async def wait_stopped(self) -> None:
+        await self._stop.wait()
+
+    _handlers: dict[type, Handler] = {
+        p.Register: _on_register,
+        p.Send: _on_send,
+        p.Reply: _on_reply,
+        p.Ack: _on_ack,
+        p.Confirm: _on_confirm,
+        p.ListSessions: _on_list,
+        p.Status: _on_status,
+        p.Groups: _on_groups,
+        p.Join: _on_join,
+        p.Leave: _on_leave,
+        p.SetStatus: _on_set_status,
+        p.Pending: _on_pending,
+        p.Ping: _on_ping,
+        p.RemoteRoster: _on_remote_roster,
+        p.Inbound: _on_inbound,
+        p.ForwardResult: _on_forward_result,
+        p.RemoteReceipt: _on_remote_receipt,
+        p.RosterRefreshed: _on_roster_refreshed,
+    }

@@ -1,0 +1,160 @@
+"""Local delivery: push to a session's connection, wait for its ack, else queue durably.
+
+Also the backlog a session gets when it (re)registers and the receipts shown to senders on
+this host. Outcome rules are in ``outcomes``; this module does the waiting and writing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from crossintercom import protocol as p
+from crossintercom.config import Settings
+from crossintercom.local_broker import outcomes
+from crossintercom.local_broker.conn import Conn
+from crossintercom.local_broker.registry import Registry
+from crossintercom.local_broker.state import BrokerState
+from crossintercom.models import Message, Outcome, Receipt
+
+
+class Delivery:
+    def __init__(
+        self,
+        settings: Settings,
+        registry: Registry,
+        state: BrokerState,
+        *,
+        retire: Callable[[Conn], None],
+        spawn: Callable[[Coroutine[Any, Any, Any]], None],
+    ) -> None:
+        self.settings = settings
+        self.registry = registry
+        self.state = state
+        self._retire = retire
+        self._spawn = spawn
+        # ask id -> the connection waiting on it (the one-shot `ask`, or the listener).
+        self.ask_waiters: dict[str, Conn] = {}
+
+    def forget_conn(self, conn: Conn) -> None:
+        for ask_id in [a for a, c in self.ask_waiters.items() if c is conn]:
+            del self.ask_waiters[ask_id]
+
+    async def push(self, conn: Conn, msg: Message, *, reply: bool = False) -> str:
+        """Write a deliver frame and wait for the ack: ``ACKED``, a refusal code, or a failure."""
+        fut = conn.expect_ack(msg.id)
+        if not conn.write(p.Deliver(msg, reply=reply)):
+            self._retire(conn)
+            return outcomes.CONNECTION_LOST
+        try:
+            await asyncio.wait_for(conn.writer.drain(), self.settings.ack_timeout_s)
+        except OSError:  # TimeoutError included: a client that stops reading cannot be written
+            self._retire(conn)  # a write that fails retires the session at once
+            return outcomes.CONNECTION_LOST
+        try:
+            code = await asyncio.wait_for(asyncio.shield(fut), self.settings.ack_timeout_s)
+        except TimeoutError:  # written, but not acknowledged in time: the session stays
+            conn.acks.pop(msg.id, None)
+            return outcomes.TIMEOUT
+        return outcomes.ACKED if code is None else code
+
+    async def deliver(self, msg: Message, recipient: str, *, asker_host: str) -> Receipt:
+        """Hand a message to a local session: delivered on its ack, else queued if durable."""
+        if msg.expects_reply:
+            # Recorded before the push so a fast reply is authorised; dropped if nothing lands.
+            self.state.add_pending(msg.id, recipient, msg.sender.id, asker_host, msg.to_dict())
+        owner = self.registry.owner(recipient)
+        push = await self.push(owner, msg) if owner is not None else outcomes.OFFLINE
+        receipt = outcomes.local_receipt(
+            msg.id, recipient, push, durable=self.registry.is_durable(recipient)
+        )
+        if receipt.outcome is Outcome.QUEUED:
+            self._queue(recipient, msg)
+        elif receipt.outcome is not Outcome.DELIVERED and msg.expects_reply:
+            self.state.drop_pending(msg.id, recipient)
+        return receipt
+
+    async def route_reply(self, reply: Message, asker_id: str) -> Receipt:
+        """To the connection waiting on the ask, else the asker's session, else its queue."""
+        assert reply.reply_to is not None
+        waiter = self.ask_waiters.get(reply.reply_to)
+        pushed = False
+        if waiter is not None and not waiter.closed:
+            pushed = await self.push(waiter, reply, reply=True) == outcomes.ACKED
+            if pushed:
+                self.ask_waiters.pop(reply.reply_to, None)
+        owner = self.registry.owner(asker_id)
+        if not pushed and owner is not None and owner is not waiter:
+            pushed = await self.push(owner, reply, reply=True) == outcomes.ACKED
+        durable = self.registry.is_durable(asker_id)
+        receipt = outcomes.reply_receipt(reply.id, asker_id, pushed=pushed, durable=durable)
+        if receipt.outcome is Outcome.QUEUED:
+            self._queue(asker_id, reply)
+        return receipt
+
+    def _queue(self, recipient: str, msg: Message) -> None:
+        self.state.enqueue(recipient, "message", msg.id, msg.to_dict(), self.settings.retention_s)
+
+    # --- resume ---------------------------------------------------------------------------------
+
+    def drain_backlog(self, conn: Conn, session_id: str) -> None:
+        items = self.state.backlog(session_id)
+        if not items:
+            return
+        # Written synchronously, before anything else can run, so the backlog precedes any new
+        # message in the stream; acks are awaited afterwards.
+        waits: list[tuple[int, asyncio.Future[str | None]]] = []
+        for item in items:
+            if item.kind == "receipt":
+                # The key makes the client ack it, so it is dequeued (and stops holding up the
+                # rest of the backlog); item_id is the key ``notify_sender`` queued it under.
+                fut = conn.expect_ack(item.item_id)
+                conn.write(p.Notice(item.item_id, Receipt.from_dict(item.body)))
+            else:
+                msg = Message.from_dict(item.body)
+                flags = ["resumed"]
+                if not self.registry.sender_online(msg.sender):
+                    flags.append("sender_gone")
+                fut = conn.expect_ack(msg.id)
+                reply = (
+                    msg.reply_to is not None and self.state.ask_owner(msg.reply_to) == session_id
+                )
+                conn.write(p.Deliver(msg.with_flags(*flags), reply=reply))
+            waits.append((item.seq, fut))
+        self._spawn(self._await_backlog(waits))
+
+    async def _await_backlog(self, waits: list[tuple[int, asyncio.Future[str | None]]]) -> None:
+        for seq, fut in waits:
+            try:
+                code = await asyncio.wait_for(fut, self.settings.ack_timeout_s * 3)
+            except TimeoutError:
+                return  # left queued; the next registration hands it over again
+            if code == outcomes.CONNECTION_LOST:
+                return
+            self.state.dequeue(seq)
+
+    # --- receipts for senders on this host ------------------------------------------------------
+
+    def notify_sender(self, sender_id: str, receipt: Receipt) -> None:
+        """A receipt for a sender on this host: shown live, or queued for its return."""
+        key = receipt.key
+        durable = self.registry.is_durable(sender_id)
+        if durable:
+            # Queued first: a live push whose connection dies before the ack is not lost.
+            self.state.enqueue(
+                sender_id, "receipt", key, receipt.to_dict(), self.settings.retention_s
+            )
+        owner = self.registry.owner(sender_id)
+        if owner is not None:
+            fut = owner.expect_ack(key)
+            if owner.write(p.Notice(key, receipt)) and durable:
+                self._spawn(self._dequeue_on_ack(sender_id, key, fut))
+
+    async def _dequeue_on_ack(
+        self, sender_id: str, key: str, fut: asyncio.Future[str | None]
+    ) -> None:
+        with contextlib.suppress(TimeoutError):
+            if await asyncio.wait_for(fut, self.settings.ack_timeout_s) is None:
+                self.state.dequeue_item(sender_id, "receipt", key)

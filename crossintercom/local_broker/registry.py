@@ -1,0 +1,113 @@
+"""The session registry: who is live here, who is known (durable), who is on other hosts.
+
+Plain bookkeeping, no I/O but the durable record of known sessions: the broker's rooms read
+it to resolve targets, route replies and answer ``list``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import msgspec
+
+from crossintercom.local_broker.state import BrokerState
+from crossintercom.models import Peer, SessionInfo
+
+if TYPE_CHECKING:
+    from crossintercom.local_broker.conn import Conn
+
+
+@dataclass
+class Live:
+    """A session with a connection: its owner (listener) and one-shot commands attached."""
+
+    info: SessionInfo
+    owner: Conn | None
+    attached: set[Conn] = field(default_factory=set)
+
+
+class Registry:
+    def __init__(self, host: str, state: BrokerState) -> None:
+        self.host = host
+        self.state = state
+        self.live: dict[str, Live] = {}
+        self.known = state.known_sessions()
+        self.remote: dict[str, SessionInfo] = {}
+
+    def owner(self, session_id: str) -> Conn | None:
+        live = self.live.get(session_id)
+        return live.owner if live is not None else None
+
+    def is_durable(self, session_id: str) -> bool:
+        return session_id in self.known
+
+    def is_local(self, session_id: str) -> bool:
+        return session_id in self.live or session_id in self.known
+
+    def local_sessions(self) -> list[SessionInfo]:
+        out = [lv.info for lv in self.live.values() if lv.info.purpose == "agent"]
+        for sid, (name, groups) in self.known.items():
+            if sid not in self.live:
+                out.append(
+                    SessionInfo(
+                        id=sid,
+                        host=self.host,
+                        name=name,
+                        groups=tuple(groups),
+                        durable=True,
+                        online=False,
+                    )
+                )
+        return out
+
+    def remote_sessions(self) -> list[SessionInfo]:
+        return list(self.remote.values())
+
+    def all_sessions(self) -> list[SessionInfo]:
+        return self.local_sessions() + self.remote_sessions()
+
+    def initial_groups(
+        self, session_id: str, given: list[str] | None, durable: bool
+    ) -> tuple[str, ...]:
+        """Groups given at registration, else those a durable session had, else 'default'."""
+        if given:
+            return tuple(given)
+        known = self.known.get(session_id)
+        if durable and known is not None and known[1]:
+            return tuple(known[1])
+        return ("default",)
+
+    def remember(self, info: SessionInfo) -> None:
+        """Keep a durable session's name and groups across broker restarts."""
+        if info.durable:
+            self.state.remember_session(info.id, info.name, list(info.groups))
+            self.known[info.id] = (info.name, list(info.groups))
+
+    def update(self, session_id: str, **changes: object) -> SessionInfo:
+        live = self.live[session_id]
+        live.info = msgspec.structs.replace(live.info, **changes)
+        self.remember(live.info)
+        return live.info
+
+    def detach(self, conn: Conn) -> bool:
+        """Forget ``conn``'s part in its session; True if the session's presence changed."""
+        sid = conn.session_id
+        if sid is None or sid not in self.live:
+            return False
+        live = self.live[sid]
+        live.attached.discard(conn)
+        if live.owner is conn:
+            live.owner = None
+        if live.owner is None and not live.attached:
+            del self.live[sid]
+        return True
+
+    def set_remote(self, sessions: list[SessionInfo]) -> None:
+        self.remote = {s.id: s for s in sessions if s.host != self.host}
+
+    def sender_online(self, sender: Peer) -> bool:
+        if sender.host == self.host:
+            return sender.id in self.live
+        s = self.remote.get(sender.id)
+        return s is not None and s.online

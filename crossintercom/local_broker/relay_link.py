@@ -1,0 +1,129 @@
+"""The broker's side of its relay: forwards out, roster both ways, inbound mail in.
+
+The relay is a ``control`` connection. Two kinds of request wait on it, each in its own table:
+forwards (answered by ``forward_result`` with one receipt per recipient) and roster refreshes
+(answered by ``roster_refreshed``). When the relay goes, both fail at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+from typing import Final
+
+from crossintercom import protocol as p
+from crossintercom.config import Settings
+from crossintercom.errors import Code, ProtocolError
+from crossintercom.local_broker.conn import Conn
+from crossintercom.local_broker.registry import Registry
+from crossintercom.local_broker.resolve import Target
+from crossintercom.models import Message, Outcome, Receipt
+
+ROSTER_REFRESH_WAIT_S: Final = 2.0
+# How long past the store's own wait a forward may take before the relay counts as lost.
+_FORWARD_GRACE_S: Final = 10.0
+
+
+class RelayLink:
+    def __init__(self, settings: Settings, registry: Registry) -> None:
+        self.settings = settings
+        self.registry = registry
+        self.conn: Conn | None = None
+        self.store_status: str | None = None
+        self._ids = itertools.count(1)
+        self._forwards: dict[int, asyncio.Future[list[Receipt]]] = {}
+        self._refreshes: dict[int, asyncio.Future[None]] = {}
+
+    @property
+    def connected(self) -> bool:
+        return self.conn is not None
+
+    def attach(self, conn: Conn, store_status: str | None) -> None:
+        if self.conn is not None:
+            raise ProtocolError(
+                "a relay is already connected to this broker", code=Code.RELAY_IN_USE
+            )
+        conn.control = conn.owner = True
+        self.conn = conn
+        self.store_status = store_status
+        self.send_local_roster()
+
+    def detach(self, conn: Conn) -> None:
+        if conn is not self.conn:
+            return
+        self.conn = None
+        self.store_status = None
+        self.registry.remote.clear()
+        for forward in self._forwards.values():
+            if not forward.done():
+                forward.set_exception(ConnectionError("relay disconnected"))
+        for refresh in self._refreshes.values():
+            if not refresh.done():
+                refresh.set_exception(ConnectionError("relay disconnected"))
+
+    def require(self, conn: Conn) -> None:
+        if conn is not self.conn:
+            raise ProtocolError("only the relay may send this frame", code=Code.NOT_RELAY)
+
+    # --- out --------------------------------------------------------------------------------
+
+    async def forward(self, msg: Message, targets: list[Target]) -> list[Receipt]:
+        relay = self.conn
+        if relay is None:
+            return [
+                Receipt(
+                    msg.id,
+                    Outcome.NOT_SENT,
+                    t.session_id,
+                    Code.NO_RELAY,
+                    "no relay is connected on this host; nothing was sent",
+                )
+                for t in targets
+            ]
+        fid = next(self._ids)
+        fut: asyncio.Future[list[Receipt]] = asyncio.get_running_loop().create_future()
+        self._forwards[fid] = fut
+        recipients = [p.Recipient(t.session_id, t.host) for t in targets]
+        relay.write(p.Forward(fid, msg, recipients))
+        try:
+            return await asyncio.wait_for(fut, self.settings.remote_ack_wait_s + _FORWARD_GRACE_S)
+        except (TimeoutError, ConnectionError):
+            return [
+                Receipt(
+                    msg.id,
+                    Outcome.UNKNOWN,
+                    t.session_id,
+                    Code.RELAY_LOST,
+                    "the relay stopped answering; do not resend automatically",
+                )
+                for t in targets
+            ]
+        finally:
+            self._forwards.pop(fid, None)
+
+    def forward_result(self, f: p.ForwardResult) -> None:
+        fut = self._forwards.get(f.fid)
+        if fut is not None and not fut.done():
+            fut.set_result(f.receipts)
+
+    async def refresh_roster(self) -> None:
+        """Ask the relay to re-read the roster now; give up quietly after a short wait."""
+        if self.conn is None:
+            return
+        fid = next(self._ids)
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._refreshes[fid] = fut
+        self.conn.write(p.RefreshRoster(fid))
+        with contextlib.suppress(TimeoutError, ConnectionError):
+            await asyncio.wait_for(fut, ROSTER_REFRESH_WAIT_S)
+        self._refreshes.pop(fid, None)
+
+    def roster_refreshed(self, f: p.RosterRefreshed) -> None:
+        fut = self._refreshes.get(f.fid)
+        if fut is not None and not fut.done():
+            fut.set_result(None)
+
+    def send_local_roster(self) -> None:
+        if self.conn is not None:
+            self.conn.write(p.LocalRoster(self.registry.local_sessions()))

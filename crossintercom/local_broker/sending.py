@@ -1,0 +1,187 @@
+"""Send, ask and reply: resolve, reserve, deliver or forward, settle (docs/delivery.md).
+
+An operation reserves its id in the dedup authority before anything leaves, delivers to local
+targets and forwards the rest through the relay, then settles the record with the outcome.
+Each step's rule is in ``outcomes``; this module only sequences them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine
+from typing import Any
+
+import msgspec
+
+from crossintercom import protocol as p
+from crossintercom.config import Settings
+from crossintercom.errors import Code
+from crossintercom.local_broker import outcomes
+from crossintercom.local_broker.authority import DedupAuthority
+from crossintercom.local_broker.conn import Conn
+from crossintercom.local_broker.delivery import Delivery
+from crossintercom.local_broker.outcomes import Refusal
+from crossintercom.local_broker.registry import Registry
+from crossintercom.local_broker.relay_link import RelayLink
+from crossintercom.local_broker.resolve import Target, is_group, resolve, without_relay
+from crossintercom.local_broker.state import BrokerState, PendingEntry
+from crossintercom.models import (
+    ATTACHMENT_KINDS,
+    Attachment,
+    Message,
+    Outcome,
+    Peer,
+    Receipt,
+    SendResult,
+    now_iso,
+)
+from crossintercom.testhooks import crash_at
+
+
+class Operations:
+    def __init__(
+        self,
+        settings: Settings,
+        authority: DedupAuthority,
+        state: BrokerState,
+        registry: Registry,
+        delivery: Delivery,
+        relay: RelayLink,
+    ) -> None:
+        self.settings = settings
+        self.host = settings.host_id
+        self.authority = authority
+        self.state = state
+        self.registry = registry
+        self.delivery = delivery
+        self.relay = relay
+
+    def build_message(self, conn: Conn, body: p.OutgoingBody, to: str) -> Message:
+        assert conn.session_id is not None
+        info = self.registry.live[conn.session_id].info
+        for a in body.attachments:
+            if a.kind not in ATTACHMENT_KINDS:
+                raise Refusal(
+                    Code.BAD_ATTACHMENT,
+                    f"attachment kind must be one of {', '.join(ATTACHMENT_KINDS)}, got {a.kind!r}",
+                )
+        msg = Message(
+            id=body.id,
+            sender=Peer(info.id, info.name, self.host),
+            to=to,
+            text=body.message,
+            attachments=tuple(
+                Attachment(a.kind, a.name, a.content, a.language) for a in body.attachments
+            ),
+            reply_to=body.reply_to,
+            expects_reply=body.expects_reply,
+            sent_at=now_iso(),
+        )
+        if msg.size() > self.settings.max_message_bytes:
+            what = "reply" if body.reply_to is not None or not to else "message"
+            raise Refusal(
+                Code.TOO_LARGE,
+                f"{what} is {msg.size()} bytes; the limit is {self.settings.max_message_bytes}",
+            )
+        return msg
+
+    async def _resolve(self, target: str, sender_id: str) -> list[Target]:
+        try:
+            return self._resolve_once(target, sender_id)
+        except Refusal as refusal:
+            if refusal.code != Code.NOT_FOUND:
+                raise
+            if not self.relay.connected:
+                has_store = bool(self.settings.store_url)
+                raise without_relay(target, refusal, host=self.host, has_store=has_store) from None
+        await self.relay.refresh_roster()
+        return self._resolve_once(target, sender_id)
+
+    def _resolve_once(self, target: str, sender_id: str) -> list[Target]:
+        reg = self.registry
+        return resolve(
+            target,
+            sender_id,
+            host=self.host,
+            local=reg.local_sessions(),
+            remote=reg.remote_sessions(),
+        )
+
+    async def send(self, conn: Conn, body: p.OutgoingBody) -> SendResult:
+        assert conn.session_id is not None
+        if not body.to:
+            raise Refusal(Code.MISSING_TARGET, "a send needs a target ('to')")
+        msg = self.build_message(conn, body, body.to)
+        targets = await self._resolve(body.to, conn.session_id)
+        group = is_group(body.to)
+        if group and body.expects_reply:
+            raise Refusal(Code.GROUP_ASK, "ask cannot target a group; ask one session")
+        remote = any(not t.local for t in targets)
+        answer = outcomes.reserved(
+            self.authority.reserve(msg.id, msg.canonical_payload(), remote=remote), msg.id
+        )
+        if answer is not None:
+            return answer
+        crash_at("after_reserve")
+        if msg.expects_reply:
+            self.state.record_ask(msg.id, conn.session_id)
+            self.delivery.ask_waiters[msg.id] = conn
+        receipts = await self._deliver_all(msg, targets)
+        crash_at("after_forward")
+        result = outcomes.combine(msg.id, receipts, group=group)
+        if result.outcome is Outcome.REFUSED and not group:
+            self.delivery.ask_waiters.pop(msg.id, None)
+        self._settle(result, remote)
+        crash_at("after_accept")
+        return result
+
+    def _settle(self, result: SendResult, remote: bool) -> None:
+        action = outcomes.settle(result.outcome, remote=remote)
+        if action == "abandon":
+            self.authority.abandon(result.id)
+        elif action == "accept":
+            self.authority.accept(result.id, outcomes.to_retain(result))
+
+    async def _deliver_all(self, msg: Message, targets: list[Target]) -> list[Receipt]:
+        local = [t for t in targets if t.local]
+        remote = [t for t in targets if not t.local]
+        jobs: list[Coroutine[Any, Any, list[Receipt]]] = [self._deliver_one(msg, t) for t in local]
+        if remote:
+            jobs.append(self.relay.forward(msg, remote))
+        parts = await asyncio.gather(*jobs)
+        return [r for part in parts for r in part]
+
+    async def _deliver_one(self, msg: Message, t: Target) -> list[Receipt]:
+        return [await self.delivery.deliver(msg, t.session_id, asker_host=msg.sender.host)]
+
+    async def reply(self, conn: Conn, body: p.OutgoingBody) -> SendResult:
+        assert conn.session_id is not None
+        replier = conn.session_id
+        # Identity covers the frame as sent, so a retry (same reply_to or none) matches.
+        probe = self.build_message(conn, body, body.to or "")
+        answer = outcomes.reserved(
+            self.authority.reserve(body.id, probe.canonical_payload()), body.id
+        )
+        if answer is not None:
+            return answer
+        status, entry = self.state.consume_pending(replier, body.reply_to)
+        if status != "ok" or entry is None:
+            refused = outcomes.reply_refused(body.id, status, body.reply_to)
+            self.authority.accept(body.id, outcomes.to_retain(refused))
+            return refused
+        reply = self.build_message(
+            conn, msgspec.structs.replace(body, reply_to=entry.ask_id), entry.asker_id
+        )
+        receipt = await self._route_reply(reply, entry)
+        if outcomes.reopens_ask(receipt.outcome):
+            self.state.reopen_pending(entry.ask_id, replier)
+        result = SendResult.from_receipt(receipt, reply_to=entry.ask_id)
+        self._settle(result, remote=entry.asker_host != self.host)
+        return result
+
+    async def _route_reply(self, reply: Message, entry: PendingEntry) -> Receipt:
+        if entry.asker_host != self.host:
+            # Only the asker's host routes a reply: hand it over by id, never by name.
+            target = Target(entry.asker_id, entry.asker_host, None, local=False)
+            return (await self.relay.forward(reply, [target]))[0]
+        return await self.delivery.route_reply(reply, entry.asker_id)

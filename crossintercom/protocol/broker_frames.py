@@ -1,0 +1,155 @@
+"""Frames a broker sends its clients (one tagged union, ``BrokerFrame``; docs/protocol.md)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+from crossintercom.models import Message, Outcome, Receipt, SendResult, SessionInfo
+from crossintercom.protocol.client_frames import RequestId
+
+
+class Error(msgspec.Struct, tag="error", frozen=True, omit_defaults=True):
+    """A frame could not be served; ``code`` is one of ``errors.Code``."""
+
+    code: str
+    message: str
+    request_id: RequestId | None = None
+
+
+class Registered(msgspec.Struct, tag="registered", frozen=True, omit_defaults=True):
+    request_id: RequestId
+    attached: bool
+    # The session as the broker holds it (absent for a control session).
+    session: SessionInfo | None = None
+
+
+class Result(msgspec.Struct, tag="result", frozen=True, omit_defaults=True):
+    """The outcome of a send, ask or reply; also the broker's answer to an ``inbound``."""
+
+    request_id: RequestId
+    id: str
+    outcome: Outcome
+    code: str | None = None
+    message: str | None = None
+    receipts: list[Receipt] | None = None
+    reply_to: str | None = None
+    recipient: str | None = None
+
+    @classmethod
+    def of(cls, request_id: int, result: SendResult) -> Result:
+        receipts = list(result.receipts) if result.receipts is not None else None
+        return cls(request_id, result.id, result.outcome, result.code, result.message, receipts)
+
+    @classmethod
+    def of_receipt(cls, request_id: int, receipt: Receipt) -> Result:
+        return cls(
+            request_id,
+            receipt.id,
+            receipt.outcome,
+            receipt.code,
+            receipt.message,
+            recipient=receipt.recipient,
+        )
+
+    def send_result(self) -> SendResult:
+        receipts = tuple(self.receipts) if self.receipts is not None else None
+        return SendResult(self.id, self.outcome, self.code, self.message, receipts)
+
+    def receipt(self) -> Receipt:
+        return Receipt(self.id, self.outcome, self.recipient, self.code, self.message)
+
+
+class Deliver(msgspec.Struct, tag="deliver", frozen=True, omit_defaults=True):
+    """A message for this session; the client saves it, then sends ``ack``."""
+
+    message: Message
+    # Answers an ask this session made: the client returns it to the waiting call.
+    reply: bool = False
+
+
+class Notice(msgspec.Struct, tag="notice", frozen=True):
+    """A receipt for a message this session sent; acknowledged by ``key`` once saved."""
+
+    key: str
+    receipt: Receipt
+    kind: Literal["receipt"] = "receipt"
+
+
+class Sessions(msgspec.Struct, tag="sessions", frozen=True):
+    request_id: RequestId
+    sessions: list[SessionInfo]
+
+
+class RelayState(msgspec.Struct, frozen=True):
+    connected: bool
+    store: str | None
+
+
+class DedupStats(msgspec.Struct, frozen=True):
+    records: int
+    bytes: int
+
+
+class StatusReport(msgspec.Struct, tag="status", frozen=True):
+    request_id: RequestId
+    host_id: str
+    pid: int
+    uptime_s: float
+    sessions: int
+    remote_sessions: int
+    relay: RelayState
+    queued: int
+    dedup: DedupStats
+
+
+class GroupMember(msgspec.Struct, frozen=True):
+    id: str
+    name: str
+    host: str
+    online: bool
+
+
+class Group(msgspec.Struct, frozen=True):
+    name: str
+    members: list[GroupMember]
+
+
+class GroupList(msgspec.Struct, tag="groups", frozen=True):
+    request_id: RequestId
+    groups: list[Group]
+
+
+class PendingList(msgspec.Struct, tag="pending", frozen=True):
+    """Asks delivered to this session that still wait for its reply, oldest first."""
+
+    request_id: RequestId
+    messages: list[Message]
+
+
+class Ok(msgspec.Struct, tag="ok", frozen=True, omit_defaults=True):
+    request_id: RequestId
+    # join / leave: the session's groups afterwards.
+    groups: list[str] | None = None
+
+
+class Pong(msgspec.Struct, tag="pong", frozen=True):
+    request_id: RequestId
+    host: str
+    pid: int
+
+
+BrokerFrame = (
+    Error
+    | Registered
+    | Result
+    | Deliver
+    | Notice
+    | Sessions
+    | StatusReport
+    | GroupList
+    | PendingList
+    | Ok
+    | Pong
+)

@@ -1,0 +1,140 @@
+"""Frames a client sends its broker (one tagged union, ``ClientFrame``; docs/protocol.md)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import msgspec
+
+from crossintercom.models import Name
+
+SessionId = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
+MessageId = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
+RequestId = Annotated[int, msgspec.Meta(ge=0)]
+
+
+class AttachmentBody(msgspec.Struct, frozen=True, omit_defaults=True):
+    kind: str
+    name: str
+    content: str
+    language: str | None = None
+
+
+class SessionBody(msgspec.Struct, frozen=True, omit_defaults=True):
+    id: SessionId
+    name: Name | None = None
+    cwd: str | None = None
+    model: str | None = None
+    status: str | None = None
+    # Checked by the broker, not here, so a wrong purpose gets its own code.
+    purpose: str = "agent"
+    groups: list[Name] | None = None
+    durable: bool = False
+
+
+class OutgoingBody(msgspec.Struct, frozen=True, omit_defaults=True):
+    """What a sender supplies; the broker adds sender and time."""
+
+    id: MessageId
+    message: str
+    to: str | None = None
+    attachments: list[AttachmentBody] = []
+    reply_to: MessageId | None = None
+    expects_reply: bool = False
+
+
+class Register(msgspec.Struct, tag="register", frozen=True):
+    request_id: RequestId
+    protocol: int
+    session: SessionBody
+    # "own": this connection becomes the session's owner (listen); "auto": attach to the live
+    # owner if there is one, else own it for the life of the connection (one-shot commands).
+    # Checked by the broker so a wrong mode gets a readable message.
+    mode: str = "own"
+    # Ids of asks this session made that the connection still waits on (after a reconnect).
+    awaiting: list[MessageId] = []
+
+
+class Send(msgspec.Struct, tag="send", frozen=True):
+    """send and ask (``expects_reply``) share one frame."""
+
+    request_id: RequestId
+    message: OutgoingBody
+
+
+class Reply(msgspec.Struct, tag="reply", frozen=True):
+    request_id: RequestId
+    message: OutgoingBody
+
+
+class Ack(msgspec.Struct, tag="ack", frozen=True, omit_defaults=True):
+    """The recipient's client saved the message (or receipt notice) to its durable inbox."""
+
+    id: MessageId
+    refused: str | None = None
+
+
+class Confirm(msgspec.Struct, tag="confirm", frozen=True):
+    """The sender has these outcomes; the broker may release their dedup records."""
+
+    ids: list[MessageId]
+
+
+class ListSessions(msgspec.Struct, tag="list", frozen=True):
+    request_id: RequestId
+
+
+class Status(msgspec.Struct, tag="status", frozen=True):
+    request_id: RequestId
+
+
+class Groups(msgspec.Struct, tag="groups", frozen=True):
+    request_id: RequestId
+
+
+class Join(msgspec.Struct, tag="join", frozen=True):
+    request_id: RequestId
+    group: Name
+
+
+class Leave(msgspec.Struct, tag="leave", frozen=True):
+    request_id: RequestId
+    group: Name
+
+
+class SetStatus(msgspec.Struct, tag="set_status", frozen=True):
+    request_id: RequestId
+    status: str | None
+
+
+class Pending(msgspec.Struct, tag="pending", frozen=True):
+    request_id: RequestId
+
+
+class Ping(msgspec.Struct, tag="ping", frozen=True):
+    request_id: RequestId
+
+
+ClientFrame = (
+    Register
+    | Send
+    | Reply
+    | Ack
+    | Confirm
+    | ListSessions
+    | Status
+    | Groups
+    | Join
+    | Leave
+    | SetStatus
+    | Pending
+    | Ping
+)
+
+# Frames a connection may send before it registers: queries that need no identity
+# (docs/protocol.md) and the acknowledgements that never act on anyone's behalf.
+ANONYMOUS_TYPES: frozenset[str] = frozenset(
+    {"register", "list", "status", "groups", "ping", "confirm"}
+)
+# Frames that act as a mailbox; a control session (the relay) is not one.
+MAILBOX_TYPES: frozenset[str] = frozenset({"send", "reply", "join", "leave", "pending"})

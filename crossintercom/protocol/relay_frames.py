@@ -1,0 +1,86 @@
+"""The broker <-> relay link: two tagged unions, one per direction (docs/protocol.md).
+
+The relay is a ``control`` client of its broker. ``RelayFrame`` is what it sends (answers to
+forwards, the remote roster, inbound messages, late receipts); ``ToRelayFrame`` is what the
+broker sends it (messages to forward, the local roster, roster refresh requests).
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from crossintercom.models import Message, Receipt, SessionInfo
+from crossintercom.protocol.client_frames import RequestId, SessionId
+
+# --- relay -> broker --------------------------------------------------------------------------
+
+
+class RemoteRoster(msgspec.Struct, tag="remote_roster", frozen=True, omit_defaults=True):
+    """The relay's copy of every other host's sessions."""
+
+    sessions: list[SessionInfo]
+    request_id: RequestId | None = None
+
+
+class Inbound(msgspec.Struct, tag="inbound", frozen=True):
+    """A message from the store for a local session; answered with a ``result`` frame."""
+
+    request_id: RequestId
+    message: Message
+    recipient: SessionId
+
+
+class ForwardResult(msgspec.Struct, tag="forward_result", frozen=True):
+    """The relay's answer to a ``forward``: one receipt per remote recipient."""
+
+    fid: int
+    receipts: list[Receipt]
+
+
+class SenderReceipt(Receipt, frozen=True, omit_defaults=True):
+    """A receipt with the local session that sent the message (whom to tell)."""
+
+    sender: str = ""
+
+
+class RemoteReceipt(msgspec.Struct, tag="remote_receipt", frozen=True):
+    """Receipts arriving later from other hosts for messages this host sent."""
+
+    receipts: list[SenderReceipt]
+
+
+class RosterRefreshed(msgspec.Struct, tag="roster_refreshed", frozen=True):
+    fid: int
+
+
+RelayFrame = RemoteRoster | Inbound | ForwardResult | RemoteReceipt | RosterRefreshed
+
+# --- broker -> relay --------------------------------------------------------------------------
+
+
+class Recipient(msgspec.Struct, frozen=True):
+    session: str
+    host: str
+
+
+class Forward(msgspec.Struct, tag="forward", frozen=True):
+    """A message for sessions on other hosts: the relay writes it to the store."""
+
+    fid: int
+    message: Message
+    recipients: list[Recipient]
+
+
+class LocalRoster(msgspec.Struct, tag="local_roster", frozen=True):
+    """This host's sessions, sent on every change and when the relay registers."""
+
+    sessions: list[SessionInfo]
+
+
+class RefreshRoster(msgspec.Struct, tag="refresh_roster", frozen=True):
+    """A target was not found: re-read the roster now, then answer ``roster_refreshed``."""
+
+    fid: int
+
+
+ToRelayFrame = Forward | LocalRoster | RefreshRoster

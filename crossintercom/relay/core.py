@@ -1,0 +1,37 @@
+"""What the relay's parts share: the store, the broker client, the fencing generation."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Coroutine
+from typing import Any, ParamSpec, TypeVar
+
+from crossintercom.client import AsyncClient
+from crossintercom.config import Settings
+from crossintercom.models import SessionInfo
+from crossintercom.storage import MailboxStore
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class RelayCore:
+    def __init__(self, settings: Settings, store: MailboxStore) -> None:
+        self.settings = settings
+        self.host = settings.host_id
+        self.store = store
+        # Taken at start (claim_host); every write is fenced by it.
+        self.generation = 0
+        self.client: AsyncClient | None = None
+        self.local_sessions: list[SessionInfo] = []
+        self.stopping = asyncio.Event()
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    async def store_call(self, fn: Callable[P, R], *args: P.args, **kw: P.kwargs) -> R:
+        """Run a blocking store call off the event loop, keeping its types."""
+        return await asyncio.to_thread(fn, *args, **kw)
+
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)

@@ -1,0 +1,210 @@
+"""Outbound: ``forward`` frames batched into one store transaction, then one receipt per
+recipient (docs/delivery.md): ``delivered`` when the remote host acknowledged within
+``remote_ack_wait``, else ``queued``; ``not_sent`` only when nothing was committed."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Final
+
+import tenacity
+
+from crossintercom import protocol as p
+from crossintercom.errors import Code, StoreError, StoreInDoubt
+from crossintercom.models import Outcome, Receipt, outcome_for_state
+from crossintercom.relay.core import RelayCore
+from crossintercom.storage import EnqueueResult, OutboundItem, ReceiptRow
+
+log = logging.getLogger(__name__)
+
+# A receipt from another host for a message we queued earlier is shown to the sender; we keep
+# the sender of recent forwards to know whom to tell.
+_SENDER_MEMORY: Final = 100_000
+
+
+@dataclass
+class _Forward:
+    frame: p.Forward
+    waits: dict[str, asyncio.Future[ReceiptRow]] = field(default_factory=dict)
+
+
+class Outbound:
+    def __init__(self, relay: RelayCore) -> None:
+        self.relay = relay
+        self._queue: asyncio.Queue[_Forward] = asyncio.Queue()
+        # (message id, recipient) -> the forward waiting for that receipt.
+        self.receipt_waits: dict[tuple[str, str], asyncio.Future[ReceiptRow]] = {}
+        self.senders: OrderedDict[str, str] = OrderedDict()
+
+    def put(self, frame: p.Forward) -> None:
+        self._queue.put_nowait(_Forward(frame))
+
+    async def loop(self) -> None:
+        while True:
+            first = await self._queue.get()
+            batch = [first]
+            # Group commit: whatever is already waiting goes in the same transaction, without
+            # waiting for more when only one message is there.
+            while not self._queue.empty():
+                batch.append(self._queue.get_nowait())
+            await self._forward_batch(batch)
+
+    async def _forward_batch(self, batch: list[_Forward]) -> None:
+        relay = self.relay
+        items: list[OutboundItem] = []
+        for fwd in batch:
+            msg = fwd.frame.message
+            self._remember_sender(msg.id, msg.sender.id)
+            payload = msg.to_dict()
+            for r in fwd.frame.recipients:
+                key = (msg.id, r.session)
+                fut = self.receipt_waits.get(key)
+                if fut is None or fut.done():
+                    fut = asyncio.get_running_loop().create_future()
+                    self.receipt_waits[key] = fut
+                fwd.waits[r.session] = fut
+                items.append(
+                    OutboundItem(
+                        message_id=msg.id,
+                        sender_host=relay.host,
+                        recipient_host=r.host,
+                        recipient_session=r.session,
+                        digest=msg.digest(),
+                        payload=payload,
+                        size=msg.size(),
+                    )
+                )
+        try:
+            results = await relay.store_call(relay.store.enqueue, items)
+        except StoreInDoubt:
+            results = await self._resolve_in_doubt(items)
+        except StoreError as exc:
+            log.warning("enqueue failed before commit", extra={"error": exc.message})
+            for fwd in batch:
+                self._answer(
+                    fwd,
+                    [
+                        Receipt(
+                            fwd.frame.message.id,
+                            Outcome.NOT_SENT,
+                            r.session,
+                            Code.STORE_UNAVAILABLE,
+                            "the shared store is unreachable; nothing was sent",
+                        )
+                        for r in fwd.frame.recipients
+                    ],
+                )
+            return
+        by_key = {(r.message_id, r.recipient_session): r for r in results}
+        for fwd in batch:
+            relay.spawn(self._settle(fwd, by_key))
+
+    async def _resolve_in_doubt(self, items: list[OutboundItem]) -> list[EnqueueResult]:
+        """The commit's fate is unknown: read the rows by id once the store answers again."""
+        relay = self.relay
+        retrying = tenacity.AsyncRetrying(
+            wait=tenacity.wait_exponential(multiplier=0.2, max=5),
+            stop=tenacity.stop_after_delay(relay.settings.remote_ack_wait_s + 5),
+            retry=tenacity.retry_if_exception_type(StoreError),
+            reraise=True,
+        )
+        out: list[EnqueueResult] = []
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    out = []
+                    for it in items:
+                        row = await relay.store_call(relay.store.get_message, it.message_id)
+                        if row is None:
+                            out.append(
+                                EnqueueResult(
+                                    it.message_id,
+                                    it.recipient_session,
+                                    "absent",
+                                    False,
+                                    "store_unavailable",
+                                )
+                            )
+                        else:
+                            state = row.states.get(it.recipient_session, "absent")
+                            out.append(
+                                EnqueueResult(it.message_id, it.recipient_session, state, False)
+                            )
+        except StoreError:
+            return [
+                EnqueueResult(
+                    it.message_id, it.recipient_session, "in_doubt", False, "store_in_doubt"
+                )
+                for it in items
+            ]
+        return out
+
+    async def _settle(self, fwd: _Forward, results: dict[tuple[str, str], EnqueueResult]) -> None:
+        msg_id = fwd.frame.message.id
+        deadline = time.monotonic() + self.relay.settings.remote_ack_wait_s
+        receipts = []
+        for r in fwd.frame.recipients:
+            res = results.get((msg_id, r.session))
+            receipts.append(
+                await self._receipt_for(msg_id, r.session, res, fwd.waits[r.session], deadline)
+            )
+            self.receipt_waits.pop((msg_id, r.session), None)
+        self._answer(fwd, receipts)
+
+    async def _receipt_for(
+        self,
+        msg_id: str,
+        sid: str,
+        res: EnqueueResult | None,
+        wait: asyncio.Future[ReceiptRow],
+        deadline: float,
+    ) -> Receipt:
+        if res is None or res.state == "in_doubt":
+            return Receipt(
+                msg_id,
+                Outcome.UNKNOWN,
+                sid,
+                Code.STORE_IN_DOUBT,
+                "the store connection dropped during commit",
+            )
+        if res.state == "absent":
+            return Receipt(
+                msg_id,
+                Outcome.NOT_SENT,
+                sid,
+                Code.STORE_UNAVAILABLE,
+                "the commit did not land; nothing was sent",
+            )
+        if res.code is not None:
+            return Receipt(msg_id, Outcome.REFUSED, sid, res.code)
+        if res.state != "queued":
+            # A retry of a message whose row was already settled: the row's state answers.
+            outcome, code, text = outcome_for_state(res.state, None)
+            return Receipt(msg_id, outcome, sid, code, text)
+        try:
+            row = await asyncio.wait_for(
+                asyncio.shield(wait), max(0.0, deadline - time.monotonic())
+            )
+        except TimeoutError:
+            return Receipt(msg_id, Outcome.QUEUED, sid)
+        return receipt_of(row, with_host=False)
+
+    def _answer(self, fwd: _Forward, receipts: list[Receipt]) -> None:
+        if self.relay.client is not None:
+            self.relay.client.post(p.ForwardResult(fwd.frame.fid, receipts))
+
+    def _remember_sender(self, message_id: str, sender_id: str) -> None:
+        self.senders[message_id] = sender_id
+        while len(self.senders) > _SENDER_MEMORY:
+            self.senders.popitem(last=False)
+
+
+def receipt_of(row: ReceiptRow, *, with_host: bool = True) -> Receipt:
+    """A receipt row from the store, as the sender sees it (a late one names the host)."""
+    outcome, code, text = outcome_for_state(row.outcome, row.code)
+    host = row.recipient_host if with_host else None
+    return Receipt(row.message_id, outcome, row.recipient_session, code, text, host)

@@ -1,0 +1,137 @@
+"""Outcome rules, in process (docs/delivery.md): what each push, reply and dedup answer means."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from crossintercom.local_broker import outcomes
+from crossintercom.local_broker.authority import Decision
+from crossintercom.models import Outcome, Receipt, SendResult, outcome_for_state, weakest
+
+
+@pytest.mark.parametrize(
+    ("push", "durable", "outcome", "code"),
+    [
+        (outcomes.ACKED, False, Outcome.DELIVERED, None),
+        (outcomes.ACKED, True, Outcome.DELIVERED, None),
+        ("id_conflict", True, Outcome.REFUSED, "id_conflict"),
+        (outcomes.OFFLINE, True, Outcome.QUEUED, None),
+        (outcomes.CONNECTION_LOST, True, Outcome.QUEUED, None),
+        (outcomes.TIMEOUT, True, Outcome.QUEUED, None),
+        (outcomes.TIMEOUT, False, Outcome.UNKNOWN, "no_ack"),
+        (outcomes.CONNECTION_LOST, False, Outcome.NOT_SENT, "recipient_gone"),
+        (outcomes.OFFLINE, False, Outcome.NOT_SENT, "recipient_gone"),
+    ],
+)
+def test_local_receipt(push: str, durable: bool, outcome: Outcome, code: str | None) -> None:
+    r = outcomes.local_receipt("m", "rcpt", push, durable=durable)
+    assert (r.id, r.recipient, r.outcome, r.code) == ("m", "rcpt", outcome, code)
+
+
+def test_reply_receipt() -> None:
+    assert outcomes.reply_receipt("r", "a", pushed=True, durable=False).outcome is Outcome.DELIVERED
+    assert outcomes.reply_receipt("r", "a", pushed=False, durable=True).outcome is Outcome.QUEUED
+    gone = outcomes.reply_receipt("r", "a", pushed=False, durable=False)
+    assert (gone.outcome, gone.code) == (Outcome.REFUSED, "asker_gone")
+
+
+def test_a_group_result_is_its_weakest_receipt_and_lists_them_all() -> None:
+    receipts = [
+        Receipt("m", Outcome.DELIVERED, "a"),
+        Receipt("m", Outcome.QUEUED, "b"),
+        Receipt("m", Outcome.UNKNOWN, "c", "relay_lost"),
+    ]
+    result = outcomes.combine("m", receipts, group=True)
+    assert result.outcome is Outcome.UNKNOWN
+    assert result.receipts == tuple(receipts)
+    assert result.code is None
+
+
+def test_a_single_result_carries_its_receipts_code() -> None:
+    r = outcomes.combine("m", [Receipt("m", Outcome.NOT_SENT, "a", "no_relay", "why")], group=False)
+    assert (r.outcome, r.code, r.message, r.receipts) == (Outcome.NOT_SENT, "no_relay", "why", None)
+
+
+def test_weakest_order() -> None:
+    order = [
+        Outcome.DELIVERED,
+        Outcome.QUEUED,
+        Outcome.UNKNOWN,
+        Outcome.NOT_SENT,
+        Outcome.EXPIRED,
+        Outcome.REFUSED,
+    ]
+    for i, strong in enumerate(order):
+        for weak in order[i:]:
+            assert weakest([strong, weak]) is weak
+    assert weakest([]) is Outcome.REFUSED
+
+
+@pytest.mark.parametrize(
+    ("kind", "outcome", "code"),
+    [
+        ("conflict", Outcome.REFUSED, "payload_conflict"),
+        ("over_capacity", Outcome.REFUSED, "over_capacity"),
+        ("uncertain", Outcome.UNKNOWN, "uncertain"),
+    ],
+)
+def test_reserved_answers(kind: str, outcome: Outcome, code: str) -> None:
+    got = outcomes.reserved(Decision(kind), "m")  # type: ignore[arg-type]
+    assert got is not None
+    assert (got.id, got.outcome, got.code) == ("m", outcome, code)
+
+
+def test_reserved_goes_ahead_for_new_and_forward_again() -> None:
+    assert outcomes.reserved(Decision("new"), "m") is None
+    assert outcomes.reserved(Decision("forward_again"), "m") is None
+
+
+def test_retained_outcome_round_trips_through_the_authority_form() -> None:
+    result = SendResult(
+        "m", Outcome.QUEUED, receipts=(Receipt("m", Outcome.QUEUED, "a", "queued_at_host"),)
+    )
+    kept = outcomes.to_retain(result)
+    assert "message" not in kept and "text" not in kept
+    assert outcomes.reserved(Decision("retained", kept), "m") == result
+    assert outcomes.retained(None, "m").outcome is Outcome.UNKNOWN
+
+
+def test_settle() -> None:
+    assert outcomes.settle(Outcome.NOT_SENT, remote=False) == "abandon"
+    assert outcomes.settle(Outcome.NOT_SENT, remote=True) == "abandon"
+    assert outcomes.settle(Outcome.UNKNOWN, remote=True) == "keep_reservation"
+    assert outcomes.settle(Outcome.UNKNOWN, remote=False) == "accept"
+    assert outcomes.settle(Outcome.DELIVERED, remote=True) == "accept"
+
+
+def test_reply_refusals() -> None:
+    assert outcomes.reply_refused("r", "already", "a1").code == "already_replied"
+    assert outcomes.reply_refused("r", "none", "a1").code == "reply_not_authorised"
+    assert "a1" in outcomes.reply_refused("r", "none", "a1").message  # type: ignore[operator]
+    assert outcomes.reply_refused("r", "none", None).code == "reply_not_authorised"
+
+
+@pytest.mark.parametrize(
+    ("state", "code", "expected"),
+    [
+        ("delivered", None, (Outcome.DELIVERED, None)),
+        ("delivered", "queued", (Outcome.QUEUED, "queued_at_host")),
+        ("queued", None, (Outcome.QUEUED, None)),
+        ("expired", None, (Outcome.EXPIRED, "expired")),
+        ("refused", "too_large", (Outcome.REFUSED, "too_large")),
+        ("refused", None, (Outcome.REFUSED, "refused")),
+    ],
+)
+def test_one_mapping_from_store_state_to_outcome(
+    state: str, code: str | None, expected: tuple[Outcome, str | None]
+) -> None:
+    outcome, got_code, _ = outcome_for_state(state, code)
+    assert (outcome, got_code) == expected
+
+
+def test_expired_is_an_outcome_a_receipt_can_carry() -> None:
+    wire = {"id": "m", "outcome": "expired", "recipient": "a", "code": "expired"}
+    r = Receipt.from_dict(wire)
+    assert r.outcome is Outcome.EXPIRED
+    assert msgspec.json.decode(msgspec.json.encode(r)) == wire
