@@ -20,6 +20,7 @@ import signal
 import threading
 import time
 from collections import Counter, OrderedDict, defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,6 +40,7 @@ from crossintercom.storage import (
     Ack,
     EnqueueResult,
     InboundRow,
+    InDoubtEnqueue,
     LeaseTracker,
     MailboxStore,
     OutboundItem,
@@ -315,7 +317,9 @@ class Relay:
                     )
                 )
         try:
-            results: list[EnqueueResult] = await self._store_call(self.store.enqueue, items)
+            results: Sequence[EnqueueResult | InDoubtEnqueue] = await self._store_call(
+                self.store.enqueue, items
+            )
         except StoreInDoubt:
             results = await self._resolve_in_doubt(items)
         except StoreError as exc:
@@ -339,7 +343,9 @@ class Relay:
         for fwd in batch:
             self._spawn(self._settle_forward(fwd, by_key))
 
-    async def _resolve_in_doubt(self, items: list[OutboundItem]) -> list[EnqueueResult]:
+    async def _resolve_in_doubt(
+        self, items: list[OutboundItem]
+    ) -> list[EnqueueResult | InDoubtEnqueue]:
         """The commit's fate is unknown: read the rows by id once the store answers again."""
         retrying = tenacity.AsyncRetrying(
             wait=tenacity.wait_exponential(multiplier=0.2, max=5),
@@ -347,39 +353,28 @@ class Relay:
             retry=tenacity.retry_if_exception_type(StoreError),
             reraise=True,
         )
-        out: list[EnqueueResult] = []
+        out: list[EnqueueResult | InDoubtEnqueue] = []
         try:
             async for attempt in retrying:
                 with attempt:
                     out = []
                     for it in items:
                         row = await self._store_call(self.store.get_message, it.message_id)
-                        if row is None:
+                        state = None if row is None else row.states.get(it.recipient_session)
+                        if state is None:
                             out.append(
-                                EnqueueResult(
-                                    it.message_id,
-                                    it.recipient_session,
-                                    "absent",
-                                    False,
-                                    "store_unavailable",
-                                )
+                                InDoubtEnqueue(it.message_id, it.recipient_session, "absent")
                             )
                         else:
-                            state = row.states.get(it.recipient_session, "absent")
                             out.append(
                                 EnqueueResult(it.message_id, it.recipient_session, state, False)
                             )
         except StoreError:
-            return [
-                EnqueueResult(
-                    it.message_id, it.recipient_session, "in_doubt", False, "store_in_doubt"
-                )
-                for it in items
-            ]
+            return [InDoubtEnqueue(it.message_id, it.recipient_session, "in_doubt") for it in items]
         return out
 
     async def _settle_forward(
-        self, fwd: _Forward, results: dict[tuple[str, str], EnqueueResult]
+        self, fwd: _Forward, results: dict[tuple[str, str], EnqueueResult | InDoubtEnqueue]
     ) -> None:
         msg_id = fwd.message["id"]
         deadline = time.monotonic() + self.settings.remote_ack_wait_s
@@ -395,18 +390,18 @@ class Relay:
         self,
         msg_id: str,
         sid: str,
-        res: EnqueueResult | None,
+        res: EnqueueResult | InDoubtEnqueue | None,
         wait: asyncio.Future[ReceiptRow],
         deadline: float,
     ) -> dict[str, Any]:
         base = {"id": msg_id, "recipient": sid}
-        if res is None or res.state == "in_doubt":
+        if res is None or (isinstance(res, InDoubtEnqueue) and res.resolution == "in_doubt"):
             return base | {
                 "outcome": "unknown",
                 "code": "store_in_doubt",
                 "message": "the store connection dropped during commit",
             }
-        if res.state == "absent":
+        if isinstance(res, InDoubtEnqueue):  # "absent"
             return base | {
                 "outcome": "not_sent",
                 "code": "store_unavailable",
@@ -474,7 +469,7 @@ class Relay:
         if not local_ids or self.client is None or not self.client.connected.is_set():
             return False
         rows: list[InboundRow] = await self._store_call(
-            self.store.claim_inbound,
+            self.store.fetch_inbound,
             self.host,
             self.generation,
             limit=INBOUND_BATCH,

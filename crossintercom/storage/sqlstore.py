@@ -10,21 +10,17 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 from sqlalchemy import Connection, Engine, inspect
-from sqlalchemy.exc import DBAPIError, SQLAlchemyError
+from sqlalchemy.exc import SQLAlchemyError
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
-from crossintercom.errors import (
-    SchemaMissing,
-    SchemaOutdated,
-    SchemaTooNew,
-    StoreError,
-    StoreInDoubt,
-    StoreUnavailable,
-)
+from crossintercom.errors import SchemaMissing, SchemaOutdated, SchemaTooNew, StoreUnavailable
 from crossintercom.models import SessionInfo
+from crossintercom.storage import engine as db
+from crossintercom.storage import migrate
 from crossintercom.storage import queries as q
-from crossintercom.storage.base import (
+from crossintercom.storage.interface import (
     Ack,
+    DeliveryState,
     EnqueueResult,
     HostRow,
     InboundRow,
@@ -49,15 +45,9 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
-def one_line(exc: BaseException) -> str:
-    """A driver error as one short line (libpq messages span several)."""
-    text = str(getattr(exc, "orig", None) or exc)
-    parts = [p.strip() for p in text.splitlines() if p.strip()]
-    return "; ".join(parts)[:300] or type(exc).__name__
-
-
 class SqlMailboxStore:
-    """``MailboxStore`` over a SQLAlchemy engine. Subclasses supply the backend's specifics."""
+    """``MailboxStore`` over a SQLAlchemy engine (made and translated by ``storage.engine``).
+    Subclasses supply the backend's specifics: locking and wake-ups."""
 
     dialect: str
     skip_locked: bool
@@ -81,26 +71,6 @@ class SqlMailboxStore:
     def close(self) -> None:
         self.engine.dispose()
 
-    def _unavailable(self, exc: BaseException) -> StoreError:
-        return StoreUnavailable(f"cannot reach the store {self.url_masked}: {one_line(exc)}")
-
-    def _translate(self, exc: SQLAlchemyError) -> StoreError:
-        if isinstance(exc, DBAPIError) and (
-            exc.connection_invalidated or self._is_connection_error(exc)
-        ):
-            return self._unavailable(exc)
-        return StoreError(f"store {self.url_masked} failed: {one_line(exc)}")
-
-    def _is_connection_error(self, exc: DBAPIError) -> bool:
-        raise NotImplementedError
-
-    def _commit_failed(self, exc: SQLAlchemyError) -> StoreError:
-        """What a failed COMMIT means; on a network database the outcome is unknown."""
-        return StoreInDoubt(
-            f"lost the store {self.url_masked} during COMMIT ({one_line(exc)}); "
-            "the write may or may not have landed: read it back by id"
-        )
-
     def _run_once(
         self,
         fn: Callable[[Connection], T],
@@ -110,15 +80,15 @@ class SqlMailboxStore:
         try:
             conn = self.engine.connect()
             if single_statement:
-                conn = self._autocommit(conn)
+                conn = db.autocommit(conn)
         except SQLAlchemyError as exc:
-            raise self._unavailable(exc) from exc
+            raise db.unavailable(self.parsed, exc) from exc
         with conn:
             try:
                 trans = conn.begin()
                 result = fn(conn)
             except SQLAlchemyError as exc:
-                error = self._translate(exc)
+                error = db.translate(self.parsed, exc)
                 if isinstance(error, StoreUnavailable) and not conn.invalidated:
                     # No pre-ping: a pooled connection the server dropped (restart,
                     # pg_terminate_backend) fails here, before any commit. Discard it so the
@@ -128,7 +98,7 @@ class SqlMailboxStore:
             try:
                 trans.commit()
             except SQLAlchemyError as exc:
-                raise self._commit_failed(exc) from exc
+                raise db.commit_failed(self.parsed, exc) from exc
         if after is not None:
             after()
         return result
@@ -152,10 +122,6 @@ class SqlMailboxStore:
         result: T = self._retry(self._run_once, fn, after, single_statement)
         return result
 
-    def _autocommit(self, conn: Connection) -> Connection:
-        """``conn`` running each statement in its own transaction (the backend's way)."""
-        raise NotImplementedError
-
     # Backend hooks: how wake-ups are sent.
     def _notify_in_txn(self, conn: Connection, host_ids: Collection[str]) -> None:
         """Queue wake-ups that are sent on commit (Postgres NOTIFY)."""
@@ -166,8 +132,6 @@ class SqlMailboxStore:
     # -- schema ---------------------------------------------------------------------------
 
     def check_schema(self) -> None:
-        from crossintercom.storage import migrate
-
         def read(conn: Connection) -> str | None:
             if not inspect(conn).has_table("alembic_version"):
                 return None
@@ -349,7 +313,7 @@ class SqlMailboxStore:
                 )
                 new_keys = {(mid, session) for _seq, mid, session in rows}
             old_keys = [key for key in wanted if key not in new_keys]
-            states: dict[tuple[str, str], str] = {}
+            states: dict[tuple[str, str], DeliveryState] = {}
             if old_keys:
                 states = {
                     (mid, session): state
@@ -383,7 +347,7 @@ class SqlMailboxStore:
 
         return self._run(read)
 
-    def claim_inbound(
+    def fetch_inbound(
         self,
         host_id: str,
         generation: int,
