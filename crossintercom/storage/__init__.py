@@ -3,11 +3,12 @@
 ``open_store(url)`` picks the backend from the URL scheme alone and refuses to run against a
 store whose schema is missing or from another version.
 
-Inside the package, imports run one way (no cycle): ``interface`` (the protocol and its rows),
-``urls`` and ``tables`` at the bottom; ``queries`` over ``tables``; ``engine`` (engines and
-error translation) over ``urls``; ``migrate`` (Alembic) and ``wakeup`` over ``engine``;
-``sqlstore`` (the logic both backends share, schema check through ``migrate``); the backends
-``postgres`` and ``sqlite`` on top; ``liveness`` beside them, over ``interface``.
+Inside the package, imports run one way (no cycle): ``interface`` (the protocol and its rows)
+and ``urls`` at the bottom; ``tables``, then ``queries``; ``engine`` (engines and error
+translation); over it ``migrate`` (Alembic), ``transaction`` (one operation, one transaction)
+and ``wakeup``; ``batches`` (batch writes over one connection); ``sqlstore`` (the logic both
+backends share); the backends ``postgres`` and ``sqlite`` on top; ``liveness`` apart, over
+``interface``.
 """
 
 from __future__ import annotations

@@ -70,7 +70,7 @@ def postgres_engine(parsed: StoreURL) -> Engine:
         pool_size=POOL_SIZE,
         max_overflow=0,
         # No pre-ping (a round trip per transaction): a dropped pooled connection fails
-        # before COMMIT, is discarded and the transaction retried (SqlMailboxStore._run).
+        # before COMMIT, is discarded and the transaction retried (transaction.py).
         connect_args={
             "connect_timeout": PG_CONNECT_TIMEOUT_S,
             # A relay frozen inside a transaction (SIGSTOP, a paused VM) must not hold its
