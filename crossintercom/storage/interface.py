@@ -47,7 +47,8 @@ class OutboundItem:
 
 @dataclass(frozen=True, slots=True)
 class EnqueueResult:
-    """The delivery row an enqueued item found or made; ``code`` says why it was refused."""
+    """One enqueued item: the state of the delivery row it found or made, or ``refused`` with
+    a ``code`` (``too_large``, ``payload_conflict``) when nothing was written for it."""
 
     message_id: str
     recipient_session: str
@@ -58,8 +59,8 @@ class EnqueueResult:
 
 @dataclass(frozen=True, slots=True)
 class InDoubtEnqueue:
-    """An item of an enqueue whose COMMIT was in doubt, for which reading back by id found
-    no row."""
+    """An item of an enqueue whose COMMIT was in doubt that reading back by id did not turn
+    into a row: there is none (``absent``), or the store could not be read (``in_doubt``)."""
 
     message_id: str
     recipient_session: str
