@@ -71,7 +71,7 @@ class Inbound:
         if not local_ids or relay.client is None or not relay.client.connected.is_set():
             return False
         rows = await relay.store_call(
-            relay.store.claim_inbound,
+            relay.store.fetch_inbound,
             relay.host,
             relay.generation,
             limit=INBOUND_BATCH,
