@@ -55,6 +55,9 @@ class Code(StrEnum):
     # Why nothing was sent (not_sent) or why the outcome is not known (unknown).
     NO_RELAY = "no_relay"
     RECIPIENT_GONE = "recipient_gone"
+    # A host's own files (broker state, dedup records, an inbox) could not be written: a full or
+    # read-only disk. Nothing was stored there; the message stays where it was (docs/delivery.md).
+    LOCAL_STORAGE = "local_storage"
     STORE_UNAVAILABLE = "store_unavailable"
     STORE_IN_DOUBT = "store_in_doubt"
     BROKER_UNAVAILABLE = "broker_unavailable"

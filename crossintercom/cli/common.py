@@ -64,6 +64,5 @@ def identity(cfg: Settings, as_name: str | None, session_id: str | None) -> Iden
 
 
 def one_shot(cfg: Settings, ident: Identity | None) -> Client:
-    """A short-lived client: attaches to the live session when one runs here (docs/architecture.md,
-    "One-shot commands and ownership")."""
+    """A short-lived client: attaches to the live session here if any (docs/architecture.md)."""
     return Client(cfg, ident, mode="auto", reconnect=False).connect()

@@ -6,22 +6,21 @@ import sys
 
 import click
 
+from crossintercom.config import ENV_STORE
 from crossintercom.errors import CrossintercomError, UsageError
-
-STORE_ENV = "CROSSINTERCOM_STORE"
 
 store_option = click.option(
     "--store",
     "store_url",
-    envvar=STORE_ENV,
+    envvar=ENV_STORE,
     metavar="URL",
-    help=f"postgresql://USER@HOST/DB or sqlite:///PATH (default: ${STORE_ENV})",
+    help=f"postgresql://USER@HOST/DB or sqlite:///PATH (default: ${ENV_STORE})",
 )
 
 
 def _require(store_url: str | None) -> str:
     if not store_url:
-        raise click.UsageError(f"no store given: pass --store URL or set {STORE_ENV}")
+        raise click.UsageError(f"no store given: pass --store URL or set {ENV_STORE}")
     return store_url
 
 

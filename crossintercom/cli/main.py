@@ -1,5 +1,4 @@
-"""`crossintercom`: the command line (README, docs/protocol.md). Keep names, JSON shapes and exit
-codes stable."""
+"""`crossintercom`: the command line (README). Keep names, JSON shapes and exit codes stable."""
 
 from __future__ import annotations
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from crossintercom.cli.common import json_option, settings
+from crossintercom.config import ENV_STORE
 from crossintercom.local_broker.authority import DedupAuthority
 
 
@@ -35,9 +36,9 @@ def broker(ctx: click.Context, reset_authority: bool) -> None:
 @click.option(
     "--store",
     "store_url",
-    envvar="CROSSINTERCOM_STORE",
+    envvar=ENV_STORE,
     metavar="URL",
-    help="postgresql://USER@HOST/DB or sqlite:///PATH (env CROSSINTERCOM_STORE).",
+    help=f"postgresql://USER@HOST/DB or sqlite:///PATH (env {ENV_STORE}).",
 )
 @click.option(
     "--polling-observer",

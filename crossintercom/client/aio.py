@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import sqlite3
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -49,6 +50,15 @@ OPERATION_DEADLINE_S = 660.0
 RETRY_WAITS_S = (1.0, 2.0, 5.0)
 RECONNECT_WAITS_S = (1.0, 2.0, 5.0, 10.0, 30.0)
 _RECOVERABLE = (Disconnected, BrokerUnavailable)
+# After an inbox write failed, register again this long after, to be handed the message again.
+SAVE_RETRY_S = 5.0
+# The ack code for a message the inbox could not save (the broker treats it as not delivered).
+SAVE_FAILED = "save_failed"
+
+
+def _log_reconnect(state: tenacity.RetryCallState) -> None:
+    exc = state.outcome.exception() if state.outcome is not None else None
+    log.warning("reconnect attempt %d failed: %s", state.attempt_number, exc)
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +95,7 @@ class AsyncClient:
         self._in_flight = 0
         self._closed = False
         self._inbox: Inbox | None = None
+        self._save_retry: asyncio.TimerHandle | None = None
         self.connected = asyncio.Event()
         # Frames of the broker <-> relay link, for a control client (the relay).
         self.on_frame: Callable[[p.ToRelayFrame], None] | None = None
@@ -149,13 +160,18 @@ class AsyncClient:
     async def _reconnect_forever(self) -> None:
         """1, 2, 5, 10, then every 30 s, until it works or the client closes."""
         waits = tenacity.wait_chain(*[tenacity.wait_fixed(w) for w in RECONNECT_WAITS_S])
+        # Any error is retried, a refusal by the broker too (it may come from a fault that
+        # passes, such as a full disk): a client that gave up would never receive again.
         retrying = tenacity.AsyncRetrying(
             wait=waits,
-            retry=tenacity.retry_if_exception_type(_RECOVERABLE),
+            retry=tenacity.retry_if_exception(
+                lambda e: isinstance(e, CrossintercomError) and not self._closed
+            ),
             stop=tenacity.stop_never,
+            before_sleep=_log_reconnect,
             reraise=True,
         )
-        with contextlib.suppress(CrossintercomError):
+        with contextlib.suppress(CrossintercomError):  # only once the client was closed
             async for attempt in retrying:
                 with attempt:
                     await self._ensure_connected()
@@ -179,7 +195,11 @@ class AsyncClient:
             return
         if frame.reply:
             msg = msg.with_flags("late")
-        new = self.inbox.save(msg)  # saved before delivered: the ack follows the commit
+        try:
+            new = self.inbox.save(msg)  # saved before delivered: the ack follows the commit
+        except (sqlite3.Error, OSError) as exc:
+            self._save_failed(msg, exc)
+            return
         crash_at("after_save")
         if not new and self.inbox.holds_other_payload(msg):
             # The id was reused for another payload after its dedup record was released: this
@@ -190,9 +210,31 @@ class AsyncClient:
         if new:  # a message handed over again (after a crash or retry) is held and shown once
             self.incoming.put_nowait(Incoming("message", message=msg))
 
+    def _save_failed(self, msg: Message, exc: BaseException) -> None:
+        """The inbox cannot be written (full or read-only disk): not saved, so not delivered.
+
+        The broker keeps the message (queued for a durable session) and hands it over again
+        when this client registers anew, which it does after a pause while it reconnects by
+        itself: so mail flows again once the disk is writable (docs/delivery.md).
+        """
+        log.error("cannot save message %s to the inbox: %s", msg.id, exc)
+        self._ack(msg.id, refused=SAVE_FAILED)
+        if self.reconnect and self._save_retry is None:
+            self._save_retry = asyncio.get_running_loop().call_later(SAVE_RETRY_S, self._reregister)
+
+    def _reregister(self) -> None:
+        self._save_retry = None
+        if not self._closed and self._conn.open:
+            self._drop_connection()
+            self._on_lost()
+
     def _on_notice(self, frame: p.Notice) -> None:
         if self.identity is not None:
-            self.inbox.save_receipt(frame.receipt)
+            try:
+                self.inbox.save_receipt(frame.receipt)
+            except (sqlite3.Error, OSError) as exc:
+                log.error("cannot save a receipt to the inbox: %s", exc)
+                return  # not acknowledged: the broker keeps it queued for the next registration
         self._ack(frame.key)
         self.incoming.put_nowait(Incoming("receipt", receipt=frame.receipt))
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import sqlite3
 import time
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -200,12 +201,14 @@ class Broker:
                 groups=self.registry.initial_groups(s.id, s.groups, s.durable),
                 durable=s.durable,
             )
+            # Remembered before it goes live: a write that fails (a full disk) must not leave
+            # a session in the registry that no connection will ever retire.
+            self.registry.remember(info)
             if live is None:
                 live = self.registry.live[s.id] = Live(info, conn)
             else:
                 live.owner, live.info = conn, info
             conn.owner = True
-            self.registry.remember(info)
         conn.session_id = s.id
         for ask_id in f.awaiting:
             if self.state.ask_owner(ask_id) == s.id:
@@ -291,14 +294,26 @@ class Broker:
 
     async def _inbound(self, conn: Conn, f: p.Inbound) -> None:
         msg, recipient = f.message, f.recipient
-        if msg.reply_to is not None and self.state.ask_owner(msg.reply_to) == recipient:
-            receipt = await self.delivery.route_reply(msg, recipient)
-        elif self.registry.is_local(recipient):
-            receipt = await self.delivery.deliver(msg, recipient, asker_host=msg.sender.host)
-        else:
-            receipt = Receipt(
-                msg.id, Outcome.REFUSED, recipient, Code.NOT_FOUND, "no such session on this host"
-            )
+        try:
+            if msg.reply_to is not None and self.state.ask_owner(msg.reply_to) == recipient:
+                receipt = await self.delivery.route_reply(msg, recipient)
+            elif self.registry.is_local(recipient):
+                receipt = await self.delivery.deliver(msg, recipient, asker_host=msg.sender.host)
+            else:
+                receipt = Receipt(
+                    msg.id,
+                    Outcome.REFUSED,
+                    recipient,
+                    Code.NOT_FOUND,
+                    "no such session on this host",
+                )
+        except sqlite3.Error as exc:
+            # The relay keeps the row queued and hands it over again later.
+            log.error("inbound hand-over failed", extra={"id": msg.id, "error": str(exc)})
+            receipt = outcomes.storage_failed(msg.id, recipient, exc)
+        except Exception as exc:
+            log.exception("inbound hand-over failed", extra={"id": msg.id})
+            receipt = Receipt(msg.id, Outcome.UNKNOWN, recipient, Code.INTERNAL, str(exc))
         conn.write(p.Result.of_receipt(f.request_id, receipt))
 
     async def _on_remote_receipt(self, conn: Conn, f: p.RemoteReceipt) -> None:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import sqlite3
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -18,6 +20,8 @@ from crossintercom.local_broker.conn import Conn
 from crossintercom.local_broker.registry import Registry
 from crossintercom.local_broker.state import BrokerState
 from crossintercom.models import Message, Outcome, Receipt
+
+log = logging.getLogger(__name__)
 
 
 class Delivery:
@@ -64,16 +68,24 @@ class Delivery:
         """Hand a message to a local session: delivered on its ack, else queued if durable."""
         if msg.expects_reply:
             # Recorded before the push so a fast reply is authorised; dropped if nothing lands.
-            self.state.add_pending(msg.id, recipient, msg.sender.id, asker_host, msg.to_dict())
+            try:
+                self.state.add_pending(msg.id, recipient, msg.sender.id, asker_host, msg.to_dict())
+            except sqlite3.Error as exc:
+                log.error("cannot record the ask", extra={"id": msg.id, "error": str(exc)})
+                return outcomes.storage_failed(msg.id, recipient, exc)
         owner = self.registry.owner(recipient)
         push = await self.push(owner, msg) if owner is not None else outcomes.OFFLINE
         receipt = outcomes.local_receipt(
             msg.id, recipient, push, durable=self.registry.is_durable(recipient)
         )
-        if receipt.outcome is Outcome.QUEUED:
-            self._queue(recipient, msg)
-        elif receipt.outcome is not Outcome.DELIVERED and msg.expects_reply:
-            self.state.drop_pending(msg.id, recipient)
+        try:
+            if receipt.outcome is Outcome.QUEUED:
+                self._queue(recipient, msg)
+            elif receipt.outcome is not Outcome.DELIVERED and msg.expects_reply:
+                self.state.drop_pending(msg.id, recipient)
+        except sqlite3.Error as exc:
+            log.error("cannot queue the message", extra={"id": msg.id, "error": str(exc)})
+            return outcomes.storage_failed(msg.id, recipient, exc)
         return receipt
 
     async def route_reply(self, reply: Message, asker_id: str) -> Receipt:
@@ -91,7 +103,11 @@ class Delivery:
         durable = self.registry.is_durable(asker_id)
         receipt = outcomes.reply_receipt(reply.id, asker_id, pushed=pushed, durable=durable)
         if receipt.outcome is Outcome.QUEUED:
-            self._queue(asker_id, reply)
+            try:
+                self._queue(asker_id, reply)
+            except sqlite3.Error as exc:
+                log.error("cannot queue the reply", extra={"id": reply.id, "error": str(exc)})
+                return outcomes.storage_failed(reply.id, asker_id, exc)
         return receipt
 
     def _queue(self, recipient: str, msg: Message) -> None:

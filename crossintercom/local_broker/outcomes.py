@@ -19,7 +19,9 @@ ACKED: Final = "acked"
 OFFLINE: Final = "offline"  # no live owner: nothing was pushed
 CONNECTION_LOST: Final = "connection_lost"
 TIMEOUT: Final = "timeout"  # written, but not acknowledged in time
-_UNREACHED: Final = frozenset({OFFLINE, CONNECTION_LOST, TIMEOUT})
+# The client could not save it (full or read-only inbox): as if never pushed.
+SAVE_FAILED: Final = "save_failed"
+_UNREACHED: Final = frozenset({OFFLINE, CONNECTION_LOST, TIMEOUT, SAVE_FAILED})
 
 
 class Refusal(Exception):
@@ -37,6 +39,17 @@ class Refusal(Exception):
         return SendResult(message_id, self.outcome, self.code, self.message)
 
 
+def storage_failed(message_id: str, recipient: str | None, exc: BaseException) -> Receipt:
+    """This host could not write its own files, so nothing was stored: safe to try again."""
+    return Receipt(
+        message_id,
+        Outcome.NOT_SENT,
+        recipient,
+        Code.LOCAL_STORAGE,
+        f"this host could not write its files ({exc}); nothing was stored",
+    )
+
+
 def local_receipt(message_id: str, recipient: str, push: str, *, durable: bool) -> Receipt:
     """A local recipient's outcome: ``queued`` means the caller must queue it durably.
 
@@ -50,6 +63,14 @@ def local_receipt(message_id: str, recipient: str, push: str, *, durable: bool) 
         return Receipt(message_id, Outcome.REFUSED, recipient, push, "the recipient refused it")
     if durable:
         return Receipt(message_id, Outcome.QUEUED, recipient)
+    if push == SAVE_FAILED:
+        return Receipt(
+            message_id,
+            Outcome.NOT_SENT,
+            recipient,
+            Code.LOCAL_STORAGE,
+            "the recipient could not save it (its inbox cannot be written); nothing was stored",
+        )
     if push == TIMEOUT:
         return Receipt(
             message_id,
@@ -153,5 +174,6 @@ def reply_refused(reply_id: str, status: str, reply_to: str | None) -> SendResul
 
 
 def reopens_ask(outcome: Outcome) -> bool:
-    """A reply's pending entry is given back only when the reply surely went nowhere."""
-    return outcome in (Outcome.NOT_SENT, Outcome.UNKNOWN)
+    """A reply's pending entry is given back only when the reply surely went nowhere: after
+    ``unknown`` the first reply may have arrived, and a second one would contradict it."""
+    return outcome is Outcome.NOT_SENT

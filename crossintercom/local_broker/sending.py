@@ -8,6 +8,8 @@ Each step's rule is in ``outcomes``; this module only sequences them.
 from __future__ import annotations
 
 import asyncio
+import logging
+import sqlite3
 from collections.abc import Coroutine
 from typing import Any
 
@@ -17,7 +19,7 @@ from crossintercom import protocol as p
 from crossintercom.config import Settings
 from crossintercom.errors import Code
 from crossintercom.local_broker import outcomes
-from crossintercom.local_broker.authority import DedupAuthority
+from crossintercom.local_broker.authority import AuthorityUnavailable, Decision, DedupAuthority
 from crossintercom.local_broker.conn import Conn
 from crossintercom.local_broker.delivery import Delivery
 from crossintercom.local_broker.outcomes import Refusal
@@ -36,6 +38,8 @@ from crossintercom.models import (
     now_iso,
 )
 from crossintercom.testhooks import crash_at
+
+log = logging.getLogger(__name__)
 
 
 class Operations:
@@ -117,14 +121,16 @@ class Operations:
         if group and body.expects_reply:
             raise Refusal(Code.GROUP_ASK, "ask cannot target a group; ask one session")
         remote = any(not t.local for t in targets)
-        answer = outcomes.reserved(
-            self.authority.reserve(msg.id, msg.canonical_payload(), remote=remote), msg.id
-        )
+        answer = outcomes.reserved(self._reserve(msg, remote), msg.id)
         if answer is not None:
             return answer
         crash_at("after_reserve")
         if msg.expects_reply:
-            self.state.record_ask(msg.id, conn.session_id)
+            try:
+                self.state.record_ask(msg.id, conn.session_id)
+            except sqlite3.Error as exc:
+                self.authority.abandon(msg.id)
+                raise _storage_refusal(exc) from None
             self.delivery.ask_waiters[msg.id] = conn
         receipts = await self._deliver_all(msg, targets)
         crash_at("after_forward")
@@ -134,6 +140,13 @@ class Operations:
         self._settle(result, remote)
         crash_at("after_accept")
         return result
+
+    def _reserve(self, msg: Message, remote: bool) -> Decision:
+        try:
+            return self.authority.reserve(msg.id, msg.canonical_payload(), remote=remote)
+        except AuthorityUnavailable as exc:
+            log.error("cannot reserve the message id", extra={"id": msg.id, "error": exc.message})
+            raise _storage_refusal(exc) from None
 
     def _settle(self, result: SendResult, remote: bool) -> None:
         action = outcomes.settle(result.outcome, remote=remote)
@@ -159,12 +172,14 @@ class Operations:
         replier = conn.session_id
         # Identity covers the frame as sent, so a retry (same reply_to or none) matches.
         probe = self.build_message(conn, body, body.to or "")
-        answer = outcomes.reserved(
-            self.authority.reserve(body.id, probe.canonical_payload()), body.id
-        )
+        answer = outcomes.reserved(self._reserve(probe, False), body.id)
         if answer is not None:
             return answer
-        status, entry = self.state.consume_pending(replier, body.reply_to)
+        try:
+            status, entry = self.state.consume_pending(replier, body.reply_to)
+        except sqlite3.Error as exc:
+            self.authority.abandon(body.id)
+            raise _storage_refusal(exc) from None
         if status != "ok" or entry is None:
             refused = outcomes.reply_refused(body.id, status, body.reply_to)
             self.authority.accept(body.id, outcomes.to_retain(refused))
@@ -185,3 +200,12 @@ class Operations:
             target = Target(entry.asker_id, entry.asker_host, None, local=False)
             return (await self.relay.forward(reply, [target]))[0]
         return await self.delivery.route_reply(reply, entry.asker_id)
+
+
+def _storage_refusal(exc: BaseException) -> Refusal:
+    """Nothing left this host: the sender may resend once the disk is writable again."""
+    return Refusal(
+        Code.LOCAL_STORAGE,
+        f"this host's broker cannot write its files ({exc}); nothing was sent",
+        outcome="not_sent",
+    )

@@ -71,7 +71,7 @@ class Inbound:
         if not local_ids or relay.client is None or not relay.client.connected.is_set():
             return False
         rows = await relay.store_call(
-            relay.store.claim_inbound,
+            relay.store.fetch_inbound,
             relay.host,
             relay.generation,
             limit=INBOUND_BATCH,
@@ -110,16 +110,31 @@ class Inbound:
                     extra={"id": row.message_id, "error": str(exc)},
                 )
                 acks.append(Ack(row.message_id, row.recipient_session, "refused", Code.BAD_MESSAGE))
+        # The broker answers within its ack timeout; past that (a stuck broker) the row stays
+        # queued and is handed over again next round instead of hanging this host's inbound.
+        answer_wait = self.relay.settings.ack_timeout_s * 2 + 5.0
         answers = await asyncio.gather(
-            *(client.request(p.Inbound(0, msg, row.recipient_session)) for row, msg in sendable),
+            *(
+                asyncio.wait_for(
+                    client.request(p.Inbound(0, msg, row.recipient_session)), answer_wait
+                )
+                for row, msg in sendable
+            ),
             return_exceptions=True,
         )
         for (row, _), resp in zip(sendable, answers, strict=True):
             if isinstance(resp, BaseException) or not isinstance(resp, p.Result):
-                log.warning("hand-over failed", extra={"id": row.message_id, "error": str(resp)})
+                why = {"id": row.message_id, "error": repr(resp)}
+                log.warning("hand-over failed; the row stays queued", extra=why)
                 continue
             outcome, code = resp.outcome, resp.code or Code.REFUSED
             key = (row.message_id, row.recipient_session)
+            if outcome is Outcome.NOT_SENT:
+                # Nothing was stored on this host (e.g. its disk is full): the row stays queued
+                # in the store until it can be, however long that takes.
+                why = {"id": row.message_id, "code": code, "error": resp.message or ""}
+                log.warning("hand-over not possible yet; the row stays queued", extra=why)
+                continue
             if outcome not in (Outcome.DELIVERED, Outcome.QUEUED, Outcome.REFUSED):
                 # The broker answered but could not hand it over (the recipient never
                 # acknowledged): retried next round, but not forever.

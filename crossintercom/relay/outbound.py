@@ -8,6 +8,7 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -17,7 +18,7 @@ from crossintercom import protocol as p
 from crossintercom.errors import Code, StoreError, StoreInDoubt
 from crossintercom.models import Outcome, Receipt, outcome_for_state
 from crossintercom.relay.core import RelayCore
-from crossintercom.storage import EnqueueResult, OutboundItem, ReceiptRow
+from crossintercom.storage import EnqueueResult, InDoubtEnqueue, OutboundItem, ReceiptRow
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +80,9 @@ class Outbound:
                     )
                 )
         try:
-            results = await relay.store_call(relay.store.enqueue, items)
+            results: Sequence[EnqueueResult | InDoubtEnqueue] = await relay.store_call(
+                relay.store.enqueue, items
+            )
         except StoreInDoubt:
             results = await self._resolve_in_doubt(items)
         except StoreError as exc:
@@ -103,7 +106,9 @@ class Outbound:
         for fwd in batch:
             relay.spawn(self._settle(fwd, by_key))
 
-    async def _resolve_in_doubt(self, items: list[OutboundItem]) -> list[EnqueueResult]:
+    async def _resolve_in_doubt(
+        self, items: list[OutboundItem]
+    ) -> list[EnqueueResult | InDoubtEnqueue]:
         """The commit's fate is unknown: read the rows by id once the store answers again."""
         relay = self.relay
         retrying = tenacity.AsyncRetrying(
@@ -112,38 +117,29 @@ class Outbound:
             retry=tenacity.retry_if_exception_type(StoreError),
             reraise=True,
         )
-        out: list[EnqueueResult] = []
+        out: list[EnqueueResult | InDoubtEnqueue] = []
         try:
             async for attempt in retrying:
                 with attempt:
                     out = []
                     for it in items:
                         row = await relay.store_call(relay.store.get_message, it.message_id)
-                        if row is None:
+                        state = None if row is None else row.states.get(it.recipient_session)
+                        if state is None:
                             out.append(
-                                EnqueueResult(
-                                    it.message_id,
-                                    it.recipient_session,
-                                    "absent",
-                                    False,
-                                    "store_unavailable",
-                                )
+                                InDoubtEnqueue(it.message_id, it.recipient_session, "absent")
                             )
                         else:
-                            state = row.states.get(it.recipient_session, "absent")
                             out.append(
                                 EnqueueResult(it.message_id, it.recipient_session, state, False)
                             )
         except StoreError:
-            return [
-                EnqueueResult(
-                    it.message_id, it.recipient_session, "in_doubt", False, "store_in_doubt"
-                )
-                for it in items
-            ]
+            return [InDoubtEnqueue(it.message_id, it.recipient_session, "in_doubt") for it in items]
         return out
 
-    async def _settle(self, fwd: _Forward, results: dict[tuple[str, str], EnqueueResult]) -> None:
+    async def _settle(
+        self, fwd: _Forward, results: dict[tuple[str, str], EnqueueResult | InDoubtEnqueue]
+    ) -> None:
         msg_id = fwd.frame.message.id
         deadline = time.monotonic() + self.relay.settings.remote_ack_wait_s
         receipts = []
@@ -159,11 +155,11 @@ class Outbound:
         self,
         msg_id: str,
         sid: str,
-        res: EnqueueResult | None,
+        res: EnqueueResult | InDoubtEnqueue | None,
         wait: asyncio.Future[ReceiptRow],
         deadline: float,
     ) -> Receipt:
-        if res is None or res.state == "in_doubt":
+        if res is None or (isinstance(res, InDoubtEnqueue) and res.resolution == "in_doubt"):
             return Receipt(
                 msg_id,
                 Outcome.UNKNOWN,
@@ -171,7 +167,7 @@ class Outbound:
                 Code.STORE_IN_DOUBT,
                 "the store connection dropped during commit",
             )
-        if res.state == "absent":
+        if isinstance(res, InDoubtEnqueue):  # absent: the commit did not land
             return Receipt(
                 msg_id,
                 Outcome.NOT_SENT,

@@ -21,7 +21,7 @@ import tenacity
 
 from crossintercom import protocol as p
 from crossintercom.client import AsyncClient, Identity
-from crossintercom.config import Settings
+from crossintercom.config import ENV_STORE, Settings
 from crossintercom.errors import CrossintercomError, StoreError, StoreUnavailable
 from crossintercom.models import SessionInfo, new_id
 from crossintercom.relay.core import RelayCore
@@ -225,7 +225,7 @@ class Relay(RelayCore):
 def run_relay(settings: Settings, *, polling_observer: bool = False) -> None:
     """`crossintercom relay`: run until SIGTERM/SIGINT; raises a clear error when it cannot."""
     if not settings.store_url:
-        raise RelayError("no store configured: pass --store URL or set CROSSINTERCOM_STORE")
+        raise RelayError(f"no store configured: pass --store URL or set {ENV_STORE}")
     ensure_runtime_dir(settings)
     lock_fd = hold_relay_lock(settings)
     try:

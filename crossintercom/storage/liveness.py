@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from crossintercom.storage.base import HostRow
+from crossintercom.storage.interface import HostRow
 
 DEFAULT_LEASE_S = 15.0
 

@@ -1,4 +1,10 @@
-"""Alembic, driven from code: the scripts ship inside the package, no alembic.ini needed."""
+"""Alembic, driven from code: the scripts ship inside the package (``storage/migrations/``), so
+an installed wheel runs ``crossintercom db upgrade`` without an alembic.ini.
+
+The engine comes from ``storage.engine`` (no store object is built: a migration runs before a
+store can pass its schema check) and is handed to ``migrations/env.py`` through
+``config.attributes``. Errors come back as ``StoreError`` subclasses, worded as a store's are.
+"""
 
 from __future__ import annotations
 
@@ -11,22 +17,23 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from alembic.util.exc import CommandError
-from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
 from crossintercom.errors import SchemaTooNew, StoreError
-from crossintercom.storage.urls import StoreURL, parse_store_url
+from crossintercom.storage import engine as db
+from crossintercom.storage.urls import parse_store_url
+
+# The key under which env.py finds the engine to migrate with.
+ENGINE_ATTRIBUTE = "engine"
 
 
 def script_location() -> str:
-    return str(Path(str(resources.files("crossintercom"))) / "alembic")
+    return str(Path(str(resources.files("crossintercom.storage"))) / "migrations")
 
 
-def alembic_config(url: str | None = None) -> Config:
+def alembic_config() -> Config:
     cfg = Config()
     cfg.set_main_option("script_location", script_location())
-    # Handed to env.py as an attribute, not an ini option: no %-interpolation of passwords.
-    cfg.attributes["store_url"] = url
     return cfg
 
 
@@ -45,36 +52,12 @@ def known_revisions() -> set[str]:
     return {rev.revision for rev in _scripts().walk_revisions()}
 
 
-def _engine(parsed: StoreURL) -> Engine:
-    if parsed.kind == "sqlite":
-        from crossintercom.storage.sqlite import check_writable, sqlite_engine
-
-        assert parsed.path is not None
-        check_writable(parsed.path, parsed.masked, must_exist=False)
-        return sqlite_engine(parsed)
-    from crossintercom.storage.postgres import PostgresStore
-
-    # Reuse the backend's engine settings and its error wording.
-    return PostgresStore(parsed).engine
-
-
-def _fail(parsed: StoreURL, exc: SQLAlchemyError) -> StoreError:
-    if parsed.kind == "postgres":
-        from crossintercom.storage.postgres import PostgresStore
-
-        store = PostgresStore.__new__(PostgresStore)
-        store.url_masked = parsed.masked
-        return store._unavailable(exc)
-    from crossintercom.storage.sqlstore import one_line
-
-    return StoreError(f"store {parsed.masked} failed: {one_line(exc)}")
-
-
 def _run(url: str, action: str, revision: str | None = None) -> str | None:
     parsed = parse_store_url(url)
-    engine = _engine(parsed)
-    cfg = alembic_config(url)
-    cfg.attributes["engine"] = engine
+    engine = db.store_engine(parsed, must_exist=False)
+    cfg = alembic_config()
+    # An attribute, not an ini option: no %-interpolation of a password, no second engine.
+    cfg.attributes[ENGINE_ATTRIBUTE] = engine
     try:
         if action == "upgrade":
             command.upgrade(cfg, revision or "head")
@@ -92,7 +75,7 @@ def _run(url: str, action: str, revision: str | None = None) -> str | None:
             ) from exc
         raise StoreError(f"migration of {parsed.masked} failed: {exc}") from exc
     except SQLAlchemyError as exc:
-        raise _fail(parsed, exc) from exc
+        raise db.translate(parsed, exc) from exc
     finally:
         engine.dispose()
 
@@ -110,8 +93,7 @@ def current(url: str) -> str | None:
     """The store's schema revision, or None when it has none."""
     parsed = parse_store_url(url)
     if parsed.kind == "sqlite" and parsed.path is not None and not parsed.path.exists():
-        from crossintercom.storage.sqlite import check_writable
-
-        check_writable(parsed.path, parsed.masked, must_exist=False)
+        # Reading must not create the file: check the path, report no schema.
+        db.check_writable(parsed.path, parsed.masked, must_exist=False)
         return None
     return _run(url, "current")

@@ -30,6 +30,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects import postgresql, sqlite
 
+from crossintercom.storage.interface import DeliveryState, ReceiptOutcome
 from crossintercom.storage.tables import deliveries, hosts, messages, receipts, roster, settings
 
 # Statements are built once, with bound parameters, and reused: building and hashing a Core
@@ -153,7 +154,7 @@ MESSAGE_DIGESTS: Select[str, str] = select(messages.c.message_id, messages.c.dig
 
 
 @cache
-def delivery_states(dialect: str) -> Select[str, str, str]:
+def delivery_states(dialect: str) -> Select[str, str, DeliveryState]:
     """Params: ``key_params``."""
     return select(
         deliveries.c.message_id, deliveries.c.recipient_session, deliveries.c.state
@@ -161,9 +162,9 @@ def delivery_states(dialect: str) -> Select[str, str, str]:
 
 
 # Params: message_id.
-MESSAGE_STATES: Select[str, str] = select(deliveries.c.recipient_session, deliveries.c.state).where(
-    deliveries.c.message_id == bindparam("message_id")
-)
+MESSAGE_STATES: Select[str, DeliveryState] = select(
+    deliveries.c.recipient_session, deliveries.c.state
+).where(deliveries.c.message_id == bindparam("message_id"))
 
 
 @cache
@@ -257,7 +258,7 @@ def receipts_for_finished(dialect: str) -> Any:
 
 # Params: host_id, generation, limit. Fenced in the statement itself: nothing for a stale
 # generation.
-LIST_RECEIPTS: Select[int, str, str, str, str, str | None] = (
+LIST_RECEIPTS: Select[int, str, str, str, ReceiptOutcome, str | None] = (
     select(
         receipts.c.id,
         receipts.c.message_id,

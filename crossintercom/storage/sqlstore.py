@@ -2,28 +2,20 @@
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Collection, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any
 
 from sqlalchemy import Connection, Engine, inspect
-from sqlalchemy.exc import DBAPIError, SQLAlchemyError
-from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
-from crossintercom.errors import (
-    SchemaMissing,
-    SchemaOutdated,
-    SchemaTooNew,
-    StoreError,
-    StoreInDoubt,
-    StoreUnavailable,
-)
+from crossintercom.errors import SchemaMissing, SchemaOutdated, SchemaTooNew
 from crossintercom.models import SessionInfo
+from crossintercom.storage import migrate
 from crossintercom.storage import queries as q
-from crossintercom.storage.base import (
+from crossintercom.storage.batches import enqueue_batch
+from crossintercom.storage.interface import (
     Ack,
     EnqueueResult,
     HostRow,
@@ -34,10 +26,8 @@ from crossintercom.storage.base import (
     StoreSettings,
     Waiter,
 )
+from crossintercom.storage.transaction import TransactionRunner
 from crossintercom.storage.urls import StoreURL
-
-log = logging.getLogger(__name__)
-T = TypeVar("T")
 
 EXPIRE_BATCH = 1000
 # Enqueue checks the size limit against a copy of the settings row at most this old: the row
@@ -49,15 +39,9 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
-def one_line(exc: BaseException) -> str:
-    """A driver error as one short line (libpq messages span several)."""
-    text = str(getattr(exc, "orig", None) or exc)
-    parts = [p.strip() for p in text.splitlines() if p.strip()]
-    return "; ".join(parts)[:300] or type(exc).__name__
-
-
 class SqlMailboxStore:
-    """``MailboxStore`` over a SQLAlchemy engine. Subclasses supply the backend's specifics."""
+    """``MailboxStore`` over a SQLAlchemy engine (made by ``storage.engine``), each operation
+    one transaction (``storage.transaction``). Subclasses supply locking and wake-ups."""
 
     dialect: str
     skip_locked: bool
@@ -66,95 +50,13 @@ class SqlMailboxStore:
         self.parsed = parsed
         self.url_masked = parsed.masked
         self.engine = engine
-        # Short, bounded reconnect: a longer outage is the caller's to handle (not_sent).
-        self._retry = Retrying(
-            retry=retry_if_exception_type(StoreUnavailable),
-            stop=stop_after_attempt(3),
-            wait=wait_exponential(multiplier=0.1, max=1.0),
-            reraise=True,
-        )
+        # Every operation below is one call of this: one transaction, bounded reconnect.
+        self._run = TransactionRunner(parsed, engine)
         self._settings_lock = threading.Lock()
         self._settings_cache: tuple[float, StoreSettings] | None = None
 
-    # -- plumbing -------------------------------------------------------------------------
-
     def close(self) -> None:
         self.engine.dispose()
-
-    def _unavailable(self, exc: BaseException) -> StoreError:
-        return StoreUnavailable(f"cannot reach the store {self.url_masked}: {one_line(exc)}")
-
-    def _translate(self, exc: SQLAlchemyError) -> StoreError:
-        if isinstance(exc, DBAPIError) and (
-            exc.connection_invalidated or self._is_connection_error(exc)
-        ):
-            return self._unavailable(exc)
-        return StoreError(f"store {self.url_masked} failed: {one_line(exc)}")
-
-    def _is_connection_error(self, exc: DBAPIError) -> bool:
-        raise NotImplementedError
-
-    def _commit_failed(self, exc: SQLAlchemyError) -> StoreError:
-        """What a failed COMMIT means; on a network database the outcome is unknown."""
-        return StoreInDoubt(
-            f"lost the store {self.url_masked} during COMMIT ({one_line(exc)}); "
-            "the write may or may not have landed: read it back by id"
-        )
-
-    def _run_once(
-        self,
-        fn: Callable[[Connection], T],
-        after: Callable[[], None] | None,
-        single_statement: bool,
-    ) -> T:
-        try:
-            conn = self.engine.connect()
-            if single_statement:
-                conn = self._autocommit(conn)
-        except SQLAlchemyError as exc:
-            raise self._unavailable(exc) from exc
-        with conn:
-            try:
-                trans = conn.begin()
-                result = fn(conn)
-            except SQLAlchemyError as exc:
-                error = self._translate(exc)
-                if isinstance(error, StoreUnavailable) and not conn.invalidated:
-                    # No pre-ping: a pooled connection the server dropped (restart,
-                    # pg_terminate_backend) fails here, before any commit. Discard it so the
-                    # retry gets a fresh one rather than the same dead socket.
-                    conn.invalidate()
-                raise error from exc
-            try:
-                trans.commit()
-            except SQLAlchemyError as exc:
-                raise self._commit_failed(exc) from exc
-        if after is not None:
-            after()
-        return result
-
-    def _run(
-        self,
-        fn: Callable[[Connection], T],
-        *,
-        after: Callable[[], None] | None = None,
-        retry: bool = True,
-        single_statement: bool = False,
-    ) -> T:
-        """Run ``fn`` in one transaction; reconnect (bounded) only before anything committed.
-
-        ``single_statement``: ``fn`` runs exactly one statement, which is atomic by itself, so
-        it runs without BEGIN/COMMIT (two round trips fewer). Only for reads and for writes
-        whose repetition is harmless, since a connection lost mid-statement is retried.
-        """
-        if not retry:
-            return self._run_once(fn, after, single_statement)
-        result: T = self._retry(self._run_once, fn, after, single_statement)
-        return result
-
-    def _autocommit(self, conn: Connection) -> Connection:
-        """``conn`` running each statement in its own transaction (the backend's way)."""
-        raise NotImplementedError
 
     # Backend hooks: how wake-ups are sent.
     def _notify_in_txn(self, conn: Connection, host_ids: Collection[str]) -> None:
@@ -166,8 +68,6 @@ class SqlMailboxStore:
     # -- schema ---------------------------------------------------------------------------
 
     def check_schema(self) -> None:
-        from crossintercom.storage import migrate
-
         def read(conn: Connection) -> str | None:
             if not inspect(conn).has_table("alembic_version"):
                 return None
@@ -272,103 +172,17 @@ class SqlMailboxStore:
     # -- messages -------------------------------------------------------------------------
 
     def enqueue(self, items: Sequence[OutboundItem]) -> list[EnqueueResult]:
-        """A constant number of statements per batch, whatever its size: insert the messages,
-        read back the digests of those that already existed, insert the deliveries, read back
-        the states of those that already existed, one NOTIFY. Same results as handling the
-        items one by one, in order."""
+        """The whole batch in one transaction of a constant number of statements
+        (``batches.enqueue_batch``) and one NOTIFY."""
         woken: set[str] = set()
 
         def write(conn: Connection) -> list[EnqueueResult]:
             woken.clear()  # a retried attempt starts over
             limits = self._current_settings(conn)
-            now = utcnow()
-            expires = now + timedelta(seconds=limits.retention_s)
-            results: list[EnqueueResult | None] = [None] * len(items)
-            fitting: list[tuple[int, OutboundItem]] = []
-            for i, item in enumerate(items):
-                if item.size > limits.max_message_bytes:
-                    results[i] = EnqueueResult(
-                        item.message_id, item.recipient_session, "refused", False, "too_large"
-                    )
-                else:
-                    fitting.append((i, item))
-            if not fitting:
-                return [r for r in results if r is not None]
-
-            # The first item of an id in the batch is the one whose payload the row holds.
-            first: dict[str, OutboundItem] = {}
-            for _, item in fitting:
-                first.setdefault(item.message_id, item)
-            inserted_ids = set(
-                conn.execute(
-                    q.insert_messages_if_absent(self.dialect),
-                    [
-                        {
-                            "message_id": m.message_id,
-                            "sender_host": m.sender_host,
-                            "digest": m.digest,
-                            "payload": m.payload,
-                            "size": m.size,
-                            "created": now,
-                        }
-                        for m in first.values()
-                    ],
-                ).scalars()
-            )
-            digests = {mid: first[mid].digest for mid in inserted_ids}
-            existing = [mid for mid in first if mid not in inserted_ids]
-            if existing:
-                digests.update(conn.execute(q.MESSAGE_DIGESTS, {"message_ids": existing}).all())
-
-            wanted: dict[tuple[str, str], tuple[int, OutboundItem]] = {}
-            for i, item in fitting:
-                if digests[item.message_id] != item.digest:
-                    results[i] = EnqueueResult(
-                        item.message_id,
-                        item.recipient_session,
-                        "refused",
-                        False,
-                        "payload_conflict",
-                    )
-                else:
-                    wanted.setdefault((item.message_id, item.recipient_session), (i, item))
-            new_keys: set[tuple[str, str]] = set()
-            if wanted:
-                rows = conn.execute(
-                    q.insert_deliveries_if_absent(self.dialect),
-                    [
-                        {
-                            "message_id": d.message_id,
-                            "recipient_host": d.recipient_host,
-                            "recipient_session": d.recipient_session,
-                            "state": "queued",
-                            "expires_at": expires,
-                        }
-                        for _, d in wanted.values()
-                    ],
-                )
-                new_keys = {(mid, session) for _seq, mid, session in rows}
-            old_keys = [key for key in wanted if key not in new_keys]
-            states: dict[tuple[str, str], str] = {}
-            if old_keys:
-                states = {
-                    (mid, session): state
-                    for mid, session, state in conn.execute(
-                        q.delivery_states(self.dialect), q.key_params(self.dialect, old_keys)
-                    )
-                }
-            for i, item in fitting:
-                if results[i] is not None:
-                    continue
-                key = (item.message_id, item.recipient_session)
-                if key in new_keys and wanted[key][0] == i:
-                    # Only the first item of a pair inserted it; a repeat in the batch did not.
-                    results[i] = EnqueueResult(*key, "queued", True, None)
-                    woken.add(item.recipient_host)
-                else:
-                    results[i] = EnqueueResult(*key, states.get(key, "queued"), False, None)
+            results, hosts = enqueue_batch(conn, self.dialect, items, limits, utcnow())
+            woken.update(hosts)
             self._notify(conn, woken)
-            return [r for r in results if r is not None]
+            return results
 
         return self._run(write, after=lambda: self._after_commit(woken))
 
@@ -383,7 +197,7 @@ class SqlMailboxStore:
 
         return self._run(read)
 
-    def claim_inbound(
+    def fetch_inbound(
         self,
         host_id: str,
         generation: int,

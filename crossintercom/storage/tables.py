@@ -7,6 +7,8 @@ layered on later without reshaping the data.
 
 from __future__ import annotations
 
+from typing import get_args
+
 from sqlalchemy import (
     JSON,
     BigInteger,
@@ -24,6 +26,8 @@ from sqlalchemy import (
     UniqueConstraint,
     text,
 )
+
+from crossintercom.storage.interface import DeliveryState
 
 # Deterministic constraint names keep migrations and batch mode (SQLite) reproducible.
 metadata = MetaData(
@@ -43,7 +47,8 @@ HOST_ID = String(255)
 SESSION_ID = String(64)
 MESSAGE_ID = String(128)
 
-DELIVERY_STATES = ("queued", "delivered", "refused", "expired")
+# The CHECK below holds a row to the states the code knows (interface.DeliveryState).
+DELIVERY_STATES: tuple[DeliveryState, ...] = get_args(DeliveryState)
 QUEUED = text("state = 'queued'")
 FINISHED = text("state <> 'queued'")
 
@@ -96,7 +101,9 @@ deliveries = Table(
     Column("expires_at", DateTime(timezone=True), nullable=False),
     Column("finished_at", DateTime(timezone=True)),
     UniqueConstraint("message_id", "recipient_session"),
-    CheckConstraint("state IN ('queued', 'delivered', 'refused', 'expired')", name="state_valid"),
+    CheckConstraint(
+        "state IN ({})".format(", ".join(f"'{s}'" for s in DELIVERY_STATES)), name="state_valid"
+    ),
     # Hot query of every relay: its host's queued rows in seq order.
     Index(
         "ix_deliveries_inbound",

@@ -24,17 +24,10 @@ from watchdog.observers import Observer
 from watchdog.observers.polling import PollingObserver
 
 from crossintercom.storage import queries as q
+from crossintercom.storage.engine import PG_KEEPALIVES
 
 log = logging.getLogger(__name__)
 
-# Idle keepalives notice a dead peer (NAT drop, cable pull) that would otherwise leave the
-# listener waiting forever on a half-open socket.
-KEEPALIVES: dict[str, Any] = {
-    "keepalives": 1,
-    "keepalives_idle": 10,
-    "keepalives_interval": 5,
-    "keepalives_count": 3,
-}
 POLL_INTERVAL_S = 0.5
 
 
@@ -115,7 +108,7 @@ class PostgresWaiter(_ClosedOnExit):
             self._conninfo,
             autocommit=True,
             connect_timeout=max(1, int(self._connect_timeout)),
-            **KEEPALIVES,
+            **PG_KEEPALIVES,
         )
         conn.execute(q.pg_listen(self.channel))
         self._conn = conn

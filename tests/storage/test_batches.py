@@ -48,7 +48,7 @@ def test_batch_with_conflicts_in_the_middle_answers_item_by_item(store: MailboxS
     assert store.get_message("b") is None
     assert store.get_message("a").digest == "d" * 64  # type: ignore[union-attr]
     # seq order is item order within the batch.
-    rows = store.claim_inbound(RECIPIENT, gen)
+    rows = store.fetch_inbound(RECIPIENT, gen)
     assert [(r.message_id, r.recipient_session) for r in rows] == [
         ("old", "s1"),
         ("a", "s1"),
@@ -68,7 +68,7 @@ def test_batch_of_one_thousand_rows(store: MailboxStore) -> None:
     batch = [item(f"m{i:04}", f"s{i % 3}") for i in range(1000)]
     results = store.enqueue(batch)
     assert all(r.inserted and r.state == "queued" for r in results)
-    rows = store.claim_inbound(RECIPIENT, gen, limit=1000)
+    rows = store.fetch_inbound(RECIPIENT, gen, limit=1000)
     assert [r.message_id for r in rows] == [f"m{i:04}" for i in range(1000)]
     acks = [Ack(r.message_id, r.recipient_session, "delivered") for r in rows]
     assert store.ack(RECIPIENT, gen, acks) == 1000
@@ -84,7 +84,7 @@ def test_batch_spanning_hosts_wakes_each_host(store: MailboxStore) -> None:
         store.enqueue([item(f"m{i}", host=hosts[i % 3]) for i in range(9)])
         assert w1.wait(5) and w3.wait(5)
     for n, h in enumerate(hosts):
-        assert [r.message_id for r in store.claim_inbound(h, gens[h])] == [
+        assert [r.message_id for r in store.fetch_inbound(h, gens[h])] == [
             f"m{i}" for i in range(n, 9, 3)
         ]
 

@@ -51,17 +51,17 @@ def test_claim_in_seq_order_and_by_session(store: MailboxStore) -> None:
     gen = store.claim_host(RECIPIENT)
     store.enqueue([item(f"m{i}", f"s{i % 2}") for i in range(6)])
     store.enqueue([item("other", host="carol@c")])
-    rows = store.claim_inbound(RECIPIENT, gen)
+    rows = store.fetch_inbound(RECIPIENT, gen)
     assert [r.message_id for r in rows] == [f"m{i}" for i in range(6)]
     assert [r.seq for r in rows] == sorted(r.seq for r in rows)
     assert rows[0].payload == {"id": "m0", "message": "hi"}
     assert rows[0].sender_host == SENDER
-    assert len(store.claim_inbound(RECIPIENT, gen, limit=2)) == 2
-    only_s1 = store.claim_inbound(RECIPIENT, gen, session_ids=["s1"])
+    assert len(store.fetch_inbound(RECIPIENT, gen, limit=2)) == 2
+    only_s1 = store.fetch_inbound(RECIPIENT, gen, session_ids=["s1"])
     assert [r.message_id for r in only_s1] == ["m1", "m3", "m5"]
-    assert store.claim_inbound(RECIPIENT, gen, session_ids=[]) == []
+    assert store.fetch_inbound(RECIPIENT, gen, session_ids=[]) == []
     # Not marked claimed: a reader that crashed before acking leaves them for the next one.
-    assert len(store.claim_inbound(RECIPIENT, gen)) == 6
+    assert len(store.fetch_inbound(RECIPIENT, gen)) == 6
 
 
 def test_newer_generation_fences_the_older(store: MailboxStore) -> None:
@@ -71,7 +71,7 @@ def test_newer_generation_fences_the_older(store: MailboxStore) -> None:
     store.enqueue([item("m1")])
     session = SessionInfo(id="s1", host=RECIPIENT, name="bob")
 
-    assert store.claim_inbound(RECIPIENT, old) == []
+    assert store.fetch_inbound(RECIPIENT, old) == []
     assert store.ack(RECIPIENT, old, [Ack("m1", "s1", "delivered")]) == 0
     assert store.heartbeat(RECIPIENT, old) is False
     assert store.publish_sessions(RECIPIENT, old, [session]) is False
@@ -80,7 +80,7 @@ def test_newer_generation_fences_the_older(store: MailboxStore) -> None:
 
     assert store.heartbeat(RECIPIENT, new) is True
     assert store.publish_sessions(RECIPIENT, new, [session]) is True
-    assert [r.message_id for r in store.claim_inbound(RECIPIENT, new)] == ["m1"]
+    assert [r.message_id for r in store.fetch_inbound(RECIPIENT, new)] == ["m1"]
     assert store.ack(RECIPIENT, new, [Ack("m1", "s1", "delivered")]) == 1
     hosts = {h.host_id: h for h in store.hosts()}
     assert (hosts[RECIPIENT].generation, hosts[RECIPIENT].heartbeat) == (new, 1)
@@ -109,7 +109,7 @@ def test_ack_writes_one_receipt_and_is_idempotent(store: MailboxStore) -> None:
     # A finished delivery answers a retry of the same id with its state, not a new row.
     [retry] = store.enqueue([item("m1")])
     assert (retry.state, retry.inserted) == ("delivered", False)
-    assert [r.message_id for r in store.claim_inbound(RECIPIENT, gen)] == ["m2"]
+    assert [r.message_id for r in store.fetch_inbound(RECIPIENT, gen)] == ["m2"]
 
 
 def test_expiry_writes_expired_receipts(store: MailboxStore) -> None:

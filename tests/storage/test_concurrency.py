@@ -22,7 +22,7 @@ def _wait_until_drained(url: str, timeout: float = 90.0) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             gen = max(h.generation for h in store.hosts() if h.host_id == HOST)
-            if not store.claim_inbound(HOST, gen, limit=1):
+            if not store.fetch_inbound(HOST, gen, limit=1):
                 return
             time.sleep(0.2)
         raise AssertionError("relay did not drain the queue in time")
@@ -112,7 +112,7 @@ def test_reader_killed_mid_batch_leaves_nothing_undeliverable(store_url: str) ->
         reader.communicate(timeout=30)
 
         gen = store.claim_host(host)  # the next relay of the host
-        rest = store.claim_inbound(host, gen, limit=1000)
+        rest = store.fetch_inbound(host, gen, limit=1000)
         assert 0 < len(rest) <= 180
         assert store.ack(host, gen, [Ack(r.message_id, "s1", "delivered") for r in rest]) == len(
             rest

@@ -39,7 +39,7 @@ def item(mid: str, host: str = HOST) -> OutboundItem:
 def test_hot_queries_use_indexes(pg_store: PostgresStore) -> None:
     pg_store.enqueue([item(f"m{i}", f"h{i % 20}") for i in range(400)])
     statements = {
-        "claim_inbound": (
+        "fetch_inbound": (
             q.inbound(by_session=False, skip_locked=True),
             {"host_id": HOST, "generation": 1, "limit": 500},
         ),
@@ -104,7 +104,7 @@ def test_listener_recovers_after_terminate_and_catches_up(
         assert waiter.wait(5) is True  # reconnected: reports a wake-up for the catch-up query
         assert time.monotonic() - start < 5
         assert waiter.reconnects == 1 and waiter.backend_pid != pid
-        assert [r.message_id for r in pg_store.claim_inbound(HOST, gen)] == ["while-down"]
+        assert [r.message_id for r in pg_store.fetch_inbound(HOST, gen)] == ["while-down"]
         # And it keeps working as a listener afterwards.
         pg_store.enqueue([item("after")])
         assert waiter.wait(5) is True

@@ -22,7 +22,7 @@ def test_doorbell_wakes_a_polling_reader_in_another_process(sqlite_url: str) -> 
         verdict, elapsed = out.split()
         assert verdict == "woken", err
         assert float(elapsed) < 2.0  # one polling interval plus slack
-        assert [r.message_id for r in store.claim_inbound(host, gen)] == ["m1"]
+        assert [r.message_id for r in store.fetch_inbound(host, gen)] == ["m1"]
     finally:
         reader.kill()
         reader.wait()

@@ -62,7 +62,7 @@ def relay(url: str, host: str, generation: int, stop_file: str, ids_file: str) -
     writes_refused = 0
     try:
         while not Path(stop_file).exists():
-            rows = store.claim_inbound(host, generation, limit=50)
+            rows = store.fetch_inbound(host, generation, limit=50)
             handed += [f"{r.message_id}/{r.recipient_session}" for r in rows]
             acks = [Ack(r.message_id, r.recipient_session, "delivered") for r in rows]
             acks += [Ack(m, s, "delivered") for m, s in known[:200]]
@@ -83,7 +83,7 @@ def slow_reader(url: str, host: str) -> None:
     """Ack one row at a time, slowly, so the test can kill it mid-batch."""
     store = open_store(url)
     generation = store.claim_host(host)
-    rows = store.claim_inbound(host, generation, limit=1000)
+    rows = store.fetch_inbound(host, generation, limit=1000)
     print(f"claimed {len(rows)}", flush=True)
     for r in rows:
         store.ack(host, generation, [Ack(r.message_id, r.recipient_session, "delivered")])

@@ -1,4 +1,8 @@
-"""The one store interface the relay codes against, and the plain rows it returns."""
+"""The one store interface the relay codes against (``MailboxStore``), and the plain rows it
+returns. Both backends implement it and one behaviour suite (tests/storage) checks them both.
+
+Every state a row carries is a ``Literal``: what the store can hold, nothing a caller invents.
+"""
 
 from __future__ import annotations
 
@@ -9,8 +13,16 @@ from typing import Any, Literal, Protocol, Self
 
 from crossintercom.models import SessionInfo
 
+# A delivery row's state: queued until acknowledged (delivered, refused) or expired.
 DeliveryState = Literal["queued", "delivered", "refused", "expired"]
+# What the recipient's relay may acknowledge a queued delivery as.
 AckOutcome = Literal["delivered", "refused"]
+# A receipt carries the state its delivery finished in.
+ReceiptOutcome = Literal["delivered", "refused", "expired"]
+# How reading back an enqueue whose COMMIT was in doubt can end without finding its row:
+# "absent" (no row: the commit did not land, nothing was written) or "in_doubt" (the store
+# stayed unreachable, so it is still unknown). A row that is found is an ``EnqueueResult``.
+InDoubtResolution = Literal["absent", "in_doubt"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,18 +47,31 @@ class OutboundItem:
 
 @dataclass(frozen=True, slots=True)
 class EnqueueResult:
+    """One enqueued item: the state of the delivery row it found or made, or ``refused`` with
+    a ``code`` (``too_large``, ``payload_conflict``) when nothing was written for it."""
+
     message_id: str
     recipient_session: str
-    state: str
+    state: DeliveryState
     inserted: bool
     code: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class InDoubtEnqueue:
+    """An item of an enqueue whose COMMIT was in doubt that reading back by id did not turn
+    into a row: there is none (``absent``), or the store could not be read (``in_doubt``)."""
+
+    message_id: str
+    recipient_session: str
+    resolution: InDoubtResolution
 
 
 @dataclass(frozen=True, slots=True)
 class MessageRow:
     message_id: str
     digest: str
-    states: dict[str, str]
+    states: dict[str, DeliveryState]  # by recipient session
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +97,7 @@ class ReceiptRow:
     message_id: str
     recipient_session: str
     recipient_host: str
-    outcome: str
+    outcome: ReceiptOutcome
     code: str | None
 
 
@@ -105,6 +130,9 @@ class Waiter(Protocol):
 
 
 class MailboxStore(Protocol):
+    """The shared mailbox. Every read-for-delivery, ack, receipt and roster write names the
+    caller's generation and does nothing unless it is still its host's current one."""
+
     url_masked: str
 
     def close(self) -> None: ...
@@ -127,14 +155,20 @@ class MailboxStore(Protocol):
 
     def get_message(self, message_id: str) -> MessageRow | None: ...
 
-    def claim_inbound(
+    def fetch_inbound(
         self,
         host_id: str,
         generation: int,
         *,
         limit: int = 500,
         session_ids: Collection[str] | None = None,
-    ) -> list[InboundRow]: ...
+    ) -> list[InboundRow]:
+        """The host's queued deliveries in seq order (of ``session_ids`` only, when given).
+
+        Nothing is marked: the generation fence makes the current relay the only reader that
+        gets rows, and a row stays queued until ``ack`` finishes it.
+        """
+        ...
 
     def ack(self, host_id: str, generation: int, acks: Sequence[Ack]) -> int: ...
 

@@ -1,0 +1,208 @@
+"""Engines for both dialects, and what their errors mean to a caller.
+
+The one place that turns a ``StoreURL`` into a SQLAlchemy engine (pool size, connect options,
+SQLite pragmas and ``BEGIN IMMEDIATE``) and a driver error into a ``StoreError`` subclass. The
+stores, ``migrate`` and the Alembic environment all open the database through here, so a store
+and a migration of it connect the same way and fail with the same words.
+
+Contract of the translation: ``StoreUnavailable`` means nothing was written (safe to retry);
+``StoreInDoubt`` means a COMMIT was lost on the way and the write may have landed; any other
+``StoreError`` is a failure a retry will not cure. Messages are one line, password masked.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import stat
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from sqlalchemy import Connection, Engine, create_engine, event
+from sqlalchemy.exc import DBAPIError, SQLAlchemyError
+
+from crossintercom.errors import (
+    SchemaMissing,
+    StoreError,
+    StoreInDoubt,
+    StoreReadOnly,
+    StoreUnavailable,
+)
+from crossintercom.storage.urls import StoreURL
+
+# Two pooled connections per engine (plus the listener a Postgres waiter opens): at most three
+# database connections per store object.
+POOL_SIZE = 2
+
+PG_CONNECT_TIMEOUT_S = 5
+PG_IDLE_IN_TXN_MS = 30_000
+# Idle keepalives notice a dead peer (NAT drop, cable pull) that would otherwise leave a
+# connection, the listener's above all, waiting forever on a half-open socket.
+PG_KEEPALIVES: dict[str, Any] = {
+    "keepalives": 1,
+    "keepalives_idle": 10,
+    "keepalives_interval": 5,
+    "keepalives_count": 3,
+}
+
+SQLITE_BUSY_TIMEOUT_S = 30
+# Execution option: run each statement in its own (implicit) transaction, no BEGIN IMMEDIATE.
+SQLITE_AUTOCOMMIT = "crossintercom_autocommit"
+
+
+# -- engines -------------------------------------------------------------------------------
+
+
+def store_engine(parsed: StoreURL, *, must_exist: bool = True) -> Engine:
+    """The engine for ``parsed``. A SQLite file is checked first (``check_writable``), so an
+    unusable path fails with its reason; ``must_exist=False`` lets a migration create it."""
+    if parsed.kind == "postgres":
+        return postgres_engine(parsed)
+    assert parsed.path is not None
+    check_writable(parsed.path, parsed.masked, must_exist=must_exist)
+    return sqlite_engine(parsed)
+
+
+def postgres_engine(parsed: StoreURL) -> Engine:
+    return create_engine(
+        parsed.url,
+        pool_size=POOL_SIZE,
+        max_overflow=0,
+        # No pre-ping (a round trip per transaction): a dropped pooled connection fails
+        # before COMMIT, is discarded and the transaction retried (transaction.py).
+        connect_args={
+            "connect_timeout": PG_CONNECT_TIMEOUT_S,
+            # A relay frozen inside a transaction (SIGSTOP, a paused VM) must not hold its
+            # locks forever: the server ends such a session, so a successor can take over.
+            "options": f"-c idle_in_transaction_session_timeout={PG_IDLE_IN_TXN_MS}",
+            **PG_KEEPALIVES,
+        },
+    )
+
+
+def sqlite_engine(parsed: StoreURL) -> Engine:
+    """Rollback journal, never WAL: WAL's shared memory does not work across hosts. Writers
+    take the write lock up front (``BEGIN IMMEDIATE``) so two writers never deadlock upgrading
+    read locks."""
+    engine = create_engine(
+        parsed.url,
+        pool_size=POOL_SIZE,
+        max_overflow=0,
+        connect_args={"timeout": SQLITE_BUSY_TIMEOUT_S},
+    )
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn: sqlite3.Connection, _record: Any) -> None:
+        # Take BEGIN away from the sqlite3 module; the "begin" hook below emits our own.
+        dbapi_conn.isolation_level = None
+        cur = dbapi_conn.cursor()
+        cur.execute("PRAGMA journal_mode=DELETE")
+        cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_S * 1000}")
+        cur.execute("PRAGMA foreign_keys=ON")
+        cur.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        if not conn.get_execution_options().get(SQLITE_AUTOCOMMIT):
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+    return engine
+
+
+def autocommit(conn: Connection) -> Connection:
+    """``conn`` running each statement in its own transaction, the dialect's way."""
+    if conn.dialect.name == "postgresql":
+        return conn.execution_options(isolation_level="AUTOCOMMIT")
+    # A lone statement takes the locks it needs itself; a read then leaves writers alone.
+    return conn.execution_options(**{SQLITE_AUTOCOMMIT: True})
+
+
+def check_writable(path: Path, masked: str, *, must_exist: bool) -> None:
+    """Refuse, with a clear reason, a file SQLite could open but not write.
+
+    Mode bits are checked as well as access(): a root process may write anything, yet a file
+    someone made read-only says the store must not be written.
+    """
+    directory = path.parent
+    if not directory.is_dir():
+        raise StoreUnavailable(
+            f"the directory of the store {masked} does not exist; create {directory} "
+            "or fix the path in the store URL"
+        )
+    if not os.access(directory, os.W_OK) or not directory.stat().st_mode & stat.S_IWUSR:
+        raise StoreReadOnly(
+            f"the directory {directory} of the store {masked} is read-only; SQLite needs to "
+            "write its journal there: make the directory writable"
+        )
+    if not path.exists():
+        if must_exist:
+            raise SchemaMissing(
+                f"the store {masked} does not exist yet; "
+                f"run `crossintercom db upgrade --store {masked}`"
+            )
+        return
+    if not path.is_file():
+        raise StoreUnavailable(f"the store {masked} is not a regular file; fix the store URL")
+    if not os.access(path, os.R_OK | os.W_OK) or not path.stat().st_mode & stat.S_IWUSR:
+        raise StoreReadOnly(
+            f"the store file {masked} is read-only; make it writable (chmod u+w) for this user"
+        )
+
+
+# -- errors --------------------------------------------------------------------------------
+
+
+def one_line(exc: BaseException) -> str:
+    """A driver error as one short line (libpq messages span several)."""
+    text = str(getattr(exc, "orig", None) or exc)
+    parts = [p.strip() for p in text.splitlines() if p.strip()]
+    return "; ".join(parts)[:300] or type(exc).__name__
+
+
+def pg_hint(reason: str) -> str:
+    """What a person should check, from libpq's reason."""
+    lowered = reason.lower()
+    if "password" in lowered or "authentication" in lowered or "role" in lowered:
+        return "check the user name and password in the store URL"
+    if "database" in lowered and "does not exist" in lowered:
+        return "create that database, or fix its name in the store URL"
+    return "check the host and port in the store URL and that PostgreSQL is running there"
+
+
+def unavailable(parsed: StoreURL, exc: BaseException) -> StoreUnavailable:
+    """The store could not be reached (connect failed, connection lost before COMMIT)."""
+    reason = one_line(exc)
+    if parsed.kind == "postgres":
+        return StoreUnavailable(
+            f"cannot reach the store {parsed.masked}: {reason}; {pg_hint(reason)}"
+        )
+    return StoreUnavailable(f"cannot reach the store {parsed.masked}: {reason}")
+
+
+def is_connection_error(parsed: StoreURL, exc: DBAPIError) -> bool:
+    """The statement failed because the connection did, not because of what it asked."""
+    if exc.connection_invalidated:
+        return True
+    if parsed.kind == "postgres":
+        return isinstance(exc.orig, psycopg.OperationalError | psycopg.InterfaceError)
+    # "database is locked" past the busy timeout, "unable to open database file", I/O errors
+    return isinstance(exc.orig, sqlite3.OperationalError) and "readonly" not in str(exc.orig)
+
+
+def translate(parsed: StoreURL, exc: SQLAlchemyError) -> StoreError:
+    """A failure before COMMIT: unavailable (nothing written) or a plain store error."""
+    if isinstance(exc, DBAPIError) and is_connection_error(parsed, exc):
+        return unavailable(parsed, exc)
+    return StoreError(f"store {parsed.masked} failed: {one_line(exc)}")
+
+
+def commit_failed(parsed: StoreURL, exc: SQLAlchemyError) -> StoreError:
+    """A failed COMMIT. On a network database its outcome is unknown; a failed SQLite COMMIT
+    leaves the transaction unapplied: not in doubt, just failed."""
+    if parsed.kind == "sqlite":
+        return StoreUnavailable(f"could not commit to the store {parsed.masked}: {one_line(exc)}")
+    return StoreInDoubt(
+        f"lost the store {parsed.masked} during COMMIT ({one_line(exc)}); "
+        "the write may or may not have landed: read it back by id"
+    )

@@ -1,0 +1,87 @@
+"""One store operation, one transaction, and what a failure of it means.
+
+A connection lost before COMMIT means nothing was written: the runner reconnects and runs the
+operation again, a bounded number of times (a longer outage is the caller's to report as
+``not_sent``). A connection lost during COMMIT is never retried: that is ``StoreInDoubt`` on
+PostgreSQL, for the caller to resolve by reading back by id (see ``engine.commit_failed``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TypeVar
+
+from sqlalchemy import Connection, Engine
+from sqlalchemy.exc import SQLAlchemyError
+from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
+
+from crossintercom.errors import StoreUnavailable
+from crossintercom.storage import engine as db
+from crossintercom.storage.urls import StoreURL
+
+T = TypeVar("T")
+
+
+class TransactionRunner:
+    def __init__(self, parsed: StoreURL, engine: Engine) -> None:
+        self.parsed = parsed
+        self.engine = engine
+        # Short, bounded reconnect: a longer outage is the caller's to handle (not_sent).
+        self._retry = Retrying(
+            retry=retry_if_exception_type(StoreUnavailable),
+            stop=stop_after_attempt(3),
+            wait=wait_exponential(multiplier=0.1, max=1.0),
+            reraise=True,
+        )
+
+    def __call__(
+        self,
+        fn: Callable[[Connection], T],
+        *,
+        after: Callable[[], None] | None = None,
+        retry: bool = True,
+        single_statement: bool = False,
+    ) -> T:
+        """Run ``fn`` in one transaction, then ``after`` once it committed; reconnect (bounded)
+        only before anything committed.
+
+        ``single_statement``: ``fn`` runs exactly one statement, which is atomic by itself, so
+        it runs without BEGIN/COMMIT (two round trips fewer). Only for reads and for writes
+        whose repetition is harmless, since a connection lost mid-statement is retried.
+        """
+        if not retry:
+            return self._once(fn, after, single_statement)
+        result: T = self._retry(self._once, fn, after, single_statement)
+        return result
+
+    def _once(
+        self,
+        fn: Callable[[Connection], T],
+        after: Callable[[], None] | None,
+        single_statement: bool,
+    ) -> T:
+        try:
+            conn = self.engine.connect()
+            if single_statement:
+                conn = db.autocommit(conn)
+        except SQLAlchemyError as exc:
+            raise db.unavailable(self.parsed, exc) from exc
+        with conn:
+            try:
+                trans = conn.begin()
+                result = fn(conn)
+            except SQLAlchemyError as exc:
+                error = db.translate(self.parsed, exc)
+                if isinstance(error, StoreUnavailable) and not conn.invalidated:
+                    # No pre-ping: a pooled connection the server dropped (restart,
+                    # pg_terminate_backend) fails here, before any commit. Discard it so the
+                    # retry gets a fresh one rather than the same dead socket.
+                    conn.invalidate()
+                raise error from exc
+            try:
+                trans.commit()
+            except SQLAlchemyError as exc:
+                raise db.commit_failed(self.parsed, exc) from exc
+        if after is not None:
+            after()
+        return result
