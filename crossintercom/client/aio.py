@@ -20,7 +20,7 @@ import tenacity
 
 from crossintercom import protocol as p
 from crossintercom.client.connection import BrokerConnection, expect
-from crossintercom.client.identity import Identity
+from crossintercom.client.identity import Identity, outgoing_body
 from crossintercom.config import Settings
 from crossintercom.errors import (
     BrokerUnavailable,
@@ -38,7 +38,6 @@ from crossintercom.models import (
     Receipt,
     SendResult,
     SessionInfo,
-    new_id,
 )
 from crossintercom.runtime import modes, secure_file
 from crossintercom.testhooks import crash_at
@@ -312,26 +311,6 @@ class AsyncClient:
         """Tell the broker we have the outcome, so its dedup record can go at once."""
         self._conn.post(p.Confirm([message_id]))
 
-    @staticmethod
-    def _body(
-        to: str | None,
-        text: str,
-        attachments: Sequence[Attachment],
-        reply_to: str | None,
-        expects_reply: bool,
-        message_id: str | None,
-    ) -> p.OutgoingBody:
-        return p.OutgoingBody(
-            id=message_id or new_id(),
-            message=text,
-            to=to,
-            attachments=[
-                p.AttachmentBody(a.kind, a.name, a.content, a.language) for a in attachments
-            ],
-            reply_to=reply_to,
-            expects_reply=expects_reply,
-        )
-
     async def send(
         self,
         to: str,
@@ -341,7 +320,7 @@ class AsyncClient:
         reply_to: str | None = None,
         message_id: str | None = None,
     ) -> SendResult:
-        body = self._body(to, text, attachments, reply_to, False, message_id)
+        body = outgoing_body(to, text, attachments, reply_to, False, message_id)
         return await self._operation(p.Send(request_id=0, message=body))
 
     async def ask(
@@ -355,7 +334,7 @@ class AsyncClient:
     ) -> SendResult:
         if not 0 < timeout <= MAX_ASK_TIMEOUT_S:
             raise UsageError(f"ask timeout must be between 0 and {MAX_ASK_TIMEOUT_S:.0f} seconds")
-        body = self._body(to, text, attachments, None, True, message_id)
+        body = outgoing_body(to, text, attachments, None, True, message_id)
         waiter: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
         self._ask_waiters[body.id] = waiter
         try:
@@ -397,7 +376,7 @@ class AsyncClient:
         attachments: Sequence[Attachment] = (),
         message_id: str | None = None,
     ) -> SendResult:
-        body = self._body(None, text, attachments, reply_to, False, message_id)
+        body = outgoing_body(None, text, attachments, reply_to, False, message_id)
         return await self._operation(p.Reply(request_id=0, message=body))
 
     # --- queries --------------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -54,3 +55,22 @@ def load_attachment(path: str, max_bytes: int) -> Attachment:
     except OSError as exc:
         raise UsageError(f"cannot read attachment {path}: {exc.strerror}") from None
     return Attachment("file", fpath.name, content)
+
+
+def outgoing_body(
+    to: str | None,
+    text: str,
+    attachments: Sequence[Attachment],
+    reply_to: str | None,
+    expects_reply: bool,
+    message_id: str | None,
+) -> p.OutgoingBody:
+    """What a sender puts on the wire; the broker adds sender and time."""
+    return p.OutgoingBody(
+        id=message_id or new_id(),
+        message=text,
+        to=to,
+        attachments=[p.AttachmentBody(a.kind, a.name, a.content, a.language) for a in attachments],
+        reply_to=reply_to,
+        expects_reply=expects_reply,
+    )
