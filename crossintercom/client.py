@@ -561,6 +561,9 @@ class Client:
         )
         self._thread.start()
         self._async = self._call(self._make(settings, identity, kw))
+        # Each calling thread gets its own view of the inbox: an SQLite connection is bound to
+        # the thread that opened it, and the loop thread keeps its own for saving deliveries.
+        self._views = threading.local()
 
     @staticmethod
     async def _make(
@@ -578,7 +581,16 @@ class Client:
 
     @property
     def inbox(self) -> Inbox:
-        return self._async.inbox
+        """The session's inbox, opened for the calling thread."""
+        box: Inbox | None = getattr(self._views, "inbox", None)
+        if box is None:
+            aio = self._async
+            if aio.identity is None:
+                raise UsageError("this client has no session, so no inbox")
+            box = self._views.inbox = Inbox(
+                aio.settings.inbox_dir, aio.identity.id, modes(aio.settings)[1]
+            )
+        return box
 
     def connect(self) -> Client:
         self._call(self._async.connect())
@@ -593,6 +605,10 @@ class Client:
     def close(self) -> None:
         if self._loop.is_closed():
             return
+        box: Inbox | None = getattr(self._views, "inbox", None)
+        if box is not None:
+            box.close()
+            self._views.inbox = None
         with contextlib.suppress(Exception):
             self._call(self._async.close())
         self._loop.call_soon_threadsafe(self._loop.stop)
