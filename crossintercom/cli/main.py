@@ -10,7 +10,7 @@ from typing import Any, NoReturn, TypeVar
 
 import click
 
-from crossintercom.cli import agent_cmds, info, messaging, service
+from crossintercom.cli import agent_cmds, escalate, info, messaging, service, setup_cmd
 from crossintercom.cli.db import db
 from crossintercom.cli.output import EXIT_ERROR, fail
 from crossintercom.config import ENV_JSON
@@ -87,7 +87,15 @@ def cli(ctx: click.Context, verbose: bool, as_json: bool) -> None:
     )
 
 
-for command in (*messaging.COMMANDS, *info.COMMANDS, *service.COMMANDS, *agent_cmds.COMMANDS, db):
+for command in (
+    *messaging.COMMANDS,
+    *info.COMMANDS,
+    *service.COMMANDS,
+    *agent_cmds.COMMANDS,
+    *escalate.COMMANDS,
+    *setup_cmd.COMMANDS,
+    db,
+):
     cli.add_command(command)
 
 
