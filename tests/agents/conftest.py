@@ -11,8 +11,10 @@ import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
+from pathlib import Path
 from typing import Any
 
+from tests.conftest import sessions
 from tests.relay.conftest import (  # noqa: F401  (fixtures are found by name)
     CLI,
     Cluster,
@@ -133,3 +135,19 @@ def finish(proc: subprocess.Popen[str], timeout: float = 60) -> tuple[int, str, 
         out, err = proc.communicate()
         raise AssertionError(f"hook did not end in {timeout}s: {out!r} {err!r}") from None
     return proc.returncode, out, err
+
+
+def online(home: Path, name: str) -> bool:
+    """NAME is held by a live connection on the host whose runtime dir is ``home``."""
+    return any(s["name"] == name and s["online"] for s in sessions(home, quiet=True) or ())
+
+
+def waiting(proc: subprocess.Popen[str], home: Path, name: str = "worker") -> None:
+    """Wait for the fact that a process (a waiter, a plugin) holds NAME's session."""
+
+    def ready() -> bool:
+        if proc.poll() is not None:
+            raise AssertionError(f"process exited {proc.returncode}: {proc.communicate()}")
+        return online(home, name)
+
+    wait_for(ready, 30, f"{name} to be online")

@@ -11,12 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from crossintercom.client import Client, Identity
-from tests.agents.conftest import CLI, finish, hook, mcp_server, until
-from tests.conftest import run_cli, sessions, settings_for
-
-
-def online(home: Path, name: str) -> bool:
-    return any(s["name"] == name and s["online"] for s in sessions(home, quiet=True) or ())
+from tests.agents.conftest import CLI, finish, hook, mcp_server, online, until
+from tests.conftest import run_cli, settings_for
 
 
 def planner(env: dict[str, str]) -> Client:

@@ -9,23 +9,17 @@ from pathlib import Path
 from typing import Any
 
 from crossintercom.client import Client, Identity
-from tests.agents.conftest import CLAUDE_STOP, CODEX_STOP, Cluster, Host, finish, hook, wait_for
-from tests.conftest import sessions, settings_for
-
-
-def online(home: Path, name: str) -> bool:
-    return any(s["name"] == name and s["online"] for s in sessions(home, quiet=True) or ())
-
-
-def waiting(proc: subprocess.Popen[str], home: Path, name: str = "worker") -> None:
-    """Wait for the fact that the waiter holds NAME's session (so mail to it is delivered)."""
-
-    def ready() -> bool:
-        if proc.poll() is not None:
-            raise AssertionError(f"waiter exited {proc.returncode}: {proc.communicate()}")
-        return online(home, name)
-
-    wait_for(ready, 30, f"the waiter for {name} to be online")
+from tests.agents.conftest import (
+    CLAUDE_STOP,
+    CODEX_STOP,
+    Cluster,
+    Host,
+    finish,
+    hook,
+    wait_for,
+    waiting,
+)
+from tests.conftest import settings_for
 
 
 def cross_host_waiter(a: Host, b: Host, fmt: str, stdin: dict[str, Any]) -> subprocess.Popen[str]:
