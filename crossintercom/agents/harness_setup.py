@@ -10,7 +10,7 @@ reads them, merged into the user's files without disturbing any other entry.
 
 ``DIR`` is the project directory for Claude Code and OpenCode (default: the current one) and
 the Codex home for Codex (default ``$CODEX_HOME`` or ``~/.codex``). Running setup again replaces
-crossintercom's own entries and nothing else (docs/agents.md#setup).
+crossintercom's own entries and nothing else (docs/agents.md#harness-recipes).
 """
 
 from __future__ import annotations

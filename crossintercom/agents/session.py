@@ -1,10 +1,11 @@
 """One agent's durable session, held by whichever surface runs (MCP server, wait, line monitor).
 
 Several surfaces may want NAME's session at once: the MCP server for the harness's lifetime, a
-``wait`` hook between turns, a line monitor. Each connects in ``auto`` mode (DESIGN §8): the
-first one owns the session and receives its mail (saving it to the inbox file every surface
-reads); the others attach and send as it. An attached holder that outlives the owner takes the
-session over (``own`` mode) so mail keeps arriving instead of queueing. Registering as owner
+``wait`` hook between turns, a line monitor. Each connects in ``auto`` mode: the first one owns
+the session and receives its mail (saving it to the inbox file every surface reads); the others
+attach and send as it (docs/agents.md#one-session-several-surfaces). An attached holder that
+outlives the owner takes the session over (``own`` mode) so mail keeps arriving instead of
+queueing. Registering as owner
 pulls the mail queued while NAME was away into the inbox; a ``ping`` round trip after it proves
 the backlog is saved, since the broker writes the backlog before it reads the next frame.
 

@@ -44,7 +44,7 @@ def waiter_lock(settings: Settings, session_id: str, *, replace: bool) -> Iterat
     """Hold NAME's wait lock; with ``replace``, ask the waiter holding it to step aside.
 
     The lock file holds the holder's pid (cleared before release), so a newer hook waiter can
-    take over from one started at an earlier Stop (docs/agents.md#one-waiter-per-name).
+    take over from one started at an earlier Stop (docs/agents.md#wait).
     """
     path = agents_dir(settings) / f"{session_id}.wait.lock"
     fd = os.open(path, os.O_RDWR | os.O_CREAT, modes(settings)[1])
