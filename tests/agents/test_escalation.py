@@ -124,3 +124,17 @@ def test_progress_is_fire_and_forget() -> None:
     assert esc.render_text() == "[progress update] migrations done (40%)\nnext: tests"
     with pytest.raises(EscalationError):
         Escalation.progress("x", 140)
+
+
+def test_a_late_answer_is_read_against_the_questions_it_answers(tmp_path: Any) -> None:
+    from crossintercom.agents.supervisor import EscalationLog
+    from crossintercom.config import load_settings
+
+    settings = load_settings({"CROSSINTERCOM_HOME": str(tmp_path), "CROSSINTERCOM_HOST_ID": "h"})
+    log = EscalationLog(settings, "sid")
+    log.remember("ask-1", interview())
+    late = {"reply_to": "ask-1", "message": '{"responses": [{"id": "db", "value": "pg"}]}'}
+    answer = log.answer_in(late)
+    assert answer is not None and not answer.valid
+    assert "no answer for: envs, why" in answer.problems[0]
+    assert log.answer_in({"reply_to": "other", "message": "x"}) is None

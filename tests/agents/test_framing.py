@@ -116,3 +116,18 @@ def test_group_receipts_are_listed() -> None:
     )
     text = framing.describe_outcome(result)
     assert "- a: delivered" in text and "- b: queued" in text
+
+
+def test_mcp_result_for_unknown_says_not_to_resend() -> None:
+    from crossintercom.agents import mcp_results
+
+    result = mcp_results.outcome(SendResult("m9", Outcome.UNKNOWN, "disconnected"))
+    assert not result.is_error  # an outcome, not a failed call: nothing to retry
+    assert "Do NOT resend it" in result.content[0].text
+    assert result.structured_content == {
+        "id": "m9",
+        "outcome": "unknown",
+        "code": "disconnected",
+        "message": "the message may or may not have been delivered; do not resend it "
+        "automatically, check with the recipient first",
+    }
