@@ -19,9 +19,12 @@ marks shown, so it cannot re-trigger itself; it waits whatever ``stop_hook_activ
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import select
 import sys
+import time
 from collections.abc import Callable
 from typing import IO, Any
 
@@ -39,20 +42,36 @@ STDIN_WAIT_S = 2.0
 
 
 def read_hook_input(stream: IO[str] | None, wait_s: float = STDIN_WAIT_S) -> dict[str, Any]:
-    """The JSON object a harness sends a hook on stdin; {} when there is none or it is bad."""
+    """The JSON object a harness sends a hook on stdin; {} when there is none or it is bad.
+
+    Read as it comes, and stopped as soon as it parses: a harness that writes its JSON but
+    keeps stdin open must not hold the hook, and neither must a silent stdin (``wait_s``).
+    """
     if stream is None or stream.closed:
         return {}
     try:
         if stream.isatty():
             return {}
-        ready, _, _ = select.select([stream], [], [], wait_s)
+        fd = stream.fileno()
     except (OSError, ValueError):
         return {}
-    if not ready:
-        return {}
+    buf = b""
+    deadline = time.monotonic() + wait_s
+    while (remaining := deadline - time.monotonic()) > 0:
+        try:
+            ready, _, _ = select.select([fd], [], [], remaining)
+            chunk = os.read(fd, 65536) if ready else b""
+        except OSError:
+            break
+        if not chunk:
+            break  # end of input, or nothing came in time
+        buf += chunk
+        with contextlib.suppress(ValueError):
+            data = json.loads(buf)
+            return data if isinstance(data, dict) else {}
     try:
-        data = json.loads(stream.read() or "{}")
-    except (OSError, ValueError):
+        data = json.loads(buf or b"{}")
+    except ValueError:
         return {}
     return data if isinstance(data, dict) else {}
 

@@ -11,6 +11,7 @@ from typing import Any
 from crossintercom.client import Client, Identity
 from tests.agents.conftest import (
     CLAUDE_STOP,
+    CLI,
     CODEX_STOP,
     Cluster,
     Host,
@@ -132,3 +133,26 @@ def test_text_format_prints_framed_mail(cli_env: dict[str, str], runtime_home: P
     assert rc == 0, err
     assert f"<<<crossintercom ask from planner@testhost id={sent.id}>>>" in out
     assert f'reply_to="{sent.id}"' in out
+
+
+def test_hook_input_is_read_even_when_stdin_stays_open(cli_env: dict[str, str]) -> None:
+    proc = subprocess.Popen(
+        [*CLI, "wait", "--as", "worker", "--format", "codex-hook"],
+        env=cli_env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdin is not None
+    proc.stdin.write(json.dumps(CODEX_STOP | {"stop_hook_active": True}))
+    proc.stdin.flush()  # and left open: communicate() must not close it
+    held, proc.stdin = proc.stdin, None
+    try:
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        held.close()
+    # stop_hook_active was read, so the hook did not wait its default 600 s
+    assert (proc.returncode, out) == (0, ""), err
