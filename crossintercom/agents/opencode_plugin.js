@@ -1,7 +1,8 @@
-// crossintercom: start a turn when mail arrives for the session NAME below (written by `crossintercom setup
-// opencode`; edit it there, not here). While a session is idle, one `crossintercom wait`
-// runs; when it prints mail, that text (framed as another agent's words) becomes the session's
-// next prompt. Mail that arrives while the session is busy is held for its next idle moment.
+// crossintercom: start a turn when mail arrives for the session NAME below (written by
+// `crossintercom setup opencode`; edit it there, not here). While a session is idle, one
+// `crossintercom wait` runs; when it prints mail, that text (framed as another agent's words)
+// becomes the session's next prompt. Mail that arrives while the session is busy is held for
+// its next idle moment.
 import { spawn } from "node:child_process";
 
 const COMMAND = __COMMAND__;
