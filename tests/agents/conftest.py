@@ -106,24 +106,44 @@ async def until(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
         await asyncio.sleep(0.05)
 
 
-def hook(
-    env: Mapping[str, str], stdin: Mapping[str, Any] | None, *args: str
+def spawn(
+    env: Mapping[str, str], *args: str, stdin: int = subprocess.DEVNULL
 ) -> subprocess.Popen[str]:
-    """Run `crossintercom wait ...` as a harness runs a hook: JSON on stdin, then stdin closed."""
-    proc = subprocess.Popen(
-        [*CLI, "wait", *args],
+    """One `crossintercom ARGS...` process in the background, its output captured."""
+    return subprocess.Popen(
+        [*CLI, *args],
         env=dict(env),
-        stdin=subprocess.PIPE,
+        stdin=stdin,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
+
+
+def hook(
+    env: Mapping[str, str], stdin: Mapping[str, Any] | None, *args: str
+) -> subprocess.Popen[str]:
+    """Run `crossintercom wait ...` as a harness runs a hook: JSON on stdin, then stdin closed."""
+    proc = spawn(env, "wait", *args, stdin=subprocess.PIPE)
     assert proc.stdin is not None
     if stdin is not None:
         proc.stdin.write(json.dumps(stdin))
     proc.stdin.close()
     proc.stdin = None  # closed, as the harness leaves it; communicate() must not touch it
     return proc
+
+
+def with_stdin_open(env: Mapping[str, str], data: str, *args: str) -> tuple[int, str, str]:
+    """Run a command that is given ``data`` on a stdin that is never closed."""
+    proc = spawn(env, *args, stdin=subprocess.PIPE)
+    held, proc.stdin = proc.stdin, None  # so communicate() cannot close it
+    assert held is not None
+    held.write(data)
+    held.flush()
+    try:
+        return finish(proc, 30)
+    finally:
+        held.close()
 
 
 def finish(proc: subprocess.Popen[str], timeout: float = 60) -> tuple[int, str, str]:

@@ -8,7 +8,7 @@ import subprocess
 import time
 
 from crossintercom.client import Client, Identity
-from tests.agents.conftest import CLI
+from tests.agents.conftest import spawn, with_stdin_open
 from tests.conftest import Listener, cli_json, run_cli, settings_for
 
 
@@ -42,20 +42,8 @@ def test_global_json(cli_env: dict[str, str]) -> None:
 
 def test_stdin_is_read_only_with_an_explicit_dash(cli_env: dict[str, str]) -> None:
     # stdin open, never written, never closed: the command must not wait on it
-    proc = subprocess.Popen(
-        [*CLI, "send", "--to", "worker", "--json"],
-        env=cli_env,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        out, _ = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 2
+    rc, out, _ = with_stdin_open(cli_env, "", "send", "--to", "worker", "--json")
+    assert rc == 2
     assert "'-'" in json.loads(out)["error"]["message"]
 
     worker = Listener(cli_env, "worker")
@@ -92,46 +80,20 @@ def test_set_status_on_the_live_session(cli_env: dict[str, str]) -> None:
 def test_escalations_from_the_command_line(cli_env: dict[str, str]) -> None:
     cfg = settings_for(cli_env)
     with Client(cfg, Identity.named(cfg, "lead")) as lead:
-        asking = subprocess.Popen(
-            [
-                *CLI,
-                *("escalate", "decision", "--as", "worker", "--supervisor", "lead"),
-                *("--option", "merge", "--option", "wait", "--timeout", "60", "--json", "Merge?"),
-            ],
-            env=cli_env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
+        asking = spawn(
+            cli_env,
+            *("escalate", "decision", "--as", "worker", "--supervisor", "lead"),
+            *("--option", "merge", "--option", "wait", "--timeout", "60", "--json", "Merge?"),
         )
         deadline = time.monotonic() + 30
         while not lead.pending():
             assert time.monotonic() < deadline and asking.poll() is None, asking.communicate()
             time.sleep(0.05)
         ask_id = lead.pending()[0].id
-        wrong = run_cli(
-            cli_env,
-            "escalate",
-            "answer",
-            "--as",
-            "lead",
-            "--reply-to",
-            ask_id,
-            "--json",
-            '{"decision": "now"}',
-        )
+        answer = ("escalate", "answer", "--as", "lead", "--reply-to", ask_id, "--json")
+        wrong = run_cli(cli_env, *answer, '{"decision": "now"}')
         assert "'now' is not one of the options" in str(usage_error(wrong)["message"])
-        right = run_cli(
-            cli_env,
-            "escalate",
-            "answer",
-            "--as",
-            "lead",
-            "--reply-to",
-            ask_id,
-            "--json",
-            '[{"id": "decision", "value": "merge"}]',
-        )
+        right = run_cli(cli_env, *answer, '[{"id": "decision", "value": "merge"}]')
         assert right.returncode == 0, right.stderr
         out, err = asking.communicate(timeout=60)
     assert asking.returncode == 0, err

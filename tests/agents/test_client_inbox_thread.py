@@ -7,9 +7,6 @@ thread opened that SQLite connection first, the save failed on the loop thread: 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any
-
 import pytest
 
 from crossintercom.client import Client, Identity
@@ -17,36 +14,18 @@ from crossintercom.models import Outcome
 from tests.conftest import settings_for
 
 
-@pytest.fixture
-def cfg(cli_env: dict[str, str]) -> Any:
-    return settings_for(cli_env)
-
-
-@pytest.fixture
-def clients(cfg: Any) -> Iterator[list[Client]]:
-    made: list[Client] = []
-    yield made
-    for c in made:
-        c.close()
-
-
-def _named(cfg: Any, clients: list[Client], name: str, **kw: Any) -> Client:
-    c = Client(cfg, Identity.named(cfg, name), **kw).connect()
-    clients.append(c)
-    return c
-
-
 @pytest.mark.parametrize("reconnect", [False, True])
 def test_inbox_from_caller_thread_keeps_deliveries_working(
-    cfg: Any, clients: list[Client], reconnect: bool
+    cli_env: dict[str, str], reconnect: bool
 ) -> None:
-    worker = _named(cfg, clients, "worker", reconnect=reconnect)
-    planner = _named(cfg, clients, "planner")
-    assert worker.inbox.transcript() == []  # opened on this (the caller's) thread
-
-    for n in range(3):
-        result = planner.send("worker", f"hello {n}")
-        assert result.outcome is Outcome.DELIVERED, result
-    ids = [e.id for e in worker.inbox.transcript() if e.kind == "message"]
-    assert len(ids) == 3
-    assert worker.aio.connected.is_set()
+    cfg = settings_for(cli_env)
+    with (
+        Client(cfg, Identity.named(cfg, "worker"), reconnect=reconnect) as worker,
+        Client(cfg, Identity.named(cfg, "planner")) as planner,
+    ):
+        assert worker.inbox.transcript() == []  # opened on this (the caller's) thread
+        for n in range(3):
+            result = planner.send("worker", f"hello {n}")
+            assert result.outcome is Outcome.DELIVERED, result
+        assert len([e for e in worker.inbox.transcript() if e.kind == "message"]) == 3
+        assert worker.aio.connected.is_set()

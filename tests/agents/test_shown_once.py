@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
 from pathlib import Path
 from typing import Any
 
 from crossintercom.client import Client, Identity
-from tests.agents.conftest import CLI, finish, hook, mcp_server, online, until
+from tests.agents.conftest import finish, hook, mcp_server, online, spawn, until
 from tests.conftest import run_cli, settings_for
 
 
@@ -57,14 +56,7 @@ def test_line_monitor_attaches_and_takes_over(cli_env: dict[str, str], runtime_h
 
 
 async def _line_monitor(env: dict[str, str], home: Path) -> None:
-    monitor = subprocess.Popen(
-        [*CLI, "listen", "--as", "worker", "--format", "line"],
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    monitor = spawn(env, "listen", "--as", "worker", "--format", "line")
     assert monitor.stdout is not None
     try:
         await until(lambda: online(home, "worker"), 30, "the monitor to hold worker")

@@ -11,7 +11,6 @@ from typing import Any
 from crossintercom.client import Client, Identity
 from tests.agents.conftest import (
     CLAUDE_STOP,
-    CLI,
     CODEX_STOP,
     Cluster,
     Host,
@@ -19,6 +18,7 @@ from tests.agents.conftest import (
     hook,
     wait_for,
     waiting,
+    with_stdin_open,
 )
 from tests.conftest import settings_for
 
@@ -136,23 +136,9 @@ def test_text_format_prints_framed_mail(cli_env: dict[str, str], runtime_home: P
 
 
 def test_hook_input_is_read_even_when_stdin_stays_open(cli_env: dict[str, str]) -> None:
-    proc = subprocess.Popen(
-        [*CLI, "wait", "--as", "worker", "--format", "codex-hook"],
-        env=cli_env,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+    active = json.dumps(CODEX_STOP | {"stop_hook_active": True})
+    rc, out, err = with_stdin_open(
+        cli_env, active, "wait", "--as", "worker", "--format", "codex-hook"
     )
-    assert proc.stdin is not None
-    proc.stdin.write(json.dumps(CODEX_STOP | {"stop_hook_active": True}))
-    proc.stdin.flush()  # and left open: communicate() must not close it
-    held, proc.stdin = proc.stdin, None
-    try:
-        out, err = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        held.close()
     # stop_hook_active was read, so the hook did not wait its default 600 s
-    assert (proc.returncode, out) == (0, ""), err
+    assert (rc, out) == (0, ""), err
