@@ -31,7 +31,7 @@ from crossintercom.client import AsyncClient, Identity
 from crossintercom.config import Settings
 from crossintercom.errors import CrossintercomError, RemoteError
 from crossintercom.inbox import Entry, Inbox
-from crossintercom.runtime import ensure_runtime_dir, modes
+from crossintercom.runtime import apply_mode, ensure_runtime_dir, modes, secure_file
 
 log = logging.getLogger(__name__)
 
@@ -48,14 +48,17 @@ class Busy(CrossintercomError):
 
 
 def agents_dir(settings: Settings) -> Path:
+    """``$CROSSINTERCOM_HOME/agents``: locks and escalation records, with the runtime modes."""
     path = settings.home / "agents"
-    path.mkdir(mode=modes(settings)[0], exist_ok=True)
+    path.mkdir(mode=modes(settings)[0], parents=True, exist_ok=True)
+    apply_mode(settings, path, modes(settings)[0])
     return path
 
 
 @contextlib.contextmanager
 def _flock(path: Path, settings: Settings, *, blocking: bool) -> Iterator[None]:
     fd = os.open(path, os.O_RDWR | os.O_CREAT, modes(settings)[1])
+    secure_file(settings, path)
     try:
         flags = fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB)
         try:

@@ -34,7 +34,7 @@ from crossintercom.client import MAX_ASK_TIMEOUT_S, AsyncClient, Client
 from crossintercom.config import Settings
 from crossintercom.errors import UsageError
 from crossintercom.models import Outcome, SendResult, new_id
-from crossintercom.runtime import modes
+from crossintercom.runtime import apply_mode, modes, secure_file
 
 # Sent escalations are kept as long as queued mail is (its answer may come that late).
 LOG_KEEP_S = 8 * 86400.0
@@ -72,9 +72,10 @@ class EscalationLog:
 
     def remember(self, message_id: str, esc: Escalation) -> None:
         self.dir.mkdir(mode=modes(self.settings)[0], exist_ok=True)
+        apply_mode(self.settings, self.dir, modes(self.settings)[0])
         path = self._path(message_id)
         path.write_text(json.dumps(esc.to_payload()))
-        path.chmod(modes(self.settings)[1])
+        secure_file(self.settings, path)
         self._prune()
 
     def lookup(self, message_id: str) -> Escalation | None:
