@@ -14,8 +14,10 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def _remember_json(ctx: click.Context, _param: click.Parameter, value: bool) -> bool:
+    # `crossintercom --json CMD` and `crossintercom CMD --json` mean the same thing.
     root = ctx.find_root()
     root.ensure_object(dict)
+    value = bool(value or root.obj.get("json"))
     root.obj["json"] = value
     return value
 

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import click
 
-from crossintercom.cli import info, messaging, service
+from crossintercom.cli import agent_cmds, escalate, info, messaging, service, setup_cmd
 from crossintercom.cli.db import db
 from crossintercom.cli.output import EXIT_ERROR, fail
-from crossintercom.errors import CrossintercomError
+from crossintercom.config import ENV_JSON
+from crossintercom.errors import CrossintercomError, UsageError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -27,9 +29,18 @@ CROSSINTERCOM_AS (--as), CROSSINTERCOM_JSON (--json).
 class Root(click.Group):
     """Turns crossintercom errors into one readable line (or JSON) and a stable exit code."""
 
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        ctx.meta["raw_args"] = list(args)  # to honour --json when parsing itself fails
+        try:
+            return super().parse_args(ctx, args)
+        except click.UsageError as exc:
+            _usage_fail(ctx, exc)
+
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except click.UsageError as exc:
+            _usage_fail(ctx, exc)
         except CrossintercomError as exc:
             if ctx.obj and ctx.obj.get("verbose"):
                 logging.getLogger(__name__).exception("command failed")
@@ -44,21 +55,47 @@ def _wants_json(ctx: click.Context) -> bool:
     return bool(ctx.obj and ctx.obj.get("json"))
 
 
+def _usage_fail(ctx: click.Context, exc: click.UsageError) -> NoReturn:
+    """Click's own usage errors follow the --json error contract too (exit 2)."""
+    raw = ctx.meta.get("raw_args", [])
+    before_dashes = raw[: raw.index("--")] if "--" in raw else raw
+    env_json = os.environ.get(ENV_JSON, "").lower() in ("1", "true", "yes", "on")
+    if _wants_json(ctx) or env_json or "--json" in before_dashes:
+        fail(UsageError(exc.format_message()), as_json=True)
+    raise exc
+
+
 @click.group(cls=Root, epilog=ENV_HELP, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("-v", "--verbose", is_flag=True, help="Show debug logs and tracebacks.")
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    envvar=ENV_JSON,
+    help="Print machine-readable JSON on stdout (as every command's own --json does).",
+)
 @click.version_option(package_name="crossintercom")
 @click.pass_context
-def cli(ctx: click.Context, verbose: bool) -> None:
+def cli(ctx: click.Context, verbose: bool, as_json: bool) -> None:
     """Mailbox for agent sessions and programs on one or several machines."""
     ctx.ensure_object(dict)
     ctx.obj["verbose"] = verbose
+    ctx.obj["json"] = as_json
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",
     )
 
 
-for command in (*messaging.COMMANDS, *info.COMMANDS, *service.COMMANDS, db):
+for command in (
+    *messaging.COMMANDS,
+    *info.COMMANDS,
+    *service.COMMANDS,
+    *agent_cmds.COMMANDS,
+    *escalate.COMMANDS,
+    *setup_cmd.COMMANDS,
+    db,
+):
     cli.add_command(command)
 
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import sys
 import threading
 
 import click
 
+from crossintercom.agents.session import show_lock
 from crossintercom.cli.common import as_options, identity, json_option, one_shot, settings
 from crossintercom.cli.output import emit_json, format_message, result_exit
 from crossintercom.client import MAX_ASK_TIMEOUT_S, Client, Identity, load_attachment
@@ -35,18 +37,33 @@ def _attachments(paths: tuple[str, ...], limit: int) -> list[Attachment]:
 
 
 def _message_arg(text: str | None) -> str:
-    if text is None or text == "-":
-        if sys.stdin is None or sys.stdin.isatty():
-            raise click.UsageError("give MESSAGE, or '-' and the text on standard input")
-        return sys.stdin.read()
+    # Standard input only on an explicit '-': an agent's shell often leaves stdin open and
+    # silent, and waiting on it would hang the command (docs/agents.md).
+    if text is None:
+        raise click.UsageError("give MESSAGE, or '-' to read it from standard input")
+    if text == "-":
+        if sys.stdin is None:
+            raise click.UsageError("'-' given but there is no standard input")
+        text = sys.stdin.read()
+    if not text.strip():
+        raise click.UsageError("the message is empty; nothing was sent")
     return text
 
 
 @click.command()
 @as_options(required=True)
 @click.option("--fresh", is_flag=True, help="Do not print the backlog (it is still saved).")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["text", "json", "line"]),
+    help="json: as --json. line: one framed line per message for a model's line monitor; it "
+    "attaches to the session the MCP server holds (docs/agents.md).",
+)
 @json_option
-def listen(as_name: str, session_id: str | None, fresh: bool, as_json: bool) -> None:
+def listen(
+    as_name: str, session_id: str | None, fresh: bool, fmt: str | None, as_json: bool
+) -> None:
     """Register NAME here (durable) and print each incoming message.
 
     A message is acknowledged once saved to the inbox and marked shown after it was printed.
@@ -54,6 +71,12 @@ def listen(as_name: str, session_id: str | None, fresh: bool, as_json: bool) -> 
     cfg = settings()
     ensure_runtime_dir(cfg)
     ident = Identity.named(cfg, as_name, session_id)
+    if fmt == "line":
+        from crossintercom.agents.monitor import run_line_monitor
+
+        asyncio.run(run_line_monitor(cfg, ident))
+        return
+    as_json = as_json or fmt == "json"
     client = Client(cfg, ident, mode="own").connect()
     display = Inbox(cfg.inbox_dir, ident.id, modes(cfg)[1])
     stop = threading.Event()
@@ -72,18 +95,21 @@ def listen(as_name: str, session_id: str | None, fresh: bool, as_json: bool) -> 
         )
     try:
         while not stop.is_set():
-            _show_unshown(display, as_json, skip_resumed=fresh)
+            _show_unshown(cfg, display, ident.id, as_json, skip_resumed=fresh)
             client.next_incoming(timeout=0.5)
     finally:
         display.close()
         client.close()
 
 
-def _show_unshown(display: Inbox, as_json: bool, *, skip_resumed: bool) -> None:
-    for entry in display.unshown():
-        if not (skip_resumed and "resumed" in entry.body.get("flags", ())):
-            _print_entry(entry, as_json)
-        display.mark_shown([entry.seq])  # only after the output was flushed
+def _show_unshown(
+    cfg: Settings, display: Inbox, session_id: str, as_json: bool, *, skip_resumed: bool
+) -> None:
+    with show_lock(cfg, session_id):  # shown once across every surface (docs/agents.md)
+        for entry in display.unshown():
+            if not (skip_resumed and "resumed" in entry.body.get("flags", ())):
+                _print_entry(entry, as_json)
+            display.mark_shown([entry.seq])  # only after the output was flushed
 
 
 def _print_entry(entry: Entry, as_json: bool) -> None:
@@ -192,12 +218,35 @@ def pending(as_name: str, session_id: str | None, as_json: bool) -> None:
 
 @click.command()
 @as_options(required=True)
+@click.option(
+    "--unseen",
+    is_flag=True,
+    help="Pull in mail queued while NAME was away, print only messages never shown, and mark "
+    "them shown.",
+)
 @json_option
-def inbox(as_name: str, session_id: str | None, as_json: bool) -> None:
+def inbox(as_name: str, session_id: str | None, unseen: bool, as_json: bool) -> None:
     """NAME's saved messages on this host, oldest first (a transcript)."""
     cfg = settings()
     ensure_runtime_dir(cfg)
     ident = Identity.named(cfg, as_name, session_id)
+    if unseen:
+        from crossintercom.agents.monitor import show_unseen_once
+
+        def write(entries: list[Entry]) -> None:
+            if as_json:
+                emit_json([e.body for e in entries])
+            else:
+                for e in entries:
+                    click.echo(format_message(e.body))
+                sys.stdout.flush()
+
+        if not asyncio.run(show_unseen_once(cfg, ident, write)):
+            if as_json:
+                emit_json([])
+            else:
+                click.echo(f"no unseen messages for {as_name}")
+        return
     box = Inbox(cfg.inbox_dir, ident.id, modes(cfg)[1])
     try:
         entries = box.transcript()

@@ -1,0 +1,133 @@
+"""The output formats of ``crossintercom wait``, each fitted to the harness that runs it.
+
+Exit codes and outputs (docs/agents.md#wait):
+
+| format        | mail                                         | timeout        | busy | error |
+| ------------- | -------------------------------------------- | -------------- | ---- | ----- |
+| `json`        | 0, JSON array of message objects on stdout   | 6, `[]`        | 7    | 1     |
+| `text`        | 0, framed messages on stdout                 | 6, nothing     | 7    | 1     |
+| `claude-hook` | 2, framed messages on stderr (wakes Claude)  | 0, nothing     | 0    | 1     |
+| `codex-hook`  | 0, `{"decision": "block", "reason"}` stdout  | 0, nothing     | 0    | 1     |
+
+The hook formats read the JSON the harness writes on stdin. Codex runs its Stop hook
+synchronously, so when ``stop_hook_active`` says this stop already follows a hook's
+continuation the waiter only delivers mail that is already there and never waits: a chain of
+continuations ends as soon as the mailbox is quiet. Claude Code runs the ``asyncRewake`` hook in
+the background: it holds no turn open, and it wakes the session only for unseen mail, which it
+marks shown, so it cannot re-trigger itself; it waits whatever ``stop_hook_active`` says.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import select
+import sys
+import time
+from collections.abc import Callable
+from typing import IO, Any
+
+from crossintercom.agents.mail import render_mail
+from crossintercom.inbox import Entry
+
+FORMATS = ("json", "text", "claude-hook", "codex-hook")
+HOOK_FORMATS = ("claude-hook", "codex-hook")
+EXIT_MAIL = 0
+EXIT_TIMEOUT = 6
+EXIT_BUSY = 7
+EXIT_CLAUDE_WAKE = 2
+# The harness writes its JSON at once; an open but silent stdin must not hold the hook.
+STDIN_WAIT_S = 2.0
+
+
+def read_hook_input(stream: IO[str] | None, wait_s: float = STDIN_WAIT_S) -> dict[str, Any]:
+    """The JSON object a harness sends a hook on stdin; {} when there is none or it is bad.
+
+    Read as it comes, and stopped as soon as it parses: a harness that writes its JSON but
+    keeps stdin open must not hold the hook, and neither must a silent stdin (``wait_s``).
+    """
+    if stream is None or stream.closed:
+        return {}
+    try:
+        if stream.isatty():
+            return {}
+        fd = stream.fileno()
+    except (OSError, ValueError):
+        return {}
+    buf = b""
+    deadline = time.monotonic() + wait_s
+    while (remaining := deadline - time.monotonic()) > 0:
+        try:
+            ready, _, _ = select.select([fd], [], [], remaining)
+            chunk = os.read(fd, 65536) if ready else b""
+        except OSError:
+            break
+        if not chunk:
+            break  # end of input, or nothing came in time
+        buf += chunk
+        with contextlib.suppress(ValueError):
+            data = json.loads(buf)
+            return data if isinstance(data, dict) else {}
+    try:
+        data = json.loads(buf or b"{}")
+    except ValueError:
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def effective_timeout(fmt: str, hook_input: dict[str, Any], timeout: float) -> float:
+    if fmt == "codex-hook" and hook_input.get("stop_hook_active") is True:
+        return 0.0
+    return timeout
+
+
+def writer(fmt: str, as_name: str) -> Callable[[list[Entry]], None]:
+    """Writes a hand-over in ``fmt`` and flushes it; the caller marks shown afterwards."""
+
+    def write(entries: list[Entry]) -> None:
+        bodies = [e.body for e in entries]
+        if fmt == "json":
+            out, text = sys.stdout, json.dumps(bodies, ensure_ascii=False)
+        elif fmt == "codex-hook":
+            reason = render_mail(bodies, as_name)
+            out, text = sys.stdout, json.dumps({"decision": "block", "reason": reason})
+        elif fmt == "claude-hook":
+            out, text = sys.stderr, render_mail(bodies, as_name)
+        else:
+            out, text = sys.stdout, render_mail(bodies, as_name)
+        out.write(text + "\n")
+        out.flush()
+
+    return write
+
+
+def exit_code(fmt: str, got_mail: bool) -> int:
+    if got_mail:
+        return EXIT_CLAUDE_WAKE if fmt == "claude-hook" else EXIT_MAIL
+    if fmt in HOOK_FORMATS:
+        return 0  # nothing came: let the session stop (or stay idle) quietly
+    if fmt == "json":
+        sys.stdout.write("[]\n")
+        sys.stdout.flush()
+    return EXIT_TIMEOUT
+
+
+def busy_exit(fmt: str, message: str, as_json: bool) -> int:
+    """A second waiter: a clear error for scripts; for hooks, stand aside without noise."""
+    if fmt == "codex-hook":
+        sys.stdout.write(json.dumps({"systemMessage": f"crossintercom: {message}"}) + "\n")
+        return 0
+    if fmt == "claude-hook":
+        sys.stderr.write(f"crossintercom: {message}\n")
+        return 0
+    if as_json or fmt == "json":
+        sys.stdout.write(
+            json.dumps(
+                {"error": {"code": "waiter_busy", "message": message, "outcome": None, "id": None}}
+            )
+            + "\n"
+        )
+    else:
+        sys.stderr.write(f"error: {message}\n")
+    return EXIT_BUSY

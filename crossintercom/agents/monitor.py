@@ -1,0 +1,52 @@
+"""The line monitor (``listen --format line``) and the one-shot ``inbox --unseen`` look.
+
+Both join NAME's session the way every surface does (``auto``: attach to the live session the
+MCP server holds, or own it and pull the queued mail), and show each message once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+from collections.abc import Callable
+
+from crossintercom.agents.mail import render_mail_line
+from crossintercom.agents.session import AgentSession, show_unseen
+from crossintercom.client import Identity
+from crossintercom.config import Settings
+from crossintercom.inbox import Entry
+
+
+def line_writer(as_name: str) -> Callable[[list[Entry]], None]:
+    def write(entries: list[Entry]) -> None:
+        for e in entries:
+            sys.stdout.write(render_mail_line(e.body, as_name) + "\n")
+        sys.stdout.flush()
+
+    return write
+
+
+async def run_line_monitor(settings: Settings, identity: Identity) -> None:
+    """Print one line per new message until SIGTERM/SIGINT (a plugin monitor's lifetime)."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    write = line_writer(identity.name or identity.id)
+    async with AgentSession(settings, identity) as session:
+        while not stop.is_set():
+            show_unseen(settings, session.inbox, identity.id, write)
+            changed = loop.create_task(session.wait_changed(3600))
+            stopped = loop.create_task(stop.wait())
+            await asyncio.wait({changed, stopped}, return_when=asyncio.FIRST_COMPLETED)
+            for task in (changed, stopped):
+                task.cancel()
+
+
+async def show_unseen_once(
+    settings: Settings, identity: Identity, write: Callable[[list[Entry]], None]
+) -> list[Entry]:
+    """Pull the queued mail into the inbox, then show what was never shown (oldest first)."""
+    async with AgentSession(settings, identity, watch=False) as session:
+        return show_unseen(settings, session.inbox, identity.id, write)

@@ -1,0 +1,248 @@
+"""One agent's durable session, held by whichever surface runs (MCP server, wait, line monitor).
+
+Several surfaces may want NAME's session at once: the MCP server for the harness's lifetime, a
+``wait`` hook between turns, a line monitor. Each connects in ``auto`` mode: the first one owns
+the session and receives its mail (saving it to the inbox file every surface reads); the others
+attach and send as it (docs/agents.md#one-session-several-surfaces). An attached holder that
+outlives the owner takes the session over (``own`` mode) so mail keeps arriving instead of
+queueing. Registering as owner
+pulls the mail queued while NAME was away into the inbox; a ``ping`` round trip after it proves
+the backlog is saved, since the broker writes the backlog before it reads the next frame.
+
+Display is shown-once across surfaces: every surface takes the session's show lock, reads the
+unshown messages, writes them out, and only then marks them shown (docs/agents.md#shown-once).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import logging
+import os
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from watchdog.events import FileSystemEvent, FileSystemEventHandler
+from watchdog.observers import Observer
+
+from crossintercom.client import AsyncClient, Identity
+from crossintercom.config import Settings
+from crossintercom.errors import CrossintercomError, RemoteError
+from crossintercom.inbox import Entry, Inbox
+from crossintercom.runtime import apply_mode, ensure_runtime_dir, modes, secure_file
+
+log = logging.getLogger(__name__)
+
+# How often an attached holder tries to take over a session whose owner has gone.
+TAKEOVER_EVERY_S = 2.0
+# Backstop for a missed file-change event (network filesystems, a dropped inotify event).
+POLL_BACKSTOP_S = 1.0
+
+
+class Busy(CrossintercomError):
+    """Another waiter already waits for this session's mail."""
+
+    code = "waiter_busy"
+
+
+def agents_dir(settings: Settings) -> Path:
+    """``$CROSSINTERCOM_HOME/agents``: locks and escalation records, with the runtime modes."""
+    path = settings.home / "agents"
+    path.mkdir(mode=modes(settings)[0], parents=True, exist_ok=True)
+    apply_mode(settings, path, modes(settings)[0])
+    return path
+
+
+@contextlib.contextmanager
+def _flock(path: Path, settings: Settings, *, blocking: bool) -> Iterator[None]:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, modes(settings)[1])
+    secure_file(settings, path)
+    try:
+        flags = fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB)
+        try:
+            fcntl.flock(fd, flags)
+        except BlockingIOError:
+            raise Busy(f"another waiter holds {path.name}") from None
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock
+
+
+def show_lock(settings: Settings, session_id: str) -> contextlib.AbstractContextManager[None]:
+    """Held while a surface reads, writes out and marks messages: one surface shows each."""
+    return _flock(agents_dir(settings) / f"{session_id}.show.lock", settings, blocking=True)
+
+
+def wait_lock(settings: Settings, session_id: str) -> contextlib.AbstractContextManager[None]:
+    """One waiter per name at a time; a second one gets ``Busy`` at once."""
+    return _flock(agents_dir(settings) / f"{session_id}.wait.lock", settings, blocking=False)
+
+
+def unseen(box: Inbox) -> list[Entry]:
+    """Messages saved but never shown, oldest first (receipts are notices, not mail)."""
+    return [e for e in box.unshown() if e.kind == "message"]
+
+
+def show_unseen(
+    settings: Settings,
+    box: Inbox,
+    session_id: str,
+    write: Callable[[list[Entry]], None],
+    *,
+    limit: int | None = None,
+) -> list[Entry]:
+    """Hand unseen messages to ``write`` and mark them shown only after it returned.
+
+    ``write`` must have written and flushed its output (or built its result) by then; if it
+    raises, nothing is marked and the messages stay unseen.
+    """
+    with show_lock(settings, session_id):
+        entries = unseen(box)[:limit] if limit is not None else unseen(box)
+        if entries:
+            write(entries)
+            box.mark_shown([e.seq for e in entries])
+    return entries
+
+
+class _InboxChanged(FileSystemEventHandler):
+    def __init__(self, prefix: str, notify: Callable[[], None]) -> None:
+        self.prefix = prefix
+        self.notify = notify
+
+    def on_any_event(self, event: FileSystemEvent) -> None:
+        if os.path.basename(str(event.src_path)).startswith(self.prefix):
+            self.notify()
+
+
+class AgentSession:
+    """NAME's session for one surface: connected in ``auto`` mode, taking over when orphaned."""
+
+    def __init__(self, settings: Settings, identity: Identity, *, watch: bool = True) -> None:
+        self.settings = settings
+        self.identity = identity
+        self.watch = watch  # False for a one-shot look: no watcher, no takeover
+        self.client = self._new_client("auto")
+        self.changed = asyncio.Event()  # set when the inbox may hold something new
+        self._tasks: list[asyncio.Task[Any]] = []
+        self._observer: Any = None
+        self._busy_ops = 0
+
+    def _new_client(self, mode: str) -> AsyncClient:
+        return AsyncClient(self.settings, self.identity, mode=mode, reconnect=True)
+
+    @property
+    def name(self) -> str:
+        return self.identity.name or self.identity.id
+
+    @property
+    def inbox(self) -> Inbox:
+        return self.client.inbox
+
+    async def start(self) -> AgentSession:
+        ensure_runtime_dir(self.settings)
+        await self.client.connect()
+        await self.sync()
+        if not self.watch:
+            return self
+        loop = asyncio.get_running_loop()
+        self._watch_inbox(loop)
+        self._tasks.append(loop.create_task(self._drain_incoming(self.client)))
+        self._tasks.append(loop.create_task(self._take_over_when_orphaned()))
+        self._tasks.append(loop.create_task(self._backstop()))
+        return self
+
+    async def sync(self) -> None:
+        """Return once every message the broker had for this session is in the inbox."""
+        await self.client.query({"type": "ping"})
+
+    @property
+    def owner(self) -> bool:
+        return not self.client.attached
+
+    def _watch_inbox(self, loop: asyncio.AbstractEventLoop) -> None:
+        def notify() -> None:
+            loop.call_soon_threadsafe(self.changed.set)
+
+        observer = Observer()
+        observer.schedule(_InboxChanged(self.identity.id, notify), str(self.settings.inbox_dir))
+        observer.daemon = True
+        observer.start()
+        self._observer = observer
+
+    async def _drain_incoming(self, client: AsyncClient) -> None:
+        while True:
+            await client.incoming.get()
+            self.changed.set()
+
+    async def _backstop(self) -> None:
+        while True:
+            await asyncio.sleep(POLL_BACKSTOP_S)
+            self.changed.set()
+
+    async def _take_over_when_orphaned(self) -> None:
+        """While attached, try now and then to own the session; the broker refuses
+        (``session_in_use``) for as long as the owner lives, so this only wins once it left."""
+        while True:
+            await asyncio.sleep(TAKEOVER_EVERY_S)
+            if not self.client.attached:
+                continue
+            fresh = self._new_client("own")
+            try:
+                await fresh.connect()
+            except RemoteError as exc:
+                await fresh.close()
+                if exc.code != "session_in_use":
+                    log.warning("session takeover failed: %s", exc.message)
+                continue
+            except CrossintercomError:
+                await fresh.close()
+                continue
+            old, self.client = self.client, fresh
+            self._tasks.append(asyncio.get_running_loop().create_task(self._drain_incoming(fresh)))
+            await self.sync()
+            self.changed.set()
+            self._tasks.append(asyncio.get_running_loop().create_task(self._retire(old)))
+
+    async def _retire(self, old: AsyncClient) -> None:
+        # An operation still running on the old connection (an ask waiting for its reply)
+        # finishes there first; its reply is routed to the connection that asked.
+        while self._busy_ops:
+            await asyncio.sleep(0.2)
+        await old.close()
+
+    @contextlib.asynccontextmanager
+    async def operation(self) -> AsyncIterator[AsyncClient]:
+        """The client to run one operation on, kept open until the operation ends."""
+        self._busy_ops += 1
+        try:
+            yield self.client
+        finally:
+            self._busy_ops -= 1
+
+    async def wait_changed(self, timeout: float) -> bool:
+        """Wait until the inbox may have changed, or ``timeout``; True if it may have."""
+        try:
+            await asyncio.wait_for(self.changed.wait(), timeout)
+        except TimeoutError:
+            return False
+        self.changed.clear()
+        return True
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        if self._observer is not None:
+            self._observer.stop()
+            await asyncio.to_thread(self._observer.join, 2)
+        await self.client.close()
+
+    async def __aenter__(self) -> AgentSession:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

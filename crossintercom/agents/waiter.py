@@ -1,0 +1,134 @@
+"""`crossintercom wait`: block until NAME has unseen mail, coalesce a burst, hand it over once.
+
+The waiter holds NAME's wait lock (one waiter per name), joins NAME's session in ``auto`` mode
+(which pulls mail queued while NAME was away into the inbox), waits for an unseen message, lets
+a burst settle for a short quiet window, and gives the messages to ``write``. They are marked
+shown only after ``write`` returned, i.e. after the output was written and flushed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import os
+import signal
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from crossintercom.agents.session import AgentSession, Busy, agents_dir, show_unseen, unseen
+from crossintercom.client import Identity
+from crossintercom.config import Settings
+from crossintercom.inbox import Entry
+from crossintercom.runtime import modes, secure_file
+
+# A burst (several messages within moments) is handed over as one wake, but never held longer
+# than this after the first message arrived.
+DEFAULT_QUIET_S = 0.3
+MAX_COALESCE_S = 3.0
+REPLACE_WAIT_S = 5.0
+
+
+def _holder_is_waiter(pid: int) -> bool:
+    """Only a crossintercom waiter is ever asked to step aside (never a reused pid)."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return any(b"crossintercom" in part for part in cmdline) and b"wait" in cmdline
+
+
+@contextlib.contextmanager
+def waiter_lock(settings: Settings, session_id: str, *, replace: bool) -> Iterator[None]:
+    """Hold NAME's wait lock; with ``replace``, ask the waiter holding it to step aside.
+
+    The lock file holds the holder's pid (cleared before release), so a newer hook waiter can
+    take over from one started at an earlier Stop (docs/agents.md#wait).
+    """
+    path = agents_dir(settings) / f"{session_id}.wait.lock"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, modes(settings)[1])
+    secure_file(settings, path)
+    try:
+        deadline = time.monotonic() + REPLACE_WAIT_S
+        asked: set[int] = set()
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                pass
+            if not replace or time.monotonic() > deadline:
+                raise Busy(
+                    f"another `crossintercom wait` already waits for this session's mail "
+                    f"(lock {path.name}); pass --replace to take over"
+                ) from None
+            raw = os.pread(fd, 32, 0).decode(errors="replace").strip()
+            if raw.isdigit() and int(raw) not in asked and _holder_is_waiter(int(raw)):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(int(raw), signal.SIGTERM)
+                asked.add(int(raw))
+            time.sleep(0.05)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        try:
+            yield
+        finally:
+            os.ftruncate(fd, 0)
+    finally:
+        os.close(fd)
+
+
+async def _settle(session: AgentSession, quiet: float) -> None:
+    """Let a burst finish: return once no new message came for ``quiet`` seconds."""
+    end = time.monotonic() + MAX_COALESCE_S
+    count = len(unseen(session.inbox))
+    while time.monotonic() < end:
+        await asyncio.sleep(quiet)
+        now = len(unseen(session.inbox))
+        if now == count:
+            return
+        count = now
+
+
+async def wait_for_mail(
+    settings: Settings,
+    identity: Identity,
+    write: Callable[[list[Entry]], None],
+    *,
+    timeout: float,
+    quiet: float = DEFAULT_QUIET_S,
+    replace: bool = False,
+) -> list[Entry]:
+    """Wait up to ``timeout`` seconds for unseen mail; hand it to ``write``; [] on timeout.
+
+    SIGTERM (a newer waiter taking over, or the harness ending the hook) ends the wait quietly
+    with nothing shown: the signal is handled between steps, so a hand-over already writing
+    completes first, and unshown mail stays for the next surface.
+    """
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        with waiter_lock(settings, identity.id, replace=replace):
+            async with AgentSession(settings, identity) as session:
+                deadline = loop.time() + timeout
+                while not unseen(session.inbox):
+                    remaining = deadline - loop.time()
+                    if remaining <= 0 or stop.is_set():
+                        return []
+                    changed = loop.create_task(session.wait_changed(remaining))
+                    stopped = loop.create_task(stop.wait())
+                    await asyncio.wait({changed, stopped}, return_when=asyncio.FIRST_COMPLETED)
+                    for task in (changed, stopped):
+                        task.cancel()
+                if stop.is_set():
+                    return []
+                await _settle(session, quiet)
+                if stop.is_set():
+                    return []
+                return show_unseen(settings, session.inbox, identity.id, write)
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)

@@ -1,0 +1,151 @@
+"""wait, mcp, set-status: the commands agents' harnesses run (docs/agents.md)."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+import click
+
+from crossintercom.agents.hooks import (
+    FORMATS,
+    HOOK_FORMATS,
+    busy_exit,
+    effective_timeout,
+    exit_code,
+    read_hook_input,
+    writer,
+)
+from crossintercom.agents.session import Busy
+from crossintercom.cli.common import as_options, identity, json_option, one_shot, settings
+from crossintercom.cli.output import EXIT_REFUSED, emit_json
+from crossintercom.client import Identity
+from crossintercom.errors import UsageError
+
+DEFAULT_WAIT_S = 600.0
+MAX_WAIT_S = 86400.0
+
+
+@click.command()
+@as_options(required=True)
+@click.option(
+    "--timeout",
+    type=click.FloatRange(0, MAX_WAIT_S),
+    default=DEFAULT_WAIT_S,
+    show_default=True,
+    metavar="S",
+    help="Seconds to wait for mail (0: only look at what is already there).",
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(FORMATS),
+    help="text (default): framed messages on stdout; json: a JSON array; claude-hook: exit 2 "
+    "with the messages on stderr (Claude Code asyncRewake Stop hook); codex-hook: "
+    '{"decision": "block", "reason": ...} on stdout (Codex Stop hook).',
+)
+@click.option(
+    "--settle",
+    type=click.FloatRange(0, 3),
+    default=0.3,
+    show_default=True,
+    metavar="S",
+    help="Quiet window after the first message, so a burst is handed over as one.",
+)
+@click.option(
+    "--replace",
+    is_flag=True,
+    help="Ask a waiter already waiting for NAME to step aside (implied by the hook formats).",
+)
+@json_option
+def wait(
+    as_name: str,
+    session_id: str | None,
+    timeout: float,
+    fmt: str | None,
+    settle: float,
+    replace: bool,
+    as_json: bool,
+) -> None:
+    """Wait until NAME has unseen mail, print it once, and exit (see the exit codes in
+    docs/agents.md: text/json 0 mail, 6 timeout, 7 another waiter; claude-hook 2 mail)."""
+    from crossintercom.agents.waiter import wait_for_mail
+
+    fmt = fmt or ("json" if as_json else "text")
+    if fmt == "json":
+        click.get_current_context().find_root().obj["json"] = True  # errors as JSON too
+    hook_input = read_hook_input(sys.stdin) if fmt in HOOK_FORMATS else {}
+    cfg = settings()
+    ident = Identity.named(cfg, as_name, session_id)
+    try:
+        got = asyncio.run(
+            wait_for_mail(
+                cfg,
+                ident,
+                writer(fmt, as_name),
+                timeout=effective_timeout(fmt, hook_input, timeout),
+                quiet=settle,
+                replace=replace or fmt in HOOK_FORMATS,
+            )
+        )
+    except Busy as exc:
+        sys.exit(busy_exit(fmt, exc.message, as_json))
+    sys.exit(exit_code(fmt, bool(got)))
+
+
+@click.command()
+@as_options(required=True)
+@click.option(
+    "--supervisor",
+    metavar="TARGET",
+    help="Where escalations go (NAME, NAME@HOSTID or a session id).",
+)
+def mcp(as_name: str, session_id: str | None, supervisor: str | None) -> None:
+    """Serve NAME's mailbox as MCP tools on stdio, holding NAME's session while it runs."""
+    try:
+        from crossintercom.agents.mcp_server import serve
+    except ImportError as exc:
+        raise UsageError(
+            f"the MCP server needs the mcp extra: pip install 'crossintercom[mcp]' ({exc})"
+        ) from None
+    cfg = settings()
+    asyncio.run(serve(cfg, Identity.named(cfg, as_name, session_id), supervisor))
+
+
+@click.command("set-status")
+@as_options(required=True)
+@click.option("--clear", is_flag=True, help="Remove the status.")
+@json_option
+@click.argument("text", required=False)
+def set_status(
+    as_name: str, session_id: str | None, clear: bool, as_json: bool, text: str | None
+) -> None:
+    """Set the status text others see in `list` for NAME's live session on this host."""
+    if clear == (text is not None):
+        raise click.UsageError("give TEXT, or --clear")
+    if text is not None and not text.strip():
+        raise click.UsageError("the status is empty; use --clear to remove it")
+    cfg = settings()
+    with one_shot(cfg, identity(cfg, as_name, session_id)) as client:
+        attached = client.aio.attached
+        if attached:
+            client.set_status(None if clear else text)
+    if not attached:
+        message = (
+            f"{as_name} is not online on this host; a status belongs to a live session (the MCP "
+            "server, `listen` or `wait` holding it), so nothing was changed"
+        )
+        if as_json:
+            emit_json(
+                {"error": {"code": "not_online", "message": message, "outcome": None, "id": None}}
+            )
+        else:
+            click.echo(f"error: {message}", err=True)
+        sys.exit(EXIT_REFUSED)
+    if as_json:
+        emit_json({"name": as_name, "status": None if clear else text})
+    else:
+        click.echo(f"{as_name}: status {'cleared' if clear else repr(text)}")
+
+
+COMMANDS = (wait, mcp, set_status)

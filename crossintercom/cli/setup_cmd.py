@@ -1,0 +1,107 @@
+"""`crossintercom setup claude-code|codex|opencode`: join a harness in one step."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+from pathlib import Path
+
+import click
+
+from crossintercom.agents import harness_setup as hs
+from crossintercom.cli.common import json_option
+from crossintercom.cli.output import emit_json
+from crossintercom.config import ENV_AS
+from crossintercom.errors import UsageError
+from crossintercom.models import valid_name
+
+
+def _default_dir(harness: str) -> Path:
+    if harness == "codex":
+        return Path(os.environ.get("CODEX_HOME") or Path.home() / ".codex")
+    return Path.cwd()
+
+
+def _default_name() -> str:
+    """The project directory's name, made a valid session name."""
+    name = re.sub(r"[^A-Za-z0-9._-]", "-", Path.cwd().name).lstrip("._-")[:64]
+    return name or "agent"
+
+
+@click.command()
+@click.argument("harness", type=click.Choice(hs.HARNESSES))
+@click.option(
+    "--as",
+    "as_name",
+    metavar="NAME",
+    envvar=ENV_AS,
+    help="The agent's session name (default: the current directory's name).",
+)
+@click.option("--supervisor", metavar="TARGET", help="Where the agent's escalations go.")
+@click.option(
+    "--dir",
+    "directory",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Project directory (claude-code, opencode; default: here) or Codex home (codex; "
+    "default: $CODEX_HOME or ~/.codex).",
+)
+@click.option(
+    "--command",
+    "command",
+    metavar="CMD",
+    help="How the harness starts crossintercom (default: this installation's script).",
+)
+@click.option(
+    "--print", "print_only", is_flag=True, help="Show what would be written; write nothing."
+)
+@json_option
+def setup(
+    harness: str,
+    as_name: str | None,
+    supervisor: str | None,
+    directory: Path | None,
+    command: str | None,
+    print_only: bool,
+    as_json: bool,
+) -> None:
+    """Write (or --print) the MCP server entry and the wake hook HARNESS reads, keeping every
+    other entry in those files. Running it again changes nothing more (docs/agents.md)."""
+    name = as_name or _default_name()
+    if not valid_name(name):
+        raise UsageError(f"invalid name {name!r}: use letters, digits, '.', '_' or '-'")
+    agent = hs.Agent(
+        name=name,
+        supervisor=supervisor,
+        command=shlex.split(command) if command else hs.default_command(),
+        env=hs.carried_env(),
+    )
+    target = (directory or _default_dir(harness)).expanduser().absolute()
+    changes = hs.plan(harness, agent, target)
+    if not print_only:
+        hs.apply(changes)
+    if as_json:
+        emit_json(
+            {
+                "harness": harness,
+                "name": name,
+                "written": not print_only,
+                "files": [
+                    {"path": str(c.path), "changed": c.changed, "content": c.after} for c in changes
+                ],
+            }
+        )
+        return
+    for c in changes:
+        if print_only:
+            state = "would change" if c.changed else "unchanged"
+            click.echo(f"# {c.path} ({state})")
+            click.echo(c.after.rstrip("\n"))
+            click.echo()
+        else:
+            click.echo(f"{'wrote' if c.changed else 'unchanged'}: {c.path}")
+    if not print_only:
+        click.echo(f"{harness} will run crossintercom as {name}; restart it to load the entries.")
+
+
+COMMANDS = (setup,)

@@ -1,0 +1,181 @@
+"""`crossintercom setup`: --print writes nothing; setup keeps every other user entry and is
+idempotent; the OpenCode plugin starts a turn when mail comes (run in node with a stand-in
+for OpenCode's client)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from tests.agents.conftest import waiting
+from tests.conftest import run_cli
+
+COMMAND = ["--command", "crossintercom"]
+
+
+def setup(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    out = run_cli(env, "setup", *args, *COMMAND)
+    assert out.returncode == 0, out.stderr
+    return out
+
+
+def test_print_shows_a_working_config_and_writes_nothing(
+    cli_env: dict[str, str], tmp_path: Path
+) -> None:
+    out = setup(cli_env, "claude-code", "--as", "worker", "--dir", str(tmp_path), "--print")
+    assert list(tmp_path.iterdir()) == []
+    assert f"# {tmp_path}/.mcp.json (would change)" in out.stdout
+    as_json = run_cli(
+        cli_env,
+        "setup",
+        "claude-code",
+        "--as",
+        "worker",
+        "--dir",
+        str(tmp_path),
+        "--print",
+        "--json",
+        *COMMAND,
+    )
+    files = {
+        Path(f["path"]).name: json.loads(f["content"]) for f in json.loads(as_json.stdout)["files"]
+    }
+    server = files[".mcp.json"]["mcpServers"]["crossintercom"]
+    assert server["command"] == "crossintercom"
+    assert server["args"] == ["mcp", "--as", "worker"]
+    assert server["env"]["CROSSINTERCOM_HOME"] == cli_env["CROSSINTERCOM_HOME"]
+    assert "CROSSINTERCOM_STORE" not in server["env"]  # may hold a password; relays only
+    (stop,) = files["settings.local.json"]["hooks"]["Stop"]
+    (cmd,) = stop["hooks"]
+    assert cmd["asyncRewake"] is True and cmd["type"] == "command"
+    assert "crossintercom wait --as worker --format claude-hook" in cmd["command"]
+    assert cmd["timeout"] > 3600
+    assert files["settings.local.json"]["enabledMcpjsonServers"] == ["crossintercom"]
+
+
+def test_claude_code_keeps_user_entries_and_is_idempotent(
+    cli_env: dict[str, str], tmp_path: Path
+) -> None:
+    (tmp_path / ".mcp.json").write_text(json.dumps({"mcpServers": {"docs": {"command": "d"}}}))
+    (tmp_path / ".claude").mkdir()
+    user_settings = {
+        "permissions": {"allow": ["Bash(ls)"]},
+        "enabledMcpjsonServers": ["docs"],
+        "hooks": {
+            "Stop": [{"hooks": [{"type": "command", "command": "notify-send done"}]}],
+            "PreToolUse": [{"matcher": "Bash", "hooks": [{"type": "command", "command": "g"}]}],
+        },
+    }
+    settings = tmp_path / ".claude" / "settings.local.json"
+    settings.write_text(json.dumps(user_settings))
+    setup(cli_env, "claude-code", "--as", "worker", "--dir", str(tmp_path))
+    first = {p: p.read_text() for p in (tmp_path / ".mcp.json", settings)}
+    again = setup(cli_env, "claude-code", "--as", "worker", "--dir", str(tmp_path))
+    assert "unchanged" in again.stdout and "wrote" not in again.stdout
+    assert {p: p.read_text() for p in first} == first
+
+    servers = json.loads((tmp_path / ".mcp.json").read_text())["mcpServers"]
+    assert set(servers) == {"docs", "crossintercom"}
+    data = json.loads(settings.read_text())
+    assert data["permissions"] == user_settings["permissions"]
+    assert data["hooks"]["PreToolUse"] == user_settings["hooks"]["PreToolUse"]
+    assert data["enabledMcpjsonServers"] == ["docs", "crossintercom"]
+    commands = [h["command"] for g in data["hooks"]["Stop"] for h in g["hooks"]]
+    assert commands[0] == "notify-send done" and len(commands) == 2
+
+    # another name replaces crossintercom's own entries, nothing else
+    setup(cli_env, "claude-code", "--as", "reviewer", "--dir", str(tmp_path))
+    data = json.loads(settings.read_text())
+    commands = [h["command"] for g in data["hooks"]["Stop"] for h in g["hooks"]]
+    assert len(commands) == 2 and "--as reviewer" in commands[1]
+
+
+def test_codex_keeps_toml_comments_and_user_hooks(cli_env: dict[str, str], tmp_path: Path) -> None:
+    config = tmp_path / "config.toml"
+    config.write_text('# mine\nmodel = "o3"\n\n[mcp_servers.docs]\ncommand = "docs"  # keep\n')
+    hooks = tmp_path / "hooks.json"
+    hooks.write_text(
+        json.dumps({"hooks": {"Stop": [{"hooks": [{"type": "command", "command": "x"}]}]}})
+    )
+    args = ("codex", "--as", "worker", "--supervisor", "lead@B", "--dir", str(tmp_path))
+    setup(cli_env, *args)
+    before = (config.read_text(), hooks.read_text())
+    setup(cli_env, *args)
+    assert (config.read_text(), hooks.read_text()) == before
+    text = config.read_text()
+    assert text.startswith('# mine\nmodel = "o3"') and 'command = "docs"  # keep' in text
+    parsed = tomllib.loads(text)
+    server = parsed["mcp_servers"]["crossintercom"]
+    assert server["args"] == ["mcp", "--as", "worker", "--supervisor", "lead@B"]
+    assert server["tool_timeout_sec"] > 600
+    stop = json.loads(hooks.read_text())["hooks"]["Stop"]
+    assert stop[0]["hooks"][0]["command"] == "x"
+    assert "wait --as worker --format codex-hook" in stop[1]["hooks"][0]["command"]
+
+
+def test_unparseable_user_files_are_left_alone(cli_env: dict[str, str], tmp_path: Path) -> None:
+    (tmp_path / ".mcp.json").write_text("{ // a comment\n}")
+    out = run_cli(cli_env, "setup", "claude-code", "--dir", str(tmp_path), "--json", *COMMAND)
+    assert out.returncode == 2
+    assert "not plain JSON" in json.loads(out.stdout)["error"]["message"]
+    assert (tmp_path / ".mcp.json").read_text() == "{ // a comment\n}"
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="needs node to run the OpenCode plugin")
+def test_opencode_plugin_starts_a_turn_on_new_mail(
+    cli_env: dict[str, str], tmp_path: Path, runtime_home: Path
+) -> None:
+    config = tmp_path / "opencode.json"
+    config.write_text(json.dumps({"$schema": "https://opencode.ai/config.json", "theme": "x"}))
+    out = run_cli(
+        cli_env,
+        "setup",
+        "opencode",
+        "--as",
+        "worker",
+        "--dir",
+        str(tmp_path),
+        "--command",
+        f"{sys.executable} -m crossintercom.cli.main",
+    )
+    assert out.returncode == 0, out.stderr
+    data = json.loads(config.read_text())
+    assert data["theme"] == "x"
+    assert data["mcp"]["crossintercom"]["type"] == "local"
+    assert data["mcp"]["crossintercom"]["command"][-3:] == ["mcp", "--as", "worker"]
+    plugin = tmp_path / ".opencode" / "plugins" / "crossintercom.js"
+    driver = tmp_path / "drive.mjs"
+    # A stand-in for OpenCode: load the plugin, report the session idle, print each prompt.
+    driver.write_text(
+        f"import {{ CrossintercomMail }} from {json.dumps(str(plugin))};\n"
+        "const client = { session: { prompt: async (req) => {\n"
+        "  console.log(JSON.stringify(req)); process.exit(0); } } };\n"
+        "const hooks = await CrossintercomMail({ client });\n"
+        "await hooks.event({ event: { type: 'session.idle', properties: { sessionID: 's1' } } });\n"
+        "console.error('idle reported');\n"
+    )
+    node = subprocess.Popen(
+        ["node", str(driver)],
+        env=cli_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        waiting(node, runtime_home)  # the plugin's `crossintercom wait` holds worker
+        run_cli(cli_env, "send", "--as", "planner", "--to", "worker", "wake up, review #7")
+        out, err = node.communicate(timeout=60)
+        assert node.returncode == 0, err
+    finally:
+        if node.poll() is None:
+            node.kill()
+    prompt = json.loads(out.strip().splitlines()[-1])
+    assert prompt["path"] == {"id": "s1"}
+    text = prompt["body"]["parts"][0]["text"]
+    assert "from planner@testhost" in text and "│ wake up, review #7" in text
