@@ -7,6 +7,7 @@ import json
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Annotated, Any, ParamSpec
 
+import msgspec
 from mcp.types import CallToolResult
 from pydantic import Field
 
@@ -95,7 +96,7 @@ class Tools:
             "status": info.status if info else None,
             "unseen": len(unseen(self.session.inbox)),
             "pending_asks": waiting,
-            "relay_connected": bool(st.get("relay", {}).get("connected")),
+            "relay_connected": st.relay.connected,
             "store": mask_url(self.session.settings.store_url)
             if self.session.settings.store_url
             else None,
@@ -141,11 +142,11 @@ class Tools:
         async with self.session.operation() as client:
             found = await client.groups()
         lines = [
-            f"- {neutralise(g['name'])}: "
-            + ", ".join(f"{neutralise(m['name'])}@{neutralise(m['host'])}" for m in g["members"])
+            f"- {neutralise(g.name)}: "
+            + ", ".join(f"{neutralise(m.name)}@{neutralise(m.host)}" for m in g.members)
             for g in found
         ]
-        return res.ok("\n".join(lines) or "No groups.", {"groups": found})
+        return res.ok("\n".join(lines) or "No groups.", {"groups": msgspec.to_builtins(found)})
 
     # --- mail ---------------------------------------------------------------------------------
 

@@ -22,11 +22,12 @@ import logging
 import os
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
 
+from crossintercom import protocol as p
 from crossintercom.client import AsyncClient, Identity
 from crossintercom.config import Settings
 from crossintercom.errors import CrossintercomError, RemoteError
@@ -129,7 +130,7 @@ class AgentSession:
         self._observer: Any = None
         self._busy_ops = 0
 
-    def _new_client(self, mode: str) -> AsyncClient:
+    def _new_client(self, mode: Literal["own", "auto"]) -> AsyncClient:
         return AsyncClient(self.settings, self.identity, mode=mode, reconnect=True)
 
     @property
@@ -155,7 +156,7 @@ class AgentSession:
 
     async def sync(self) -> None:
         """Return once every message the broker had for this session is in the inbox."""
-        await self.client.query({"type": "ping"})
+        await self.client.request(p.Ping(0))
 
     @property
     def owner(self) -> bool:

@@ -15,19 +15,19 @@ from pathlib import Path
 from typing import Any
 
 from tests.conftest import sessions
+from tests.pgharness import pg_server, pg_template, pg_url  # noqa: F401  (fixtures by name)
 from tests.relay.conftest import (  # noqa: F401  (fixtures are found by name)
     CLI,
     Cluster,
     Host,
     backend,
     cluster,
-    pg_server,
-    pg_template,
-    pg_url,
     sqlite_store,
     store_url,
     wait_for,
 )
+
+__all__ = ["CLI", "Cluster", "Host", "wait_for"]
 
 # What Claude Code and Codex write on a Stop hook's stdin (the fields each documents).
 CLAUDE_STOP = {

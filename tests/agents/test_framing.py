@@ -12,7 +12,7 @@ from crossintercom.models import Outcome, Receipt, SendResult
 
 
 def message(text: str, **kw: Any) -> dict[str, Any]:
-    m = {
+    m: dict[str, Any] = {
         "type": "message",
         "id": "11111111-2222-3333-4444-555555555555",
         "from": {"id": "sid-1", "name": "planner", "host": "hostB"},
@@ -123,7 +123,7 @@ def test_mcp_result_for_unknown_says_not_to_resend() -> None:
 
     result = mcp_results.outcome(SendResult("m9", Outcome.UNKNOWN, "disconnected"))
     assert not result.is_error  # an outcome, not a failed call: nothing to retry
-    assert "Do NOT resend it" in result.content[0].text
+    assert "Do NOT resend it" in str(getattr(result.content[0], "text", ""))
     assert result.structured_content == {
         "id": "m9",
         "outcome": "unknown",

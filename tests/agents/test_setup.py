@@ -10,6 +10,7 @@ import subprocess
 import sys
 import tomllib
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -64,7 +65,7 @@ def test_claude_code_keeps_user_entries_and_is_idempotent(
 ) -> None:
     (tmp_path / ".mcp.json").write_text(json.dumps({"mcpServers": {"docs": {"command": "d"}}}))
     (tmp_path / ".claude").mkdir()
-    user_settings = {
+    user_settings: dict[str, Any] = {
         "permissions": {"allow": ["Bash(ls)"]},
         "enabledMcpjsonServers": ["docs"],
         "hooks": {
@@ -170,12 +171,12 @@ def test_opencode_plugin_starts_a_turn_on_new_mail(
     try:
         waiting(node, runtime_home)  # the plugin's `crossintercom wait` holds worker
         run_cli(cli_env, "send", "--as", "planner", "--to", "worker", "wake up, review #7")
-        out, err = node.communicate(timeout=60)
+        said, err = node.communicate(timeout=60)
         assert node.returncode == 0, err
     finally:
         if node.poll() is None:
             node.kill()
-    prompt = json.loads(out.strip().splitlines()[-1])
+    prompt = json.loads(said.strip().splitlines()[-1])
     assert prompt["path"] == {"id": "s1"}
     text = prompt["body"]["parts"][0]["text"]
     assert "from planner@testhost" in text and "│ wake up, review #7" in text
