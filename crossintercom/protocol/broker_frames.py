@@ -57,9 +57,6 @@ class Result(msgspec.Struct, tag="result", frozen=True, omit_defaults=True):
         receipts = tuple(self.receipts) if self.receipts is not None else None
         return SendResult(self.id, self.outcome, self.code, self.message, receipts)
 
-    def receipt(self) -> Receipt:
-        return Receipt(self.id, self.outcome, self.recipient, self.code, self.message)
-
 
 class Deliver(msgspec.Struct, tag="deliver", frozen=True, omit_defaults=True):
     """A message for this session; the client saves it, then sends ``ack``."""
