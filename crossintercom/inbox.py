@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import tenacity
+
 from crossintercom.models import Message, Receipt
 
 log = logging.getLogger(__name__)
@@ -74,6 +76,28 @@ def _open_read_only(path: Path) -> sqlite3.Connection:
     return db
 
 
+def _busy(exc: BaseException) -> bool:
+    code = getattr(exc, "sqlite_errorcode", None)
+    return isinstance(exc, sqlite3.OperationalError) and code is not None and code & 0xFF == sqlite3.SQLITE_BUSY
+
+
+# Switching a new file to WAL takes an exclusive lock without waiting on the busy handler, so
+# two connections opening one fresh inbox at once (a listener's display and its client) can
+# see "database is locked" here: retry briefly instead of failing the first save.
+@tenacity.retry(
+    retry=tenacity.retry_if_exception(_busy),
+    wait=tenacity.wait_random(0.005, 0.05),
+    stop=tenacity.stop_after_delay(5),
+    reraise=True,
+)
+def _prepare(db: sqlite3.Connection) -> None:
+    # WAL + NORMAL: a commit survives a process crash (the failure model) with no fsync each.
+    if db.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
+        db.execute("PRAGMA journal_mode=WAL")
+    db.execute("PRAGMA synchronous=NORMAL")
+    db.executescript(_SCHEMA)
+
+
 class Inbox:
     """Not shared between threads; each process or thread opens its own."""
 
@@ -91,10 +115,7 @@ class Inbox:
             self.path.chmod(file_mode)
         else:
             _tighten(self.path, file_mode)
-        # WAL + NORMAL: a commit survives a process crash (the failure model) with no fsync each.
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.executescript(_SCHEMA)
+        _prepare(self._db)
         for suffix in ("-wal", "-shm"):  # SQLite gives them the mode the database file had
             _tighten(self.path.with_name(self.path.name + suffix), file_mode)
 
