@@ -24,6 +24,18 @@ ENV_HOST_ID = "CROSSINTERCOM_HOST_ID"
 ENV_GROUP = "CROSSINTERCOM_GROUP"
 ENV_AS = "CROSSINTERCOM_AS"
 ENV_JSON = "CROSSINTERCOM_JSON"
+ENV_DURABILITY = "CROSSINTERCOM_DURABILITY"
+# What a commit to the host's own SQLite files (inboxes, dedup authority, broker state) survives
+# (docs/operations.md): "normal" a process crash, "full" a power cut too (an fsync per commit).
+DURABILITY_SYNCHRONOUS = {"normal": "NORMAL", "full": "FULL"}
+
+
+def synchronous_pragma(level: str) -> str:
+    """The PRAGMA that sets ``level`` (one of ``DURABILITY_SYNCHRONOUS``'s values)."""
+    if level not in DURABILITY_SYNCHRONOUS.values():
+        raise ValueError(f"synchronous level must be NORMAL or FULL, got {level!r}")
+    return f"PRAGMA synchronous={level}"
+
 
 # AF_UNIX sun_path is 108 bytes on Linux including the terminating NUL.
 MAX_SOCKET_PATH = 107
@@ -65,6 +77,7 @@ class Settings:
     remote_ack_wait_s: float = 5.0
     lease_s: float = 15.0
     max_in_flight: int = 1000
+    durability: str = "normal"
 
     @property
     def socket_path(self) -> Path:
@@ -74,6 +87,11 @@ class Settings:
     def inbox_dir(self) -> Path:
         return self.home / "inbox"
 
+    @property
+    def sqlite_synchronous(self) -> str:
+        """The ``PRAGMA synchronous`` level for the host's own SQLite files."""
+        return DURABILITY_SYNCHRONOUS[self.durability]
+
     def file(self, name: str) -> Path:
         return self.home / name
 
@@ -81,8 +99,11 @@ class Settings:
 _TUNABLES = {
     f.name: f.type
     for f in fields(Settings)
-    if f.name not in {"home", "host_id", "store_url", "group"}
+    if f.name not in {"home", "host_id", "store_url", "group", "durability"}
 }
+
+
+_KNOWN = {*_TUNABLES, "store_url", "host_id", "group", "durability"}
 
 
 def load_settings(env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
@@ -96,10 +117,20 @@ def load_settings(env: Mapping[str, str] | None = None, **overrides: Any) -> Set
     cfg_path = home / "config.json"
     if cfg_path.exists():
         values.update(_read_config(cfg_path))
-    for key, var in (("store_url", ENV_STORE), ("host_id", ENV_HOST_ID), ("group", ENV_GROUP)):
+    for key, var in (
+        ("store_url", ENV_STORE),
+        ("host_id", ENV_HOST_ID),
+        ("group", ENV_GROUP),
+        ("durability", ENV_DURABILITY),
+    ):
         if env.get(var):
             values[key] = env[var]
     values.update({k: v for k, v in overrides.items() if v is not None})
+    if values.get("durability", "normal") not in DURABILITY_SYNCHRONOUS:
+        raise ConfigError(
+            f"invalid durability {values['durability']!r}: use "
+            + " or ".join(repr(k) for k in DURABILITY_SYNCHRONOUS)
+        )
     host_id = values.pop("host_id", None) or default_host_id()
     if not valid_host_id(str(host_id)):
         raise ConfigError(
@@ -125,12 +156,16 @@ def _read_config(path: Path) -> dict[str, Any]:
             if value is not None and not isinstance(value, str):
                 raise ConfigError(f"{path}: {key!r} must be a string")
             out[key] = value
+        elif key == "durability":
+            if not isinstance(value, str):
+                raise ConfigError(f"{path}: 'durability' must be a string")
+            out[key] = value
         elif key in _TUNABLES:
             if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
                 raise ConfigError(f"{path}: {key!r} must be a positive number")
             out[key] = int(value) if _TUNABLES[key] in (int, "int") else float(value)
         else:
             raise ConfigError(
-                f"{path}: unknown setting {key!r}; known: {', '.join(sorted(_TUNABLES))}"
+                f"{path}: unknown setting {key!r}; known: {', '.join(sorted(_KNOWN))}"
             )
     return out

@@ -22,7 +22,9 @@ from typing import Any
 
 import tenacity
 
+from crossintercom.config import Settings, synchronous_pragma
 from crossintercom.models import Message, Receipt
+from crossintercom.runtime import modes
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +80,11 @@ def _open_read_only(path: Path) -> sqlite3.Connection:
 
 def _busy(exc: BaseException) -> bool:
     code = getattr(exc, "sqlite_errorcode", None)
-    return isinstance(exc, sqlite3.OperationalError) and code is not None and code & 0xFF == sqlite3.SQLITE_BUSY
+    return (
+        isinstance(exc, sqlite3.OperationalError)
+        and code is not None
+        and code & 0xFF == sqlite3.SQLITE_BUSY
+    )
 
 
 # Switching a new file to WAL takes an exclusive lock without waiting on the busy handler, so
@@ -90,11 +96,12 @@ def _busy(exc: BaseException) -> bool:
     stop=tenacity.stop_after_delay(5),
     reraise=True,
 )
-def _prepare(db: sqlite3.Connection) -> None:
-    # WAL + NORMAL: a commit survives a process crash (the failure model) with no fsync each.
+def _prepare(db: sqlite3.Connection, synchronous: str) -> None:
+    # WAL + NORMAL (the default): a commit survives a process crash (the failure model) with no
+    # fsync each; FULL adds one, so it survives a power cut too (docs/operations.md).
     if db.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
         db.execute("PRAGMA journal_mode=WAL")
-    db.execute("PRAGMA synchronous=NORMAL")
+    db.execute(synchronous_pragma(synchronous))
     db.executescript(_SCHEMA)
 
 
@@ -102,7 +109,13 @@ class Inbox:
     """Not shared between threads; each process or thread opens its own."""
 
     def __init__(
-        self, directory: Path, session_id: str, file_mode: int = 0o600, *, read_only: bool = False
+        self,
+        directory: Path,
+        session_id: str,
+        file_mode: int = 0o600,
+        *,
+        read_only: bool = False,
+        synchronous: str = "NORMAL",
     ) -> None:
         self.path = directory / f"{session_id}.sqlite"
         if read_only:
@@ -115,9 +128,19 @@ class Inbox:
             self.path.chmod(file_mode)
         else:
             _tighten(self.path, file_mode)
-        _prepare(self._db)
+        _prepare(self._db, synchronous)
         for suffix in ("-wal", "-shm"):  # SQLite gives them the mode the database file had
             _tighten(self.path.with_name(self.path.name + suffix), file_mode)
+
+    @classmethod
+    def of(cls, settings: Settings, session_id: str) -> Inbox:
+        """The session's own inbox on this host, with the host's file mode and durability."""
+        return cls(
+            settings.inbox_dir,
+            session_id,
+            modes(settings)[1],
+            synchronous=settings.sqlite_synchronous,
+        )
 
     @classmethod
     def view(cls, directory: Path, session_id: str) -> Inbox:

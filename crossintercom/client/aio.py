@@ -39,7 +39,7 @@ from crossintercom.models import (
     SendResult,
     SessionInfo,
 )
-from crossintercom.runtime import modes, secure_file
+from crossintercom.runtime import secure_file
 from crossintercom.testhooks import crash_at
 
 log = logging.getLogger(__name__)
@@ -106,7 +106,7 @@ class AsyncClient:
         if self._inbox is None:
             if self.identity is None:
                 raise UsageError("this client has no session, so no inbox")
-            self._inbox = Inbox(self.settings.inbox_dir, self.identity.id, modes(self.settings)[1])
+            self._inbox = Inbox.of(self.settings, self.identity.id)
             secure_file(self.settings, self._inbox.path)
         return self._inbox
 

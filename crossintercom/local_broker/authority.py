@@ -5,10 +5,12 @@ outcome it is about to report, once the write is confirmed. A retry of the same 
 retained outcome instead of a second delivery. Only a keyed HMAC-SHA256 of the canonical payload is
 stored, never message text; the key (``delivered-messages.key``) never leaves the host.
 
-Storage is a private SQLite file in the runtime dir, in WAL mode with ``synchronous=NORMAL``: every
-commit reaches the OS before the call returns, so it survives the process being killed (the failure
-model here), not necessarily a power cut. The connection holds an exclusive lock for its lifetime,
-so a second broker on the same runtime dir fails to open instead of sharing the file unnoticed.
+Storage is a private SQLite file in the runtime dir, in WAL mode with ``synchronous=NORMAL`` by
+default: every commit reaches the OS before the call returns, so it survives the process being
+killed (the failure model here), not necessarily a power cut; ``synchronous="FULL"`` (the
+``durability`` setting ``full``) adds an fsync per commit for that. The connection holds an
+exclusive lock for its lifetime, so a second broker on the same runtime dir fails to open instead
+of sharing the file unnoticed.
 
 Time: record deadlines live on the injected monotonic ``clock``, so wall-clock jumps cannot move
 them inside a process. The wall-clock expiry is persisted as well, so records outlive a restart. On
@@ -21,12 +23,19 @@ Threading: not thread-safe. The broker calls it from its single asyncio thread; 
 short local transaction (no fsync on commit in WAL/NORMAL), cheap enough to run on the loop. Calls
 must never overlap.
 
+Releases are batched: ``release`` forgets the record in memory at once (so the id behaves exactly
+as unknown from then on) and its DELETE rides in the next write transaction, or in
+``flush_released``, which the broker calls a few times a second. A record whose DELETE was lost
+with a killed process comes back on open as the accepted record it was, and only suppresses a
+duplicate a little longer (until its expiry); nothing that a release promised is weakened.
+
 The files themselves (creating, validating, loading, moving aside, and the text of every statement
 on their tables) are ``authority_files``; this module keeps the records in memory and decides.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import json
@@ -39,6 +48,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal
 
+from crossintercom.config import synchronous_pragma
 from crossintercom.errors import CrossintercomError
 from crossintercom.local_broker import authority_files as files
 from crossintercom.local_broker.authority_files import HMAC_HEX_LEN, MAX_OP_ID_LEN
@@ -132,6 +142,7 @@ class DedupAuthority:
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
         file_mode: int = 0o600,
+        synchronous: str = "NORMAL",
     ) -> None:
         """Open the authority in ``runtime_dir``, creating both files if both are absent.
 
@@ -155,6 +166,8 @@ class DedupAuthority:
         self._entries: OrderedDict[str, _Entry] = OrderedDict()
         self._bytes = 0
         self._conn: sqlite3.Connection | None = None
+        # Released ids whose DELETE has not been written yet (see the module docstring).
+        self._released: list[str] = []
 
         self._key, conn, records = files.open_files(
             self._dir, mode=file_mode, ttl=self._ttl, wall=wall, clock=clock
@@ -163,6 +176,11 @@ class DedupAuthority:
             entry = _Entry(r.deadline, r.digest, r.accepted, _record_size(r.op_id, r.outcome))
             self._entries[r.op_id] = entry
             self._bytes += entry.size
+        try:
+            conn.execute(synchronous_pragma(synchronous))
+        except BaseException:
+            conn.close()
+            raise
         self._conn = conn
 
     # -- public API ------------------------------------------------------------------------
@@ -257,9 +275,17 @@ class DedupAuthority:
     def release_many(self, op_ids: Sequence[str]) -> None:
         """``release`` for several ids in one transaction."""
         self._require_open()
-        known = [op_id for op_id in dict.fromkeys(op_ids) if op_id in self._entries]
-        if known:
-            self._drop(known)
+        for op_id in dict.fromkeys(op_ids):
+            entry = self._entries.pop(op_id, None)
+            if entry is not None:
+                self._bytes -= entry.size
+                self._released.append(op_id)
+
+    def flush_released(self) -> None:
+        """Write the DELETEs of released records that no other write has carried yet."""
+        self._require_open()
+        if self._released:
+            self._write(files.DELETE_OP, [])
 
     def sweep(self) -> int:
         """Drop records past their deadline; return how many."""
@@ -272,6 +298,8 @@ class DedupAuthority:
 
     def close(self) -> None:
         if self._conn is not None:
+            with contextlib.suppress(AuthorityUnavailable):
+                self.flush_released()  # else they come back on the next open until they expire
             conn, self._conn = self._conn, None
             conn.close()
 
@@ -307,18 +335,22 @@ class DedupAuthority:
         return outcome
 
     def _write(self, sql: str, params: list[tuple[Any, ...]]) -> None:
-        """Run one statement per parameter tuple as a single transaction.
+        """Run one statement per parameter tuple as a single transaction, after the DELETEs of
+        released records (so a released id reserved again is deleted before it is inserted).
 
         Callers update the in-memory mirror only after this returns, so a failed write leaves
-        memory and file in agreement.
+        memory and file in agreement; released ids stay pending until a write succeeds.
         """
         conn = self._require_open()
+        released = self._released
         try:
-            if len(params) == 1:
+            if len(params) == 1 and not released:
                 conn.execute(sql, params[0])  # autocommit: one statement, one transaction
             else:
                 conn.execute("BEGIN IMMEDIATE")
                 try:
+                    if released:
+                        conn.executemany(files.DELETE_OP, [(op_id,) for op_id in released])
                     conn.executemany(sql, params)
                     conn.execute("COMMIT")
                 except BaseException:
@@ -327,6 +359,7 @@ class DedupAuthority:
                     raise
         except sqlite3.Error as e:
             raise AuthorityUnavailable(f"writing {self._db_path} failed: {e}") from e
+        self._released = []
 
     def _drop(self, op_ids: list[str]) -> None:
         self._write(files.DELETE_OP, [(op_id,) for op_id in op_ids])

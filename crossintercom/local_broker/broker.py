@@ -9,6 +9,7 @@ messages from them (docs/architecture.md).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import sqlite3
@@ -20,7 +21,7 @@ from crossintercom import protocol as p
 from crossintercom.config import Settings
 from crossintercom.errors import Code, ProtocolError
 from crossintercom.local_broker import outcomes
-from crossintercom.local_broker.authority import DedupAuthority
+from crossintercom.local_broker.authority import AuthorityUnavailable, DedupAuthority
 from crossintercom.local_broker.conn import Conn
 from crossintercom.local_broker.delivery import Delivery
 from crossintercom.local_broker.outcomes import Refusal
@@ -333,6 +334,10 @@ class Broker:
                 log.info("idle: exiting")
                 self._stop.set()
                 return
+            # Released dedup records not carried by a later write: one DELETE per tick at most.
+            # A failed one stays pending for the next write; the disk error shows on sends.
+            with contextlib.suppress(AuthorityUnavailable):
+                self.authority.flush_released()
             if now - last_sweep >= self.settings.sweep_interval_s:
                 last_sweep = now
                 self._sweep()

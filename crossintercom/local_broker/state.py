@@ -1,8 +1,9 @@
 """The broker's durable state: known sessions, the offline queue and pending-reply entries.
 
 A private SQLite file (``broker.sqlite``) in the runtime dir, never on a shared filesystem. WAL
-with ``synchronous=NORMAL``: a committed row survives a crash of the broker process, which is
-the failure model the delivery contract is written for; no fsync per message.
+with ``synchronous=NORMAL`` by default: a committed row survives a crash of the broker process,
+which is the failure model the delivery contract is written for; no fsync per message. The
+``durability`` setting ``full`` asks for ``FULL`` (survives a power cut; docs/operations.md).
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from crossintercom.config import synchronous_pragma
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS known_sessions (
@@ -78,14 +81,14 @@ class PendingEntry:
 class BrokerState:
     FILE = "broker.sqlite"
 
-    def __init__(self, home: Path, file_mode: int = 0o600) -> None:
+    def __init__(self, home: Path, file_mode: int = 0o600, *, synchronous: str = "NORMAL") -> None:
         path = home / self.FILE
         fresh = not path.exists()
         self._db = sqlite3.connect(path, isolation_level=None, timeout=30.0)
         if fresh:
             path.chmod(file_mode)
         self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.execute(synchronous_pragma(synchronous))
         self._db.executescript(_SCHEMA)
 
     def close(self) -> None:
