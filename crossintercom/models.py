@@ -9,7 +9,6 @@ is validated once when a frame is decoded and never rebuilt by hand. ``to_dict``
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 import uuid
 from datetime import UTC, datetime
@@ -107,8 +106,14 @@ def fallback_alias(session_id: str) -> str:
     return f"session-{session_id.replace('-', '')[:8]}"
 
 
+# Sorted keys, no spaces, UTF-8 unescaped: byte for byte what ``json.dumps(obj, sort_keys=True,
+# separators=(",", ":"), ensure_ascii=False).encode()`` gives (a unit test holds them equal), so
+# digests and dedup records written before stay valid; msgspec takes a fraction of the time.
+_canonical_encoder = msgspec.json.Encoder(order="sorted")
+
+
 def canonical_json(obj: Any) -> bytes:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    return _canonical_encoder.encode(obj)
 
 
 class _Value(msgspec.Struct, frozen=True):
@@ -157,7 +162,8 @@ class Message(_Value, frozen=True, tag_field="type", tag="message"):
                 "from": self.sender.id,
                 "to": self.to,
                 "message": self.text,
-                "attachments": [a.to_dict() for a in self.attachments],
+                # Encoded as structs: sorted fields, defaults omitted, as their to_dict() has.
+                "attachments": self.attachments,
                 "reply_to": self.reply_to,
                 "expects_reply": self.expects_reply,
             }
