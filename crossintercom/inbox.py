@@ -234,6 +234,19 @@ class Inbox:
         ).fetchone()
         return row is not None
 
+    def received_at(self, message_ids: list[str]) -> dict[str, float]:
+        """When each held message of ``message_ids`` was saved (wall clock), by id."""
+        out: dict[str, float] = {}
+        for start in range(0, len(message_ids), 500):  # SQLite's bound-parameter limit
+            chunk = message_ids[start : start + 500]
+            marks = ",".join("?" * len(chunk))
+            rows = self._db.execute(
+                f"SELECT id, received_at FROM entries WHERE kind = 'message' AND id IN ({marks})",
+                chunk,
+            )
+            out.update((r[0], float(r[1])) for r in rows)
+        return out
+
     def count(self) -> int:
         """How many messages are held (receipts not counted)."""
         row = self._db.execute("SELECT count(*) FROM entries WHERE kind = 'message'").fetchone()

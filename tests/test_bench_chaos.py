@@ -31,13 +31,30 @@ from tests.pgharness import (  # noqa: E402, F401  (fixtures are found by name)
 )
 from tests.soak import clean_env  # noqa: E402
 
-FIGURES = {
-    ("same-host", "send latency p50"),
-    ("same-host", "send latency p99"),
+SAME_HOST = {
+    ("same-host", "one-way p50"),
+    ("same-host", "delivered p50"),
+    ("same-host", "delivered p99"),
     ("same-host", "throughput"),
-    ("cross-host", "send latency p50"),
-    ("cross-host", "send latency p99"),
-    ("cross-host", "throughput"),
+    ("same-host full", "one-way p50"),
+    ("same-host full", "delivered p50"),
+}
+CROSS_METRICS = {
+    "one-way p50",
+    "delivered p50",
+    "delivered p99",
+    "ask -> reply p50",
+    "throughput",
+    "backlog catch-up",
+}
+# Like with like: each metric's pairing.
+PAIRING = {
+    "one-way p50": "one-way",
+    "delivered p50": "round trip",
+    "delivered p99": "round trip",
+    "ask -> reply p50": "round trip",
+    "throughput": "throughput",
+    "backlog catch-up": "throughput",
 }
 
 
@@ -75,33 +92,41 @@ def leftovers(tmp_path: Path) -> list[int]:
     return pids_using_home(tmp_path)
 
 
-def check_bench(report: dict[str, Any], backend: str) -> None:
-    assert report["backend"] == backend
+def check_bench(report: dict[str, Any], backends: list[str]) -> None:
+    assert report["backends"] == backends
     assert report["quick"] is True
     figures = {(f["path"], f["metric"]): f for f in report["figures"]}
-    assert set(figures) == FIGURES
-    for f in figures.values():
+    expected = SAME_HOST | {(f"cross-host {b}", m) for b in backends for m in CROSS_METRICS}
+    assert set(figures) == expected
+    for (_, metric), f in figures.items():
         assert f["crossintercom"] > 0, f
         assert f["baseline"] > 0, f
         assert f["ratio"] > 0, f
         assert f["baseline_is"]
-    cross = [f for (path, _), f in figures.items() if path == "cross-host"]
-    targets = {f["metric"]: (f["target"], f["target_met"]) for f in cross}
-    if backend == "postgres":
-        assert targets["send latency p50"][0] == 1.5
-        assert targets["throughput"][0] == 0.8
-        assert all(isinstance(met, bool) for t, met in targets.values() if t is not None)
-    else:
-        assert all(t is None for t, _ in targets.values())
-    # Every message of every phase came back with an acknowledged outcome.
-    for phase, outcomes in report["details"]["outcomes"].items():
-        assert set(outcomes) <= {"delivered", "queued"}, (phase, outcomes)
+        assert f["pairing"] == PAIRING[metric], f
+        assert f["target_met"] is None if f["target"] is None else isinstance(f["target_met"], bool)
+    targets = {k: f["target"] for k, f in figures.items() if f["target"] is not None}
+    assert targets[("same-host", "one-way p50")] == 2.0
+    assert targets[("cross-host sqlite", "throughput")] == 3.0
+    machine = report["machine"]
+    assert machine["cpus"] >= 1 and machine["python"] and machine["durability"]
+    if "postgres" in backends:
+        assert targets[("cross-host postgres", "delivered p50")] == 2.0
+        assert machine["postgres_server_version"] and machine["postgres_synchronous_commit"]
+        work = report["details"]["store_work"]
+        assert work["delivered"] == work["messages"] > 0
+        assert work["commits_per_message"] >= 0
+        assert work["statements_per_message"] is not None or work["statements_why"]
+    # Every message of every phase came back with an acknowledged outcome (asks: a reply).
+    for backend, phases in report["details"]["outcomes"].items():
+        for phase, outcomes in phases.items():
+            assert set(outcomes) <= {"delivered", "queued", "replied"}, (backend, phase)
 
 
 def test_bench_quick_json(store_args: list[str], short_tmp: Path) -> None:
     proc = run_cli(["bench", "--quick", "--json", *store_args], short_tmp, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    check_bench(json.loads(proc.stdout), "postgres" if store_args else "sqlite")
+    check_bench(json.loads(proc.stdout), ["postgres", "sqlite"] if store_args else ["sqlite"])
     assert list(short_tmp.iterdir()) == []  # temporary dirs removed
     assert leftovers(short_tmp) == []
 

@@ -68,10 +68,10 @@ def demo(as_json: bool) -> None:
     "--store",
     "store_url",
     metavar="URL",
-    help="Benchmark against this store (use a scratch database); default: a temporary SQLite "
-    "file. A postgresql:// store gets the schema if it has none.",
+    help="Benchmark the cross-host paths on this PostgreSQL store too (use a scratch "
+    "database; it gets the schema if it has none); a temporary SQLite file is always measured.",
 )
-@click.option("--quick", is_flag=True, help="Small counts (CI): under ~20 s.")
+@click.option("--quick", is_flag=True, help="Small counts (CI): under a minute.")
 @json_option
 def bench(store_url: str | None, quick: bool, as_json: bool) -> None:
     """Latency and throughput of every path, beside raw baselines measured in the same run."""

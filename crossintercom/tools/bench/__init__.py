@@ -1,21 +1,13 @@
-"""`crossintercom bench`: latency and throughput of every path beside raw baselines.
+"""`crossintercom bench`: every delivery path beside a raw baseline measured in the same run.
 
-Each crossintercom figure is measured in the same run, on the same machine, as a raw baseline
-that does the least work the path could possibly do:
-
-* same-host send (sender -> broker -> live listener, ``delivered``) vs. a length-prefixed JSON
-  frame echoed over a Unix socket by a tiny server thread of our own;
-* cross-host send over the store (two simulated hosts, each its own broker + relay; a sender on
-  alpha, listeners on beta, ``delivered``) vs. a bare INSERT + NOTIFY seen by a LISTEN connection
-  (PostgreSQL), or an INSERT + doorbell file seen by a watchdog observer (SQLite);
-* throughput of both, with several senders and many messages in flight, vs. raw frames/s over a
-  socket and batched insert + claim (``FOR UPDATE SKIP LOCKED`` on PostgreSQL) rows/s.
-
-The ratio targets of the project (cross-host PostgreSQL: latency p50 within 1.5x, throughput at
-least 0.8x of raw) are reported as met / not met; nothing here asserts them. Everything the
-benchmark starts (relays, brokers, listeners, threads, temporary files, its own raw table) is
-stopped or removed before it returns. Run it against a scratch database: it registers two hosts
-(``bench-alpha-*``, ``bench-beta-*``) and their sessions in the store.
+Each raw baseline runs its far end in a process of its own (``rawproc``) and is measured in
+rounds alternated with the crossintercom path it is paired with, like with like: one-way with
+one-way, round trip with round trip, rate with rate (``baselines``, ``paths``, ``rounds``).
+Figures are medians over the rounds, ratios the medians of the per-round ratios, reported
+against issue 9's targets as met / not met; nothing here asserts them. Everything the benchmark
+starts (relays, brokers, listeners, raw processes, temporary files, its own raw table) is stopped
+or removed before it returns. Run it against a scratch database: it registers three hosts
+(``bench-alpha-*``, ``bench-beta-*``, ``bench-gamma-*``) and their sessions in the store.
 """
 
 from crossintercom.tools.bench.report import BenchReport, render

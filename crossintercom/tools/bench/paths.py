@@ -1,5 +1,12 @@
-"""The crossintercom paths the benchmark times: same-host and cross-host sends, one at a time
-(latency) and many in flight from several senders (throughput)."""
+"""The crossintercom paths the benchmark times, through the public client API.
+
+* ``sequential``: one send at a time; each gives its ``delivered`` time (the send's round trip)
+  and its one-way time (send start to the recipient's inbox ``received_at``, one wall clock);
+* ``ask_reply``: one ask at a time, answered by a replier session, until the reply is back;
+* ``throughput``: several senders, many sends in flight, until every inbox holds them all;
+* ``catch_up``: a backlog queued while the recipient host's relay is down, then the time from
+  restarting that relay until every message is saved.
+"""
 
 from __future__ import annotations
 
@@ -7,13 +14,15 @@ import asyncio
 import time
 from collections import Counter
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass, field
 
 from crossintercom.client import AsyncClient
 from crossintercom.errors import CrossintercomError
 from crossintercom.inbox import Inbox
-from crossintercom.tools.bench.workload import Counts, text
+from crossintercom.tools.bench.workload import text
 from crossintercom.tools.harness import SimHost
+
+_SETTLE_S = 60.0
 
 
 def inbox_counter(host: SimHost, name: str) -> Callable[[], int]:
@@ -27,25 +36,74 @@ def inbox_counter(host: SimHost, name: str) -> Callable[[], int]:
     return count
 
 
-async def _latency(client: AsyncClient, target: str, n: int) -> tuple[list[float], Counter[str]]:
-    lat: list[float] = []
-    outcomes: Counter[str] = Counter()
+@dataclass
+class Sequential:
+    delivered: list[float] = field(default_factory=list)
+    one_way: list[float] = field(default_factory=list)
+    outcomes: Counter[str] = field(default_factory=Counter)
+
+
+async def _until(predicate: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + _SETTLE_S
+    while not await asyncio.to_thread(predicate):
+        if time.monotonic() > deadline:
+            raise CrossintercomError(f"{what} within {_SETTLE_S:.0f} s")
+        await asyncio.sleep(0.01)
+
+
+async def sequential(client: AsyncClient, host: SimHost, name: str, n: int) -> Sequential:
+    """``n`` sends to NAME on ``host``, one at a time."""
+    out = Sequential()
+    started: dict[str, float] = {}
     for i in range(n):
-        t0 = time.perf_counter()
-        r = await client.send(target, text(i))
-        lat.append(time.perf_counter() - t0)
-        outcomes[r.outcome.value] += 1
-    return lat, outcomes
+        wall, t0 = time.time(), time.perf_counter()
+        r = await client.send(f"{name}@{host.host_id}", text(i))
+        out.delivered.append(time.perf_counter() - t0)
+        out.outcomes[r.outcome.value] += 1
+        started[r.id] = wall
+
+    def saved() -> dict[str, float]:
+        with host.open_inbox(name) as inbox:
+            return inbox.received_at(list(started))
+
+    # A `queued` send is saved later: wait for every one, so one-way covers them all.
+    await _until(lambda: len(saved()) == len(started), "not every message was saved")
+    out.one_way = [at - started[mid] for mid, at in saved().items()]
+    return out
 
 
-async def _throughput(
+async def ask_reply(asker: AsyncClient, replier: AsyncClient, target: str, n: int) -> Sequential:
+    """``n`` asks to ``target`` (the replier's session), each until its reply is back."""
+
+    async def answer() -> None:
+        while True:
+            incoming = await replier.next_incoming()
+            if incoming is not None and incoming.message is not None:
+                await replier.reply("re", reply_to=incoming.message.id)
+
+    out = Sequential()
+    task = asyncio.create_task(answer())
+    try:
+        for i in range(n):
+            t0 = time.perf_counter()
+            r = await asker.ask(target, text(i), timeout=_SETTLE_S)
+            out.delivered.append(time.perf_counter() - t0)
+            out.outcomes["replied" if r.reply is not None else r.outcome.value] += 1
+    finally:
+        task.cancel()
+    return out
+
+
+async def throughput(
     senders: list[AsyncClient],
-    targets: list[str],
-    inboxes: list[Callable[[], int]],
+    host: SimHost,
+    sinks: list[str],
     total: int,
     window: int,
-) -> tuple[float, Counter[str], float]:
+) -> tuple[float, Counter[str]]:
     """Messages/s from several senders until every recipient's inbox holds them all."""
+    inboxes = [inbox_counter(host, n) for n in sinks]
+    targets = [f"{n}@{host.host_id}" for n in sinks]
     before = [await asyncio.to_thread(f) for f in inboxes]
     outcomes: Counter[str] = Counter()
     per_sender = total // len(senders)
@@ -60,70 +118,40 @@ async def _throughput(
 
         await asyncio.gather(*(one(i) for i in range(per_sender)))
 
-    pairs = [(c, targets[k % len(targets)]) for k, c in enumerate(senders)]
-    expected = Counter(t for _, t in pairs)
+    pairs = [(c, k % len(targets)) for k, c in enumerate(senders)]
+    expected = Counter(k for _, k in pairs)
     t0 = time.perf_counter()
-    await asyncio.gather(*(blast(c, t) for c, t in pairs))
-    sent_s = time.perf_counter() - t0
-    deadline = time.monotonic() + 60
-    while True:
-        now = [await asyncio.to_thread(f) for f in inboxes]
-        if all(
-            n - b >= expected[t] * per_sender for n, b, t in zip(now, before, targets, strict=True)
-        ):
-            break
-        if time.monotonic() > deadline:
-            raise CrossintercomError("not every message reached its recipient within 60 s")
-        await asyncio.sleep(0.01)
-    elapsed = time.perf_counter() - t0
-    return per_sender * len(senders) / elapsed, outcomes, sent_s
+    await asyncio.gather(*(blast(c, targets[k]) for c, k in pairs))
 
-
-async def crossintercom_paths(
-    alpha: SimHost, beta: SimHost, counts: Counts, sinks: list[str]
-) -> dict[str, Any]:
-    """Senders on alpha; the ``sinks`` listen on both hosts (and alpha lists them all online)."""
-    senders = [
-        AsyncClient(alpha.settings, alpha.identity(f"bench-s{k}", cwd="/"))
-        for k in range(counts.senders)
-    ]
-    try:
-        for c in senders:
-            await c.connect()
-        local = [f"{n}@{alpha.host_id}" for n in sinks]
-        remote = [f"{n}@{beta.host_id}" for n in sinks]
-        await _latency(senders[0], local[0], 10)  # warm-up
-        await _latency(senders[0], remote[0], 10)
-        same_lat, same_out = await _latency(senders[0], local[0], counts.same_latency)
-        cross_lat, cross_out = await _latency(senders[0], remote[0], counts.cross_latency)
-
-        same_rate, same_tp_out, _ = await _throughput(
-            senders,
-            local,
-            [inbox_counter(alpha, n) for n in sinks],
-            counts.same_throughput,
-            counts.window,
+    def all_saved() -> bool:
+        return all(
+            f() - b >= expected[k] * per_sender
+            for k, (f, b) in enumerate(zip(inboxes, before, strict=True))
         )
-        cross_rate, cross_tp_out, cross_sent_s = await _throughput(
-            senders,
-            remote,
-            [inbox_counter(beta, n) for n in sinks],
-            counts.cross_throughput,
-            counts.window,
-        )
-    finally:
-        for c in senders:
-            await c.close()
-    return {
-        "same_latency": same_lat,
-        "cross_latency": cross_lat,
-        "same_rate": same_rate,
-        "cross_rate": cross_rate,
-        "outcomes": {
-            "same_latency": dict(same_out),
-            "cross_latency": dict(cross_out),
-            "same_throughput": dict(same_tp_out),
-            "cross_throughput": dict(cross_tp_out),
-        },
-        "cross_throughput_all_answered_s": round(cross_sent_s, 3),
-    }
+
+    await _until(all_saved, "not every message reached its recipient")
+    return per_sender * len(senders) / (time.perf_counter() - t0), outcomes
+
+
+async def catch_up(
+    filler: AsyncClient, host: SimHost, sinks: list[str], total: int, window: int
+) -> tuple[float, Counter[str]]:
+    """Messages/s saved after ``host``'s relay restarts with ``total`` rows queued for it."""
+    inboxes = [inbox_counter(host, n) for n in sinks]
+    before = sum([await asyncio.to_thread(f) for f in inboxes])
+    await asyncio.to_thread(host.stop_relay)
+    gate = asyncio.Semaphore(window)
+    outcomes: Counter[str] = Counter()
+
+    async def one(i: int) -> None:
+        async with gate:
+            r = await filler.send(f"{sinks[i % len(sinks)]}@{host.host_id}", text(i))
+            outcomes[r.outcome.value] += 1
+
+    await asyncio.gather(*(one(i) for i in range(total)))
+    t0 = time.perf_counter()
+    await asyncio.to_thread(host.start_relay)
+    await _until(
+        lambda: sum(f() for f in inboxes) - before >= total, "the backlog was not caught up"
+    )
+    return total / (time.perf_counter() - t0), outcomes

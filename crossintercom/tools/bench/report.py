@@ -1,12 +1,19 @@
-"""The benchmark's figures: crossintercom beside its raw baseline, the ratio, the target."""
+"""The benchmark's figures: crossintercom beside its raw baseline, the ratio, the target.
+
+Public (other outputs build on it): ``Figure``, ``BenchReport`` (``to_dict`` is the ``--json``
+object), ``percentile``, ``median`` and ``render``. A figure's ``ratio`` is the median of the
+per-round ratios in ``ratios`` (each round measures the raw baseline and the path back to back),
+or crossintercom / baseline when there are none; ``crossintercom`` and ``baseline`` are the
+medians of the rounds' values.
+"""
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-LATENCY_TARGET = 1.5  # crossintercom / raw, at most (cross-host PostgreSQL p50)
-THROUGHPUT_TARGET = 0.8  # crossintercom / raw, at least (cross-host PostgreSQL)
+PAIRINGS = ("one-way", "round trip", "throughput")
 
 
 @dataclass
@@ -21,9 +28,14 @@ class Figure:
     target: float | None = None
     ratio: float = 0.0
     target_met: bool | None = None
+    pairing: str = ""  # one of PAIRINGS: like is paired with like
+    ratios: list[float] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self.ratio = self.crossintercom / self.baseline if self.baseline > 0 else float("inf")
+        if self.ratios:
+            self.ratio = statistics.median(self.ratios)
+        else:
+            self.ratio = self.crossintercom / self.baseline if self.baseline > 0 else float("inf")
         if self.target is not None:
             self.target_met = (
                 self.ratio >= self.target if self.higher_is_better else self.ratio <= self.target
@@ -40,6 +52,8 @@ class BenchReport:
     figures: list[Figure] = field(default_factory=list)
     details: dict[str, Any] = field(default_factory=dict)
     elapsed_s: float = 0.0
+    machine: dict[str, Any] = field(default_factory=dict)
+    backends: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -54,16 +68,20 @@ def percentile(samples: list[float], q: float) -> float:
     return ordered[rank - 1]
 
 
+def median(values: list[float]) -> float:
+    return statistics.median(values) if values else 0.0
+
+
 def render(report: BenchReport) -> None:
     from rich.console import Console
     from rich.table import Table
 
     table = Table(
-        title=f"crossintercom bench ({report.backend}: {report.store}; "
+        title=f"crossintercom bench ({', '.join(report.backends) or report.backend}; "
         f"{'quick' if report.quick else 'full'} run, {report.date})"
     )
-    for col in ("path", "metric", "crossintercom", "baseline", "ratio", "target"):
-        table.add_column(col, justify="left" if col in ("path", "metric") else "right")
+    for col in ("path", "metric", "pairing", "crossintercom", "baseline", "ratio", "target"):
+        table.add_column(col, justify="left" if col in ("path", "metric", "pairing") else "right")
     for f in report.figures:
         fmt = "{:,.0f}" if f.unit == "msg/s" else "{:.2f}"
         if f.target is None:
@@ -74,6 +92,7 @@ def render(report: BenchReport) -> None:
         table.add_row(
             f.path,
             f"{f.metric} ({f.unit})",
+            f.pairing,
             fmt.format(f.crossintercom),
             fmt.format(f.baseline),
             f"{f.ratio:.2f}x",
@@ -85,6 +104,8 @@ def render(report: BenchReport) -> None:
     for f in report.figures:
         if f.baseline_is not in seen:
             seen.add(f.baseline_is)
-            console.print(f"  baseline ({f.path} {f.metric.split()[0]}): {f.baseline_is}")
-    console.print(f"  outcomes: {report.details['outcomes']}")
+            console.print(f"  baseline ({f.path} {f.metric}): {f.baseline_is}")
+    for key, value in report.details.items():
+        console.print(f"  {key}: {value}")
+    console.print(f"  machine: {report.machine}")
     console.print(f"  took {report.elapsed_s} s; nothing left running")

@@ -1,91 +1,217 @@
-"""One benchmark run: the store, the raw baselines, two simulated hosts, the figures."""
+"""One benchmark run: the raw far ends, the clusters, the figures and the machine facts.
+
+The cross-host paths run on a temporary SQLite file always, and on PostgreSQL when ``--store``
+names one (a ``sqlite:///`` store replaces the temporary file). Same-host figures are measured
+in the first cluster (PostgreSQL when there is one). See docs/performance.md.
+"""
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
 import os
+import platform
 import secrets
+import sqlite3
+import sys
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import asdict
+from typing import Any
 
-from crossintercom.tools.bench.baseline_store import raw_postgres, raw_sqlite
-from crossintercom.tools.bench.baseline_uds import raw_uds
-from crossintercom.tools.bench.paths import crossintercom_paths
-from crossintercom.tools.bench.report import (
-    LATENCY_TARGET,
-    THROUGHPUT_TARGET,
-    BenchReport,
-    Figure,
-    percentile,
-)
+from crossintercom.tools.bench.baselines import RawPostgres, RawSQLite, RawUDS
+from crossintercom.tools.bench.report import BenchReport, Figure, median
+from crossintercom.tools.bench.rounds import ClusterBench, Rounds
 from crossintercom.tools.bench.workload import Counts
-from crossintercom.tools.common import prepare_store, scratch_dir, utc_now
-from crossintercom.tools.harness import Cluster, SimHost
+from crossintercom.tools.common import Store, prepare_store, scratch_dir, utc_now
+
+UDS_ONE_WAY = "raw Unix socket: bench -> forwarder process -> sink process, one frame at a time"
+UDS_ECHO = "raw Unix socket: bench -> echo process -> bench, one frame at a time"
+UDS_PIPE = "raw Unix socket: 4 clients pipelining 16 frames each through the echo process"
+RAW = {
+    "postgres": {
+        "one_way": "INSERT + NOTIFY in one transaction, until a LISTEN process sees it",
+        "round_trip": "INSERT request + NOTIFY; a responder process claims it, inserts the "
+        "reply and NOTIFYs back in one statement; until the bench's LISTEN sees it",
+        "rate": "batched INSERT (500 rows) + SELECT ... FOR UPDATE SKIP LOCKED + UPDATE, rows/s",
+    },
+    "sqlite": {
+        "one_way": "INSERT in BEGIN IMMEDIATE + doorbell file, until a watchdog process sees it",
+        "round_trip": "INSERT request + doorbell; a watchdog responder process claims it and "
+        "inserts the reply in one transaction and rings back; until a watchdog process sees it",
+        "rate": "one-row write transactions (BEGIN IMMEDIATE, INSERT, COMMIT) per second",
+    },
+}
+# Issue 9's targets: crossintercom / raw at most (latency) or at least (rates).
+TARGETS = {
+    "same_one_way_p50": 2.0,
+    "same_delivered_p50": 2.0,
+    "same_throughput": 0.3,
+    ("postgres", "cross_one_way_p50"): 2.0,
+    ("postgres", "cross_delivered_p50"): 2.0,
+    ("postgres", "cross_throughput"): 0.25,
+    ("postgres", "catch_up"): 0.25,
+    ("sqlite", "cross_one_way_p50"): 2.0,
+    ("sqlite", "cross_throughput"): 3.0,
+}
+STORE_WORK_TARGETS = {"statements_per_message": 8, "commits_per_message": 3}
 
 
-def run_bench(store_url: str | None = None, *, quick: bool = False) -> BenchReport:
+@contextlib.contextmanager
+def _progress(enabled: bool, total: int, took: dict[str, float]) -> Iterator[Callable[[str], None]]:
+    """A progress bar on stderr (stdout stays one JSON object with ``--json``)."""
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    console = Console(stderr=True)
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+        disable=not enabled,
+    ) as bar:
+        task = bar.add_task("bench: starting", total=total)
+        last = [time.perf_counter()]
+
+        def step(what: str) -> None:
+            now = time.perf_counter()
+            took[what] = round(now - last[0], 1)
+            last[0] = now
+            bar.update(task, advance=1, description=f"bench: {what}")
+
+        yield step
+
+
+def _figures(kind: str, rounds: Rounds, same_host: bool) -> list[Figure]:
+    """The figures of one cluster, each from its rounds' (crossintercom, raw) values."""
+
+    def fig(key: str, path: str, metric: str, unit: str, is_: str, pairing: str) -> Figure:
+        pairs = rounds.values[key]
+        higher = unit == "msg/s"
+        return Figure(
+            path,
+            metric,
+            unit,
+            median([ci for ci, _ in pairs]),
+            median([raw for _, raw in pairs]),
+            is_,
+            higher,
+            TARGETS.get(key if same_host and key.startswith(("same", "full")) else (kind, key)),
+            pairing=pairing,
+            ratios=[ci / raw for ci, raw in pairs if raw > 0],
+        )
+
+    out: list[Figure] = []
+    if same_host:
+        out += [
+            fig("same_one_way_p50", "same-host", "one-way p50", "ms", UDS_ONE_WAY, "one-way"),
+            fig("same_delivered_p50", "same-host", "delivered p50", "ms", UDS_ECHO, "round trip"),
+            fig("same_delivered_p99", "same-host", "delivered p99", "ms", UDS_ECHO, "round trip"),
+            fig("same_throughput", "same-host", "throughput", "msg/s", UDS_PIPE, "throughput"),
+            fig("full_one_way_p50", "same-host full", "one-way p50", "ms", UDS_ONE_WAY, "one-way"),
+            fig(
+                "full_delivered_p50",
+                "same-host full",
+                "delivered p50",
+                "ms",
+                UDS_ECHO,
+                "round trip",
+            ),
+        ]
+    raw, path = RAW[kind], f"cross-host {kind}"
+    out += [
+        fig("cross_one_way_p50", path, "one-way p50", "ms", raw["one_way"], "one-way"),
+        fig("cross_delivered_p50", path, "delivered p50", "ms", raw["round_trip"], "round trip"),
+        fig("cross_delivered_p99", path, "delivered p99", "ms", raw["round_trip"], "round trip"),
+        fig("ask_reply_p50", path, "ask -> reply p50", "ms", raw["round_trip"], "round trip"),
+        fig("cross_throughput", path, "throughput", "msg/s", raw["rate"], "throughput"),
+    ]
+    rates = [r for _, r in rounds.values["cross_throughput"]]
+    out.append(
+        Figure(
+            path,
+            "backlog catch-up",
+            "msg/s",
+            rounds.once["catch_up"],
+            median(rates),
+            raw["rate"],
+            True,
+            TARGETS.get((kind, "catch_up")),
+            pairing="throughput",
+        )
+    )
+    return out
+
+
+def _machine(conninfo: str | None) -> dict[str, Any]:
+    facts: dict[str, Any] = {
+        "cpus": os.cpu_count(),
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "sqlite": sqlite3.sqlite_version,
+        "load_average": [round(x, 2) for x in os.getloadavg()],
+        "durability": {"same-host": "normal", "same-host full": "full"},
+        "note": "a shared machine: absolute figures are noisy; the ratios against baselines "
+        "measured in the same run are what count",
+    }
+    if conninfo is not None:
+        import psycopg
+
+        with psycopg.connect(conninfo, autocommit=True) as conn:
+            for name in ("server_version", "synchronous_commit"):
+                row = conn.execute(f"SHOW {name}").fetchone()
+                facts[f"postgres_{name}"] = row[0] if row else None
+    return facts
+
+
+def run_bench(
+    store_url: str | None = None, *, quick: bool = False, progress: bool = True
+) -> BenchReport:
     counts = Counts.for_run(quick)
     started = time.perf_counter()
+    token = secrets.token_hex(2)
     with scratch_dir("ci-bench-") as root:
-        store = prepare_store(store_url, root)
+        stores: list[Store] = []
+        if store_url is not None and store_url.startswith("postgresql"):
+            stores.append(prepare_store(store_url, root))
+            stores.append(prepare_store(None, root))
+        else:
+            stores.append(prepare_store(store_url, root))
+        conninfo = next((s.parsed.libpq_conninfo() for s in stores if s.kind == "postgres"), None)
         report = BenchReport(
-            backend=store.kind,
-            store=store.label,
+            backend=stores[0].kind,
+            store=stores[0].label,
             quick=quick,
             date=utc_now(),
             counts={k: v for k, v in asdict(counts).items() if isinstance(v, int)},
+            machine=_machine(conninfo),
+            backends=[s.kind for s in stores],
         )
-        uds_lat, uds_rate = raw_uds(root, counts)
-        is_pg = store.kind == "postgres"
-        if is_pg:
-            db_lat, db_rate = raw_postgres(store.parsed.libpq_conninfo(), counts)
-            db_lat_is = "INSERT + NOTIFY seen by a LISTEN connection"
-            db_rate_is = "batched INSERT + SELECT ... FOR UPDATE SKIP LOCKED + UPDATE, rows/s"
-        else:
-            path = store.parsed.path
-            assert path is not None
-            # A file of its own beside the store: the raw table never touches the mailbox.
-            raw_path = path.with_name(f"{path.name}.bench-raw-{os.getpid()}")
-            db_lat, db_rate = raw_sqlite(raw_path, counts)
-            db_lat_is = "INSERT + doorbell file seen by a watchdog observer"
-            db_rate_is = "batched INSERT + claim by state + UPDATE, rows/s"
-
-        token = secrets.token_hex(2)
-        sinks = [f"sink{k}" for k in range(counts.receivers)]
-        with Cluster(root, store.url, SimHost) as cluster:
-            alpha, beta = cluster.up(f"bench-alpha-{token}", f"bench-beta-{token}")
-            for host in (alpha, beta):
-                for name in sinks:
-                    host.listen(name)
-            for name in sinks:
-                for host in (alpha, beta):
-                    alpha.wait_sees(name, host.host_id, timeout=60)
-            ci = asyncio.run(crossintercom_paths(alpha, beta, counts, sinks))
-
-        ms = 1000.0
-        uds_is = "length-prefixed JSON frame echoed over a Unix socket (thread)"
-        report.figures = [
-            Figure("same-host", "send latency p50", "ms",
-                   percentile(ci["same_latency"], 50) * ms, percentile(uds_lat, 50) * ms,
-                   uds_is, False),
-            Figure("same-host", "send latency p99", "ms",
-                   percentile(ci["same_latency"], 99) * ms, percentile(uds_lat, 99) * ms,
-                   uds_is, False),
-            Figure("same-host", "throughput", "msg/s", ci["same_rate"], uds_rate,
-                   f"{uds_is}, {counts.senders} pipelined clients", True),
-            Figure("cross-host", "send latency p50", "ms",
-                   percentile(ci["cross_latency"], 50) * ms, percentile(db_lat, 50) * ms,
-                   db_lat_is, False, LATENCY_TARGET if is_pg else None),
-            Figure("cross-host", "send latency p99", "ms",
-                   percentile(ci["cross_latency"], 99) * ms, percentile(db_lat, 99) * ms,
-                   db_lat_is, False),
-            Figure("cross-host", "throughput", "msg/s", ci["cross_rate"], db_rate,
-                   db_rate_is, True, THROUGHPUT_TARGET if is_pg else None),
-        ]  # fmt: skip
-        report.details = {
-            "outcomes": ci["outcomes"],
-            "cross_throughput_all_answered_s": ci["cross_throughput_all_answered_s"],
-            "cpus": os.cpu_count(),
-        }
+        steps = sum(counts.repeats + 3 + (s.kind == "postgres") for s in stores)
+        details: dict[str, Any] = {"outcomes": {}, "step_s": {}}
+        with _progress(progress, steps, details["step_s"]) as step, RawUDS(root) as uds:
+            for k, store in enumerate(stores):
+                bench = ClusterBench(root / store.kind, store.url, store.kind, counts, step, token)
+                (root / store.kind).mkdir()
+                raw: RawPostgres | RawSQLite
+                if store.kind == "postgres":
+                    assert conninfo is not None
+                    raw = RawPostgres(conninfo)
+                else:
+                    path = store.parsed.path
+                    assert path is not None
+                    # A file of its own beside the store: the raw table never touches the mailbox.
+                    raw = RawSQLite(path.with_name(f"{path.name}.bench-raw-{os.getpid()}"))
+                with raw:
+                    step(f"{store.kind} raw baselines ready")
+                    rounds = bench.run(
+                        uds if k == 0 else None, raw, conninfo if store.kind == "postgres" else None
+                    )
+                report.figures += _figures(store.kind, rounds, same_host=k == 0)
+                details["outcomes"][store.kind] = {p: dict(c) for p, c in rounds.outcomes.items()}
+                if rounds.store_work is not None:
+                    details["store_work"] = {**rounds.store_work, "targets": STORE_WORK_TARGETS}
+        report.details = details
     report.elapsed_s = round(time.perf_counter() - started, 1)
     return report

@@ -9,22 +9,24 @@ TEXT_PAD = "x" * 100
 
 @dataclass(frozen=True)
 class Counts:
-    same_latency: int
-    cross_latency: int
-    same_throughput: int
-    cross_throughput: int
-    raw_latency: int
-    raw_rows: int
+    repeats: int  # rounds of every pair (raw, then crossintercom), alternated
+    latency: int  # sequential sends per path per round (raw round trips alike)
+    asks: int
+    throughput: int  # messages per throughput round, over all senders
+    raw_rows: int  # rows per raw batched-claim round
+    raw_tx: int  # one-row SQLite transactions per round
+    backlog: int  # messages queued for the catch-up after a relay restart
     senders: int = 4
     receivers: int = 2
     window: int = 16
     batch: int = 500
+    warm_up: int = 10
 
     @classmethod
     def for_run(cls, quick: bool) -> Counts:
         if quick:
-            return cls(40, 30, 400, 400, 200, 4000)
-        return cls(1000, 500, 5000, 5000, 2000, 50_000)
+            return cls(2, 20, 5, 160, 1000, 50, 150)
+        return cls(5, 300, 100, 3000, 20_000, 1000, 10_000)
 
 
 def text(i: int) -> str:

@@ -1,0 +1,108 @@
+"""Store work per delivered cross-host message, counted by the PostgreSQL server itself.
+
+Commits: the delta of ``pg_stat_database.xact_commit`` for the store's database over a run of
+sequential delivered sends, less what the same relays commit while idle over the same time
+(measured just before), less this module's own reads; divided by the messages. Every transaction
+counts, read-only ones included. Statements: the delta of ``sum(calls)`` in
+``pg_stat_statements`` for the database, when the server has it loaded (it needs
+``shared_preload_libraries`` and so a restart, which the bench never does); else reported as not
+available, with why. The server publishes a backend's counts when it goes idle, at most once a
+second, so each read waits that out first. See docs/performance.md.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import psycopg
+
+# The server flushes a backend's statistics at most once a second once it is idle.
+_FLUSH_S = 1.2
+_IDLE_S = 2.0
+
+
+class StoreCounters:
+    def __init__(self, conninfo: str) -> None:
+        self._conn = psycopg.connect(conninfo, autocommit=True)
+        self.reads = 0
+        row = self._conn.execute(
+            "SELECT setting FROM pg_settings WHERE name = 'shared_preload_libraries'"
+        ).fetchone()
+        loaded = row is not None and "pg_stat_statements" in str(row[0])
+        self.statements_why: str | None = None
+        if loaded:
+            try:
+                self._conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+            except psycopg.Error as exc:
+                loaded, self.statements_why = False, f"pg_stat_statements unusable: {exc}"
+        else:
+            self.statements_why = (
+                "pg_stat_statements is not in shared_preload_libraries (loading it needs a "
+                "server restart, which the bench never does)"
+            )
+        self.statements = loaded
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def read(self) -> tuple[int, int | None]:
+        """(commits, statements or None) of the store's database so far."""
+        self.reads += 1
+        row = self._conn.execute(
+            "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"
+        ).fetchone()
+        commits = int(row[0]) if row else 0
+        statements = None
+        if self.statements:
+            self.reads += 1
+            srow = self._conn.execute(
+                "SELECT coalesce(sum(calls), 0) FROM pg_stat_statements s JOIN pg_database d "
+                "ON d.oid = s.dbid WHERE d.datname = current_database()"
+            ).fetchone()
+            statements = int(srow[0]) if srow else 0
+        return commits, statements
+
+
+async def per_message(
+    conninfo: str,
+    send: Callable[[int], Awaitable[int]],
+    n: int,
+    sleep: Callable[[float], Awaitable[None]],
+) -> dict[str, Any]:
+    """Commits (and statements) per delivered message over ``send(n)``, which returns how many
+    came back ``delivered``."""
+    counters = StoreCounters(conninfo)
+    try:
+        await sleep(_FLUSH_S)
+        c0, s0 = counters.read()
+        t0 = time.monotonic()
+        await sleep(_IDLE_S)
+        c1, s1 = counters.read()
+        t1 = time.monotonic()
+        idle_rate = max(0, c1 - c0 - 1) / (t1 - t0)
+        idle_srate = max(0, (s1 or 0) - (s0 or 0) - 1) / (t1 - t0)
+        delivered = await send(n)
+        await sleep(_FLUSH_S)
+        reads_before = counters.reads
+        c2, s2 = counters.read()
+        t2 = time.monotonic()
+        own = counters.reads - reads_before  # this read's own statements count
+        busy = max(1, delivered)
+        out: dict[str, Any] = {
+            "messages": n,
+            "delivered": delivered,
+            "idle_commits_per_s": round(idle_rate, 2),
+            "commits_per_message": round(max(0.0, c2 - c1 - own - idle_rate * (t2 - t1)) / busy, 2),
+            "statements_per_message": None,
+            "statements_why": counters.statements_why,
+            "how": "pg_stat_database.xact_commit delta (and pg_stat_statements calls when "
+            "loaded) for the store's database, less the idle rate measured just before",
+        }
+        if s2 is not None and s1 is not None:
+            net = s2 - s1 - own - idle_srate * (t2 - t1)
+            out["statements_per_message"] = round(max(0.0, net) / busy, 2)
+        return out
+    finally:
+        counters.close()
