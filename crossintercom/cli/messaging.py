@@ -3,16 +3,24 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import signal
 import sys
 import threading
+from typing import Any
 
 import click
 
 from crossintercom.agents.session import show_lock
 from crossintercom.cli.common import as_options, identity, json_option, one_shot, settings
 from crossintercom.cli.output import emit_json, format_message, result_exit
-from crossintercom.client import MAX_ASK_TIMEOUT_S, Client, Identity, load_attachment
+from crossintercom.client import (
+    MAX_ASK_TIMEOUT_S,
+    Client,
+    Identity,
+    load_attachment,
+    report_shown,
+)
 from crossintercom.config import Settings
 from crossintercom.inbox import Entry, Inbox
 from crossintercom.models import Attachment
@@ -95,7 +103,9 @@ def listen(
         )
     try:
         while not stop.is_set():
-            _show_unshown(cfg, display, ident.id, as_json, skip_resumed=fresh)
+            printed = _show_unshown(cfg, display, ident.id, as_json, skip_resumed=fresh)
+            if printed:
+                client.run(functools.partial(report_shown, bodies=printed))
             client.next_incoming(timeout=0.5)
     finally:
         display.close()
@@ -104,12 +114,17 @@ def listen(
 
 def _show_unshown(
     cfg: Settings, display: Inbox, session_id: str, as_json: bool, *, skip_resumed: bool
-) -> None:
+) -> list[dict[str, Any]]:
+    """Print what was never shown; returns the messages printed (for their ``shown`` receipts)."""
+    printed: list[dict[str, Any]] = []
     with show_lock(cfg, session_id):  # shown once across every surface (docs/agents.md)
         for entry in display.unshown():
             if not (skip_resumed and "resumed" in entry.body.get("flags", ())):
                 _print_entry(entry, as_json)
+                if entry.kind == "message":
+                    printed.append(entry.body)
             display.mark_shown([entry.seq])  # only after the output was flushed
+    return printed
 
 
 def _print_entry(entry: Entry, as_json: bool) -> None:

@@ -127,3 +127,11 @@ class RelayLink:
     def send_local_roster(self) -> None:
         if self.conn is not None:
             self.conn.write(p.LocalRoster(self.registry.local_sessions()))
+
+    def send_receipts(self, receipts: list[p.ReceiptFor]) -> bool:
+        """Receipts for senders on other hosts; False when no relay can carry them."""
+        return self.conn is not None and self.conn.write(p.SendReceipts(receipts))
+
+    def forgotten(self, session_id: str) -> None:
+        if self.conn is not None:
+            self.conn.write(p.SessionForgotten(session_id))

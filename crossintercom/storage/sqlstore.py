@@ -20,6 +20,7 @@ from crossintercom.storage.interface import (
     EnqueueResult,
     HostRow,
     InboundRow,
+    LateReceipt,
     MessageRow,
     OutboundItem,
     ReceiptRow,
@@ -135,6 +136,7 @@ class SqlMailboxStore:
                 "groups": list(s.groups),
                 "durable": s.durable,
                 "online": s.online,
+                "wake": None if s.wake == "every" else s.wake,
             }
             for s in sessions
         ]
@@ -163,6 +165,7 @@ class SqlMailboxStore:
                     groups=tuple(r.groups),
                     durable=r.durable,
                     online=r.online,
+                    wake=r.wake if r.wake in ("asks", "never") else "every",
                 )
                 for r in conn.execute(q.LIST_ROSTER)
             ]
@@ -276,6 +279,50 @@ class SqlMailboxStore:
                 conn.execute(q.DELETE_RECEIPTS, params)
 
         self._run(write)
+
+    def add_receipts(self, host_id: str, generation: int, receipts: Sequence[LateReceipt]) -> int:
+        woken: set[str] = set()
+        rows = [
+            {
+                "sender_host": r.sender_host,
+                "message_id": r.message_id,
+                "recipient_session": r.recipient_session,
+                "recipient_host": host_id,
+                "outcome": r.outcome,
+                "code": r.code,
+                "sender_session": r.sender_session,
+            }
+            for r in receipts
+        ]
+
+        def write(conn: Connection) -> int:
+            woken.clear()
+            if not rows or not self._is_current(conn, host_id, generation):
+                return 0
+            now = utcnow()
+            conn.execute(q.INSERT_LATE_RECEIPTS, [{**row, "created": now} for row in rows])
+            woken.update(r.sender_host for r in receipts)
+            self._notify(conn, woken)
+            return len(rows)
+
+        return self._run(write, after=lambda: self._after_commit(woken))
+
+    def forget_session(self, host_id: str, generation: int, session_id: str) -> int:
+        woken: set[str] = set()
+
+        def write(conn: Connection) -> int:
+            woken.clear()
+            if not self._is_current(conn, host_id, generation):
+                return 0
+            now = utcnow()
+            params = {"host_id": host_id, "session_id": session_id, "finished": now}
+            keys = [(mid, sid) for mid, sid in conn.execute(q.FORGET_DELIVERIES, params)]
+            conn.execute(q.DELETE_ROSTER_SESSION, {"host_id": host_id, "session_id": session_id})
+            if keys:
+                self._write_receipts(conn, keys, now, woken)
+            return len(keys)
+
+        return self._run(write, after=lambda: self._after_commit(woken))
 
     def expire(self) -> int:
         total = 0
