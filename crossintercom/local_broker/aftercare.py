@@ -1,7 +1,8 @@
 """What happens to a message after it was delivered, and to a session after it stops being
 used: ``shown`` receipts for senders, the wake policy, ``forget``, and expiry receipts
 (docs/agents.md). A receipt for a sender on this host is shown to it; one for a sender on
-another host goes through the relay (``send_receipts``), which writes it to the store.
+another host goes through the relay (``send_receipts``), which writes it to the store; while
+no relay is connected it waits in ``broker.sqlite`` for the next one.
 """
 
 from __future__ import annotations
@@ -43,23 +44,26 @@ class Aftercare:
         self.delivery = delivery
         self.relay = relay
 
-    def _tell(self, sender: Peer, receipt: Receipt) -> None:
-        """One receipt for a message's sender: shown here, or carried to its host."""
-        if sender.host == self.host:
-            self.delivery.notify_sender(sender.id, receipt)
-            return
-        if receipt.recipient is None or receipt.outcome not in (Outcome.SHOWN, Outcome.EXPIRED):
-            return
-        outcome: p.HostReceiptOutcome = "shown" if receipt.outcome is Outcome.SHOWN else "expired"
-        item = p.ReceiptFor(receipt.id, receipt.recipient, sender, outcome, receipt.code)
-        if not self.relay.send_receipts([item]):
-            log.info("no relay: receipt not carried", extra={"id": receipt.id})
+    def _tell(self, receipts: list[tuple[Peer, Receipt]]) -> None:
+        """Receipts for messages' senders: shown here, or carried to their hosts together."""
+        remote: list[p.ReceiptFor] = []
+        for sender, receipt in receipts:
+            if sender.host == self.host:
+                self.delivery.notify_sender(sender.id, receipt)
+            elif receipt.recipient is not None:
+                outcome: p.HostReceiptOutcome = (
+                    "shown" if receipt.outcome is Outcome.SHOWN else "expired"
+                )
+                remote.append(
+                    p.ReceiptFor(receipt.id, receipt.recipient, sender, outcome, receipt.code)
+                )
+        self.relay.send_receipts(remote)
 
     def shown(self, conn: Conn, frame: p.Shown) -> None:
         """The session's agent was shown these messages: tell each sender (``shown``)."""
-        assert conn.session_id is not None
-        for item in frame.messages:
-            self._tell(item.sender, Receipt(item.id, Outcome.SHOWN, conn.session_id))
+        sid = conn.session_id
+        assert sid is not None
+        self._tell([(m.sender, Receipt(m.id, Outcome.SHOWN, sid)) for m in frame.messages])
 
     def set_wake(self, conn: Conn, wake: WakePolicy) -> SessionInfo:
         assert conn.session_id is not None
@@ -69,16 +73,16 @@ class Aftercare:
 
     def expired(self, items: list[QueuedItem], code: str = Code.EXPIRED) -> int:
         """Queued messages that will never be collected: an ``expired`` receipt each."""
-        count = 0
+        receipts: list[tuple[Peer, Receipt]] = []
         for item in items:
             if item.kind != "message":
                 continue
-            count += 1
             msg = Message.from_dict(item.body)
             outcome, code_, text = outcome_for_state("expired", code)
-            self._tell(msg.sender, Receipt(msg.id, outcome, item.recipient, code_, text))
+            receipts.append((msg.sender, Receipt(msg.id, outcome, item.recipient, code_, text)))
             log.info("message expired", extra={"id": msg.id, "recipient": item.recipient})
-        return count
+        self._tell(receipts)
+        return len(receipts)
 
     def forget(self, frame: p.Forget) -> p.Forgotten:
         """Drop a known session that is not live: its queued mail expires (code ``forgotten``),
@@ -103,10 +107,16 @@ class Aftercare:
         queued_ids = {i.item_id for i in gone.queued}
         _, code, text = outcome_for_state("expired", Code.FORGOTTEN)
         asks = [e for e in gone.open_asks if e.ask_id not in queued_ids]
-        for entry in asks:
-            # The asker may still wait: it learns no reply will come from this session.
-            receipt = Receipt(entry.ask_id, Outcome.EXPIRED, sid, code, text)
-            self._tell(Peer(entry.asker_id, None, entry.asker_host), receipt)
+        # An asker may still wait: it learns no reply will come from this session.
+        self._tell(
+            [
+                (
+                    Peer(e.asker_id, None, e.asker_host),
+                    Receipt(e.ask_id, Outcome.EXPIRED, sid, code, text),
+                )
+                for e in asks
+            ]
+        )
         self.relay.forgotten(sid)
         self.relay.send_local_roster()
         log.info("session forgotten", extra={"session": sid, "expired": expired})

@@ -45,6 +45,11 @@ CREATE TABLE IF NOT EXISTS pending_replies (
     PRIMARY KEY (ask_id, replier)
 );
 CREATE INDEX IF NOT EXISTS pending_open ON pending_replies (replier, state, created);
+CREATE TABLE IF NOT EXISTS relay_outbox (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    frame TEXT NOT NULL,            -- a broker -> relay frame, as JSON
+    expires REAL NOT NULL
+);
 CREATE TABLE IF NOT EXISTS asks_sent (
     ask_id TEXT PRIMARY KEY,
     asker_id TEXT NOT NULL,
@@ -278,7 +283,26 @@ class BrokerState:
         ).fetchone()
         return None if row is None else str(row[0])
 
+    # --- frames for a relay that is not connected ----------------------------------------------
+
+    def outbox_put(self, frame: str, retention_s: float) -> None:
+        self._db.execute(
+            "INSERT INTO relay_outbox (frame, expires) VALUES (?, ?)",
+            (frame, time.time() + retention_s),
+        )
+
+    def outbox_take(self) -> list[str]:
+        """Every frame kept for the relay, oldest first, removed as it is returned."""
+        with self._db:
+            self._db.execute("BEGIN IMMEDIATE")
+            rows = self._db.execute("SELECT frame FROM relay_outbox ORDER BY seq").fetchall()
+            self._db.execute("DELETE FROM relay_outbox")
+        return [str(r[0]) for r in rows]
+
     def forget_old(self, now: float | None = None) -> None:
+        self._db.execute(
+            "DELETE FROM relay_outbox WHERE expires <= ?", (time.time() if now is None else now,)
+        )
         cutoff = (time.time() if now is None else now) - _REPLY_MEMORY_S
         self._db.execute("DELETE FROM asks_sent WHERE created < ?", (cutoff,))
         self._db.execute(
