@@ -38,6 +38,7 @@ class SessionTools:
         """Choose which new mail wakes you when idle (kept for this session)."""
         async with self.session.operation() as client:
             info = await set_wake(client, policy)
+        self.session.note_wake(info.wake)
         return res.ok(f"Wake policy {info.wake}: {_WAKE_TEXT[info.wake]}.", {"wake": info.wake})
 
     @guarded

@@ -212,6 +212,10 @@ class AgentSession:
         self._wake = (loop.time(), policy)
         return policy
 
+    def note_wake(self, policy: WakePolicy) -> None:
+        """This process just set the policy: no need to ask the broker for it."""
+        self._wake = (asyncio.get_running_loop().time(), policy)
+
     async def woken(self) -> bool:
         """Unseen mail that wakes the session under its policy is there."""
         pending = unseen(self.inbox)
