@@ -51,6 +51,11 @@ class RateLimiter:
         ]:
             del self._seen[sender]
 
+    @property
+    def senders(self) -> int:
+        """How many senders are remembered (bounded: idle ones are pruned)."""
+        return len(self._seen)
+
     def why(self) -> str:
         return (
             f"this sender sent more than {self.count} messages in {self.window_s:g} s (the "

@@ -51,7 +51,10 @@ class RelayLink:
         self.store_status = store_status
         self.send_local_roster()
         for raw in self.registry.state.outbox_take():
-            conn.write(_kept.decode(raw))
+            frame = _kept.decode(raw)
+            if isinstance(frame, p.SessionForgotten) and self.registry.is_local(frame.session):
+                continue  # the name was used again since: its new mail must not expire
+            conn.write(frame)
 
     def detach(self, conn: Conn) -> None:
         if conn is not self.conn:

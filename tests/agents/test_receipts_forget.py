@@ -38,7 +38,7 @@ def test_hook_wakes_within_a_second_and_the_sender_sees_delivered_then_shown(
     """The issue's "done means": a claude-hook waiter on B exits 2 with the framed message
     soon after a send from A; A's sender sees `delivered`, then a `shown` receipt."""
     a, b = cluster.up("A", "B")
-    planner = a.listen("planner")
+    planner = a.listen("planner", "--shown-receipts")
     proc = hook(b.env, CLAUDE_STOP, "--as", "worker", "--format", "claude-hook", "--timeout", "60")
     waiting(proc, b.home)
     a.wait_sees("worker", "B")
@@ -55,7 +55,8 @@ def test_hook_wakes_within_a_second_and_the_sender_sees_delivered_then_shown(
     assert shown["recipient"] == b.session_id("worker")
     assert shown["host"] == "B"
     # The receipt is in the sender's transcript too, exactly once.
-    transcript = a.cli_json("inbox", "--as", "planner")
+    assert all(r["type"] == "message" for r in a.cli_json("inbox", "--as", "planner"))
+    transcript = a.cli_json("inbox", "--as", "planner", "--shown-receipts")
     assert [(r["id"], r["outcome"]) for r in transcript if r["type"] == "receipt"] == [
         (sent["id"], "shown")
     ]
@@ -65,7 +66,7 @@ def test_nothing_shown_means_no_shown_receipt(cluster: Cluster) -> None:
     """Saved is not seen: a message delivered to a waiter that timed out without showing it
     gets no `shown` receipt until a surface shows it."""
     a, b = cluster.up("A", "B")
-    planner = a.listen("planner")
+    planner = a.listen("planner", "--shown-receipts")
     b.cli("wait", "--as", "worker", "--timeout", "0")  # worker is known on B
     a.wait_sees("worker", "B", online=False)
     sent = a.cli_json("send", "--as", "planner", "--to", "worker", "read me later")
@@ -115,7 +116,7 @@ def test_forget_expires_queued_mail_with_receipts_and_leaves_the_roster(
     cluster: Cluster,
 ) -> None:
     a, b = cluster.up("A", "B")
-    planner = a.listen("planner")
+    planner = a.listen("planner", "--shown-receipts")
     b.cli("wait", "--as", "worker", "--timeout", "0")  # worker becomes a known session on B
     a.wait_sees("worker", "B", online=False)
     queued = a.cli_json("send", "--as", "planner", "--to", "worker", "for later")
@@ -152,7 +153,7 @@ def test_forget_while_the_relay_is_down_reaches_the_store_when_it_returns(
     """What forget owes other hosts (the waiting asker's receipt, expiring the rows the store
     still queues for NAME) waits in the broker until a relay connects."""
     a, b = cluster.up("A", "B")
-    planner = a.listen("planner")
+    planner = a.listen("planner", "--shown-receipts")
     worker = b.listen("worker")
     a.wait_sees("worker", "B")
     ask = a.cli_json(
