@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Collection, Sequence
+from dataclasses import asdict
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -282,28 +283,16 @@ class SqlMailboxStore:
 
     def add_receipts(self, host_id: str, generation: int, receipts: Sequence[LateReceipt]) -> int:
         woken: set[str] = set()
-        rows = [
-            {
-                "sender_host": r.sender_host,
-                "message_id": r.message_id,
-                "recipient_session": r.recipient_session,
-                "recipient_host": host_id,
-                "outcome": r.outcome,
-                "code": r.code,
-                "sender_session": r.sender_session,
-            }
-            for r in receipts
-        ]
 
         def write(conn: Connection) -> int:
             woken.clear()
-            if not rows or not self._is_current(conn, host_id, generation):
+            if not receipts or not self._is_current(conn, host_id, generation):
                 return 0
-            now = utcnow()
-            conn.execute(q.INSERT_LATE_RECEIPTS, [{**row, "created": now} for row in rows])
+            extra = {"recipient_host": host_id, "created": utcnow()}
+            conn.execute(q.INSERT_LATE_RECEIPTS, [asdict(r) | extra for r in receipts])
             woken.update(r.sender_host for r in receipts)
             self._notify(conn, woken)
-            return len(rows)
+            return len(receipts)
 
         return self._run(write, after=lambda: self._after_commit(woken))
 
