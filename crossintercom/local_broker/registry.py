@@ -115,9 +115,6 @@ class Registry:
     def set_remote(self, sessions: list[SessionInfo]) -> None:
         self.remote = {s.id: s for s in sessions if s.host != self.host}
 
-    def find_local(self, session_id: str) -> SessionInfo | None:
-        return next((s for s in self.local_sessions() if s.id == session_id), None)
-
     def sender_online(self, sender: Peer) -> bool:
         if sender.host == self.host:
             return sender.id in self.live
