@@ -174,7 +174,10 @@ class Tools:
         without the answer; a late answer arrives in your inbox."""
         async with self.session.operation() as client:
             result = await client.ask(to, message, timeout=timeout_s)
-        return res.ask_outcome(result, to, timeout_s, self.name)
+        answer = res.ask_outcome(result, to, timeout_s, self.name)
+        if result.reply is not None:  # the tool result shows the reply to the model
+            self.session.report_shown([result.reply])
+        return answer
 
     @guarded
     async def reply(

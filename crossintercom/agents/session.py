@@ -32,7 +32,7 @@ from crossintercom.client import AsyncClient, Identity, shown_frame
 from crossintercom.config import Settings
 from crossintercom.errors import CrossintercomError, RemoteError
 from crossintercom.inbox import Entry, Inbox
-from crossintercom.models import WakePolicy
+from crossintercom.models import Message, WakePolicy
 from crossintercom.runtime import apply_mode, ensure_runtime_dir, modes, secure_file
 
 log = logging.getLogger(__name__)
@@ -180,9 +180,9 @@ class AgentSession:
     def owner(self) -> bool:
         return not self.client.attached
 
-    def report_shown(self, entries: list[Entry]) -> None:
+    def report_shown(self, shown: list[Entry] | list[Message]) -> None:
         """``shown`` receipts for their senders: a notice, skipped while the broker is away."""
-        frame = shown_frame(e.body for e in entries)
+        frame = shown_frame(m.body if isinstance(m, Entry) else m.to_dict() for m in shown)
         if frame is not None:
             self.client.post(frame)
 

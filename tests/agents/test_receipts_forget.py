@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from crossintercom.models import durable_session_id
 from tests.agents.conftest import (
     CLAUDE_STOP,
     Cluster,
@@ -20,7 +21,7 @@ from tests.agents.conftest import (
     wait_for,
     waiting,
 )
-from tests.conftest import Listener
+from tests.conftest import Listener, settings_for
 
 
 def receipt(listener: Listener, outcome: str, timeout: float = 30) -> dict[str, Any]:
@@ -175,3 +176,35 @@ def test_forget_while_the_relay_is_down_reaches_the_store_when_it_returns(
 
 def _queued_on(host: Host) -> int:
     return int(host.cli_json("status")["broker"].get("queued", 0))
+
+
+def test_a_reply_returned_by_the_mcp_ask_tool_counts_as_shown(
+    cli_env: dict[str, str], runtime_home: Path
+) -> None:
+    asyncio.run(_mcp_ask_shown(cli_env, runtime_home))
+
+
+async def _mcp_ask_shown(env: dict[str, str], home: Path) -> None:
+    async with (
+        mcp_server(env, "planner") as (planner, _),
+        mcp_server(env, "worker") as (
+            worker,
+            _,
+        ),
+    ):
+        await until(lambda: online(home, "worker"), 30, "the worker's MCP server")
+        asking = asyncio.create_task(planner.data("ask", to="worker", message="ok?", timeout_s=60))
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 30
+        while not (got := (await worker.data("inbox"))["messages"]):
+            assert loop.time() < deadline, "the ask never reached the worker"
+            await asyncio.sleep(0.1)
+        replied = await worker.data("reply", message="yes", reply_to=got[0]["id"])
+        answer = await asyncio.wait_for(asking, 60)
+        assert answer["reply"]["id"] == replied["id"]
+        while not (found := (await worker.data("receipts", message_id=replied["id"]))["receipts"]):
+            assert loop.time() < deadline + 30, "the replier got no shown receipt"
+            await asyncio.sleep(0.1)
+        assert [(r["outcome"], r["recipient"]) for r in found] == [
+            ("shown", durable_session_id(settings_for(env).host_id, "planner"))
+        ]
