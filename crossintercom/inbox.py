@@ -78,7 +78,11 @@ def _open_read_only(path: Path) -> sqlite3.Connection:
 
 def _busy(exc: BaseException) -> bool:
     code = getattr(exc, "sqlite_errorcode", None)
-    return isinstance(exc, sqlite3.OperationalError) and code is not None and code & 0xFF == sqlite3.SQLITE_BUSY
+    return (
+        isinstance(exc, sqlite3.OperationalError)
+        and code is not None
+        and code & 0xFF == sqlite3.SQLITE_BUSY
+    )
 
 
 # Switching a new file to WAL takes an exclusive lock without waiting on the busy handler, so
