@@ -77,6 +77,11 @@ class Settings:
     remote_ack_wait_s: float = 5.0
     lease_s: float = 15.0
     max_in_flight: int = 1000
+    # Per-sender rate limit (docs/agents.md#policy): at most this many messages per sender in
+    # any window of rate_limit_window_s, checked by the sender's broker and again by the
+    # recipient's for mail from other hosts.
+    rate_limit_count: int = 300
+    rate_limit_window_s: float = 60.0
     durability: str = "normal"
 
     @property

@@ -147,6 +147,15 @@ class Inbox:
         """Read a session's inbox (another process may own it) without creating or writing it."""
         return cls(directory, session_id, read_only=True)
 
+    @classmethod
+    def remove(cls, directory: Path, session_id: str) -> bool:
+        """Delete a session's inbox file (``forget``); True if there was one."""
+        path = directory / f"{session_id}.sqlite"
+        existed = path.exists()
+        for p in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+            p.unlink(missing_ok=True)
+        return existed
+
     def close(self) -> None:
         self._db.close()
 

@@ -7,7 +7,8 @@ Figures are medians over the rounds, ratios the medians of the per-round ratios,
 against issue 9's targets as met / not met; nothing here asserts them. Everything the benchmark
 starts (relays, brokers, listeners, raw processes, temporary files, its own raw table) is stopped
 or removed before it returns. Run it against a scratch database: it registers three hosts
-(``bench-alpha-*``, ``bench-beta-*``, ``bench-gamma-*``) and their sessions in the store.
+(``bench-alpha-*``, ``bench-beta-*``, ``bench-gamma-*``) and their sessions in the store; the
+per-sender rate limit is lifted on those hosts (bulk senders, not agents in a loop).
 """
 
 from crossintercom.tools.bench.report import BenchReport, render

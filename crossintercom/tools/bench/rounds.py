@@ -22,7 +22,7 @@ from crossintercom.tools.bench import paths
 from crossintercom.tools.bench.baselines import RawPostgres, RawSQLite, RawUDS
 from crossintercom.tools.bench.report import percentile
 from crossintercom.tools.bench.workload import Counts
-from crossintercom.tools.harness import Cluster, SimHost
+from crossintercom.tools.harness import BULK_SENDER, Cluster, SimHost
 
 MS = 1000.0
 
@@ -71,8 +71,10 @@ class ClusterBench:
 
     def _up(self, cluster: Cluster[SimHost]) -> list[SimHost]:
         hosts = [cluster.host(h, relay=False) for h in self.ids]
+        for h in hosts[:2]:
+            h.configure(**BULK_SENDER)
         (hosts[2].home / "config.json").write_text(
-            json.dumps({"durability": "full", "remote_ack_wait_s": 0.01})
+            json.dumps({**BULK_SENDER, "durability": "full", "remote_ack_wait_s": 0.01})
         )
         for h in hosts:
             h.start_relay(wait=False)
