@@ -72,14 +72,17 @@ def demo(as_json: bool) -> None:
     "database; it gets the schema if it has none); a temporary SQLite file is always measured.",
 )
 @click.option("--quick", is_flag=True, help="Small counts (CI): under a minute.")
+@click.option(
+    "--scale", is_flag=True, help="Also one broker with 1,000 sessions (200 with --quick)."
+)
 @json_option
-def bench(store_url: str | None, quick: bool, as_json: bool) -> None:
+def bench(store_url: str | None, quick: bool, scale: bool, as_json: bool) -> None:
     """Latency and throughput of every path, beside raw baselines measured in the same run."""
     import json
 
     from crossintercom.tools.bench import render, run_bench
 
-    report = run_bench(store_url, quick=quick)
+    report = run_bench(store_url, quick=quick, scale=scale)
     if as_json:
         click.echo(json.dumps(report.to_dict()))
     else:

@@ -166,8 +166,13 @@ def _machine(conninfo: str | None) -> dict[str, Any]:
 
 
 def run_bench(
-    store_url: str | None = None, *, quick: bool = False, progress: bool = True
+    store_url: str | None = None,
+    *,
+    quick: bool = False,
+    progress: bool = True,
+    scale: bool = False,
 ) -> BenchReport:
+    """Every figure; with ``scale`` also one broker with many sessions (``bench.scale``)."""
     counts = Counts.for_run(quick)
     started = time.perf_counter()
     token = secrets.token_hex(2)
@@ -188,7 +193,7 @@ def run_bench(
             machine=_machine(conninfo),
             backends=[s.kind for s in stores],
         )
-        steps = sum(counts.repeats + 3 + (s.kind == "postgres") for s in stores)
+        steps = sum(counts.repeats + 3 + (s.kind == "postgres") for s in stores) + scale
         details: dict[str, Any] = {"outcomes": {}, "step_s": {}}
         with _progress(progress, steps, details["step_s"]) as step, RawUDS(root) as uds:
             for k, store in enumerate(stores):
@@ -212,6 +217,18 @@ def run_bench(
                 details["outcomes"][store.kind] = {p: dict(c) for p, c in rounds.outcomes.items()}
                 if rounds.store_work is not None:
                     details["store_work"] = {**rounds.store_work, "targets": STORE_WORK_TARGETS}
+            if scale:
+                from crossintercom.tools.bench.scale import scale_figures
+
+                (root / "scale").mkdir()
+                figures, details["scale"] = scale_figures(
+                    root / "scale",
+                    stores[-1].url,
+                    sessions=counts.scale_sessions,
+                    sends=counts.latency,
+                )
+                report.figures += figures
+                step("scale")
         report.details = details
     report.elapsed_s = round(time.perf_counter() - started, 1)
     return report

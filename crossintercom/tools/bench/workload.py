@@ -16,6 +16,7 @@ class Counts:
     raw_rows: int  # rows per raw batched-claim round
     raw_tx: int  # one-row SQLite transactions per round
     backlog: int  # messages queued for the catch-up after a relay restart
+    scale_sessions: int  # sessions on one broker for --scale
     senders: int = 4
     receivers: int = 2
     window: int = 16
@@ -25,8 +26,8 @@ class Counts:
     @classmethod
     def for_run(cls, quick: bool) -> Counts:
         if quick:
-            return cls(2, 20, 5, 160, 1000, 50, 150)
-        return cls(5, 300, 100, 3000, 20_000, 1000, 10_000)
+            return cls(2, 20, 5, 160, 1000, 50, 150, 200)
+        return cls(5, 300, 100, 3000, 20_000, 1000, 10_000, 1000)
 
 
 def text(i: int) -> str:
