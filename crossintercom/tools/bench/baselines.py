@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import secrets
 import select
 import sqlite3
@@ -38,21 +39,26 @@ class RawProc:
     def __init__(self, role: str, *args: str) -> None:
         self.role = role
         self.proc = subprocess.Popen(
-            [*_RAWPROC, role, *args],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
+            [*_RAWPROC, role, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0
         )
+        # Lines read off the raw pipe by hand: a buffered reader could hold a second line that
+        # select() then no longer sees.
+        self._pending = b""
         if self._line() != "ready":
             self.stop()
             raise CrossintercomError(f"the raw {role} process did not start")
 
     def _line(self) -> str:
         assert self.proc.stdout is not None
-        ready, _, _ = select.select([self.proc.stdout], [], [], _WAIT_S)
-        if not ready:
-            raise CrossintercomError(f"the raw {self.role} process said nothing in {_WAIT_S} s")
-        return self.proc.stdout.readline().strip()
+        fd = self.proc.stdout.fileno()
+        while b"\n" not in self._pending:
+            ready, _, _ = select.select([fd], [], [], _WAIT_S)
+            chunk = os.read(fd, 4096) if ready else b""
+            if not chunk:
+                raise CrossintercomError(f"the raw {self.role} process said nothing more")
+            self._pending += chunk
+        line, _, self._pending = self._pending.partition(b"\n")
+        return line.decode().strip()
 
     def arrival(self) -> float:
         """The wall-clock time of the next arrival it reports."""
