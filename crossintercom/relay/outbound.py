@@ -109,7 +109,15 @@ class Outbound:
     async def _resolve_in_doubt(
         self, items: list[OutboundItem]
     ) -> list[EnqueueResult | InDoubtEnqueue]:
-        """The commit's fate is unknown: read the rows by id once the store answers again."""
+        """The commit's fate is unknown: settle it by enqueueing the same rows again.
+
+        Reading the rows by id is not enough: the lost COMMIT may still be on its way to the
+        server (held in a network buffer), so "no row yet" does not mean "never". Enqueue is
+        idempotent, and its inserts wait on the uniqueness of the message id for the old
+        transaction to end: if that commits, ours finds its rows; if it aborts, ours writes
+        them. Either way the message is stored and the answer is definite, never ``not_sent``
+        (docs/reliability.md). While the store stays unreachable the answer is ``unknown``.
+        """
         relay = self.relay
         retrying = tenacity.AsyncRetrying(
             wait=tenacity.wait_exponential(multiplier=0.2, max=5),
@@ -117,25 +125,20 @@ class Outbound:
             retry=tenacity.retry_if_exception_type(StoreError),
             reraise=True,
         )
-        out: list[EnqueueResult | InDoubtEnqueue] = []
         try:
             async for attempt in retrying:
                 with attempt:
-                    out = []
-                    for it in items:
-                        row = await relay.store_call(relay.store.get_message, it.message_id)
-                        state = None if row is None else row.states.get(it.recipient_session)
-                        if state is None:
-                            out.append(
-                                InDoubtEnqueue(it.message_id, it.recipient_session, "absent")
-                            )
-                        else:
-                            out.append(
-                                EnqueueResult(it.message_id, it.recipient_session, state, False)
-                            )
+                    found: list[EnqueueResult | InDoubtEnqueue] = list(
+                        await relay.store_call(relay.store.enqueue, items)
+                    )
+                    log.info(
+                        "in-doubt commit settled by enqueueing again",
+                        extra={"ids": sorted({it.message_id for it in items})[:10]},
+                    )
+                    return found
         except StoreError:
-            return [InDoubtEnqueue(it.message_id, it.recipient_session, "in_doubt") for it in items]
-        return out
+            pass
+        return [InDoubtEnqueue(it.message_id, it.recipient_session, "in_doubt") for it in items]
 
     async def _settle(
         self, fwd: _Forward, results: dict[tuple[str, str], EnqueueResult | InDoubtEnqueue]
@@ -159,21 +162,14 @@ class Outbound:
         wait: asyncio.Future[ReceiptRow],
         deadline: float,
     ) -> Receipt:
-        if res is None or (isinstance(res, InDoubtEnqueue) and res.resolution == "in_doubt"):
+        if res is None or isinstance(res, InDoubtEnqueue):
+            # Never not_sent here: a lost COMMIT may still land (see _resolve_in_doubt).
             return Receipt(
                 msg_id,
                 Outcome.UNKNOWN,
                 sid,
                 Code.STORE_IN_DOUBT,
                 "the store connection dropped during commit",
-            )
-        if isinstance(res, InDoubtEnqueue):  # absent: the commit did not land
-            return Receipt(
-                msg_id,
-                Outcome.NOT_SENT,
-                sid,
-                Code.STORE_UNAVAILABLE,
-                "the commit did not land; nothing was sent",
             )
         if res.code is not None:
             return Receipt(msg_id, Outcome.REFUSED, sid, res.code)
