@@ -48,6 +48,8 @@ class Code(StrEnum):
     ALREADY_REPLIED = "already_replied"
     ASKER_GONE = "asker_gone"
     BAD_MESSAGE = "bad_message"
+    # A store row whose sender is not one its writing host may use (docs/operations.md).
+    FORGED_SENDER = "forged_sender"
     UNDELIVERABLE = "undeliverable"
     ID_CONFLICT = "id_conflict"
     REFUSED = "refused"

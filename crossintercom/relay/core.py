@@ -24,6 +24,8 @@ class RelayCore:
         self.generation = 0
         self.client: AsyncClient | None = None
         self.local_sessions: list[SessionInfo] = []
+        # The other hosts' sessions, from the roster (who may send as which session id).
+        self.remote_sessions: list[SessionInfo] = []
         self.stopping = asyncio.Event()
         self._tasks: set[asyncio.Task[Any]] = set()
 

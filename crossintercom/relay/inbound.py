@@ -14,6 +14,7 @@ from typing import Final
 from crossintercom import protocol as p
 from crossintercom.errors import Code, StoreError
 from crossintercom.models import Message, Outcome
+from crossintercom.relay import screening
 from crossintercom.relay.core import RelayCore
 from crossintercom.relay.outbound import Outbound, receipt_of
 from crossintercom.storage import Ack, InboundRow
@@ -25,6 +26,7 @@ INBOUND_BATCH: Final = 500
 # A row the recipient's broker answered for but could not hand over this many times is marked
 # refused ("undeliverable") rather than retried forever.
 MAX_HANDOVER_ATTEMPTS: Final = 5
+STORE_LIMIT_TTL_S: Final = 30.0
 
 
 class Inbound:
@@ -33,6 +35,16 @@ class Inbound:
         self.outbound = outbound
         self.wake = asyncio.Event()
         self._failed_handovers: Counter[tuple[str, str]] = Counter()
+        # The store-wide message size limit, re-read now and then (an operator may change it).
+        self._store_limit = relay.settings.max_message_bytes
+        self._store_limit_read = -STORE_LIMIT_TTL_S
+
+    async def _refresh_store_limit(self) -> None:
+        now = time.monotonic()
+        if now - self._store_limit_read < STORE_LIMIT_TTL_S:
+            return
+        limits = await self.relay.store_call(self.relay.store.settings)
+        self._store_limit, self._store_limit_read = limits.max_message_bytes, now
 
     def watch_store(self, loop: asyncio.AbstractEventLoop) -> None:
         """Thread: block on the store's wake-up channel and poke the event loop."""
@@ -70,12 +82,14 @@ class Inbound:
         local_ids = [s.id for s in relay.local_sessions]
         if not local_ids or relay.client is None or not relay.client.connected.is_set():
             return False
+        await self._refresh_store_limit()
         rows = await relay.store_call(
             relay.store.fetch_inbound,
             relay.host,
             relay.generation,
             limit=INBOUND_BATCH,
             session_ids=local_ids,
+            max_payload=relay.settings.max_frame_bytes,
         )
         if not rows:
             return False
@@ -100,16 +114,30 @@ class Inbound:
         assert client is not None
         acks: list[Ack] = []
         sendable: list[tuple[InboundRow, Message]] = []
+        relay = self.relay
+        claimed = screening.claims(relay.host, relay.local_sessions, relay.remote_sessions)
         for row in rows:
-            try:
-                sendable.append((row, Message.from_dict(row.payload)))
-            except ValueError as exc:
-                # A row no broker could read is refused once, not retried forever.
-                log.warning(
-                    "inbound row refused: bad payload",
-                    extra={"id": row.message_id, "error": str(exc)},
-                )
-                acks.append(Ack(row.message_id, row.recipient_session, "refused", Code.BAD_MESSAGE))
+            checked = screening.screen(
+                row,
+                host=relay.host,
+                max_message_bytes=self._store_limit,
+                max_frame_bytes=relay.settings.max_frame_bytes,
+                claimed=claimed,
+            )
+            if isinstance(checked, Message):
+                sendable.append((row, checked))
+                continue
+            # Refused once (the ack finishes the row), so it neither loops nor blocks the rows
+            # behind it.
+            log.warning(
+                "inbound row %s from %s refused (%s): %s",
+                row.message_id,
+                row.sender_host,
+                checked.code,
+                checked.reason,
+                extra={"id": row.message_id, "code": checked.code, "error": checked.reason},
+            )
+            acks.append(Ack(row.message_id, row.recipient_session, "refused", checked.code))
         # The broker answers within its ack timeout; past that (a stuck broker) the row stays
         # queued and is handed over again next round instead of hanging this host's inbound.
         answer_wait = self.relay.settings.ack_timeout_s * 2 + 5.0

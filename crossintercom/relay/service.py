@@ -71,7 +71,6 @@ def hold_relay_lock(settings: Settings) -> int:
 class Relay(RelayCore):
     def __init__(self, settings: Settings, store: MailboxStore) -> None:
         super().__init__(settings, store)
-        self.remote_sessions: list[SessionInfo] = []
         self.leases = LeaseTracker(settings.lease_s)
         self.outbound = Outbound(self)
         self.inbound = Inbound(self, self.outbound)

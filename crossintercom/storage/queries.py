@@ -20,6 +20,8 @@ from sqlalchemy import (
     TextClause,
     Update,
     bindparam,
+    case,
+    cast,
     delete,
     exists,
     func,
@@ -167,20 +169,30 @@ MESSAGE_STATES: Select[str, DeliveryState] = select(
 ).where(deliveries.c.message_id == bindparam("message_id"))
 
 
-@cache
-def inbound(*, by_session: bool, skip_locked: bool) -> Select[int, str, str, Any, str]:
-    """Queued rows for one host, by state and in seq order, only for its current generation.
+# The payload as its stored text: decoded by the caller row by row, so one row that is not
+# JSON (a stray writer on SQLite) is refused alone instead of failing the whole read.
+_PAYLOAD_TEXT = cast(messages.c.payload, Text)
 
-    Params: host_id, generation, limit, and session_ids (a list) when ``by_session``. Never
-    ``seq > cursor``: sequences commit out of order, so a cursor would skip late commits.
+
+@cache
+def inbound(*, by_session: bool, skip_locked: bool) -> Select[int, str, str, str | None, str, int]:
+    """Queued rows for one host, by state and in seq order, only for its current generation:
+    seq, message_id, recipient_session, payload text (NULL when over ``:max_payload``
+    characters, so an oversized row costs no memory), sender_host, payload length.
+
+    Params: host_id, generation, limit, max_payload, and session_ids (a list) when
+    ``by_session``. Never ``seq > cursor``: sequences commit out of order, so a cursor would
+    skip late commits.
     """
+    length = func.length(_PAYLOAD_TEXT)
     stmt = (
         select(
             deliveries.c.seq,
             deliveries.c.message_id,
             deliveries.c.recipient_session,
-            messages.c.payload,
+            case((length <= bindparam("max_payload"), _PAYLOAD_TEXT), else_=None),
             messages.c.sender_host,
+            length,
         )
         .join(messages, messages.c.message_id == deliveries.c.message_id)
         .where(
