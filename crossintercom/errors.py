@@ -195,10 +195,16 @@ class MessageTooLarge(StoreError):
 class StoreInDoubt(StoreError):
     """The connection to the store was lost during COMMIT; the write may or may not have landed.
 
-    Resolve it by reading the row by id (``MailboxStore.get_message``) after reconnecting.
+    Resolve it by enqueueing the same items again after reconnecting (relay/outbound.py).
     """
 
     code = "store_in_doubt"
+
+
+class StoreFenced(StoreError):
+    """A newer relay took over this host id; the write was refused and nothing was written."""
+
+    code = "store_fenced"
 
 
 class StoreReadOnly(StoreError):

@@ -29,6 +29,10 @@ class RelayCore:
         self.stopping = asyncio.Event()
         self._tasks: set[asyncio.Task[Any]] = set()
 
+    def fenced(self) -> None:
+        """A newer relay took over this host id: stop (the relay says why)."""
+        self.stopping.set()
+
     async def store_call(self, fn: Callable[P, R], *args: P.args, **kw: P.kwargs) -> R:
         """Run a blocking store call off the event loop, keeping its types."""
         return await asyncio.to_thread(fn, *args, **kw)

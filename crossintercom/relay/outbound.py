@@ -15,7 +15,7 @@ from typing import Final
 import tenacity
 
 from crossintercom import protocol as p
-from crossintercom.errors import Code, StoreError, StoreInDoubt
+from crossintercom.errors import Code, StoreError, StoreFenced, StoreInDoubt
 from crossintercom.models import Outcome, Receipt, outcome_for_state
 from crossintercom.relay.core import RelayCore
 from crossintercom.storage import EnqueueResult, InDoubtEnqueue, OutboundItem, ReceiptRow
@@ -81,30 +81,35 @@ class Outbound:
                 )
         try:
             results: Sequence[EnqueueResult | InDoubtEnqueue] = await relay.store_call(
-                relay.store.enqueue, items
+                relay.store.enqueue, items, generation=relay.generation
             )
         except StoreInDoubt:
             results = await self._resolve_in_doubt(items)
+        except StoreFenced:
+            # A newer relay owns this host id: this one writes nothing more, and stops.
+            log.warning("enqueue refused: this relay was fenced out; nothing was sent")
+            self._refuse_all(batch, "this relay was replaced by a newer one; nothing was sent")
+            relay.fenced()
+            return
         except StoreError as exc:
             log.warning("enqueue failed before commit", extra={"error": exc.message})
-            for fwd in batch:
-                self._answer(
-                    fwd,
-                    [
-                        Receipt(
-                            fwd.frame.message.id,
-                            Outcome.NOT_SENT,
-                            r.session,
-                            Code.STORE_UNAVAILABLE,
-                            "the shared store is unreachable; nothing was sent",
-                        )
-                        for r in fwd.frame.recipients
-                    ],
-                )
+            self._refuse_all(batch, "the shared store is unreachable; nothing was sent")
             return
         by_key = {(r.message_id, r.recipient_session): r for r in results}
         for fwd in batch:
             relay.spawn(self._settle(fwd, by_key))
+
+    def _refuse_all(self, batch: list[_Forward], why: str) -> None:
+        """``not_sent`` for every recipient of the batch: nothing of it was written."""
+        for fwd in batch:
+            msg_id = fwd.frame.message.id
+            self._answer(
+                fwd,
+                [
+                    Receipt(msg_id, Outcome.NOT_SENT, r.session, Code.STORE_UNAVAILABLE, why)
+                    for r in fwd.frame.recipients
+                ],
+            )
 
     async def _resolve_in_doubt(
         self, items: list[OutboundItem]
@@ -122,14 +127,19 @@ class Outbound:
         retrying = tenacity.AsyncRetrying(
             wait=tenacity.wait_exponential(multiplier=0.2, max=5),
             stop=tenacity.stop_after_delay(relay.settings.remote_ack_wait_s + 5),
-            retry=tenacity.retry_if_exception_type(StoreError),
+            # Fenced: the rows cannot be written again, so the first commit's fate stays unknown.
+            retry=tenacity.retry_if_exception(
+                lambda e: isinstance(e, StoreError) and not isinstance(e, StoreFenced)
+            ),
             reraise=True,
         )
         try:
             async for attempt in retrying:
                 with attempt:
                     found: list[EnqueueResult | InDoubtEnqueue] = list(
-                        await relay.store_call(relay.store.enqueue, items)
+                        await relay.store_call(
+                            relay.store.enqueue, items, generation=relay.generation
+                        )
                     )
                     log.info(
                         "in-doubt commit settled by enqueueing again",

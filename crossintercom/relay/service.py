@@ -169,7 +169,7 @@ class Relay(RelayCore):
                 log.warning("roster publish failed; will retry", extra={"error": exc.message})
                 return
             if not ok:
-                self._fenced()
+                self.fenced()
                 return
             self._published = sessions
 
@@ -190,7 +190,7 @@ class Relay(RelayCore):
         if self.client is not None:
             self.client.post(p.RemoteRoster(self.remote_sessions))
 
-    def _fenced(self) -> None:
+    def fenced(self) -> None:
         self.failure = Fenced(
             f"another relay took over host id {self.host!r} (generation {self.generation} is "
             "stale); this relay stops"
@@ -202,7 +202,7 @@ class Relay(RelayCore):
             try:
                 ok = await self.store_call(self.store.heartbeat, self.host, self.generation)
                 if not ok:
-                    self._fenced()
+                    self.fenced()
                     return
                 if self._published is None or self.local_sessions != self._published:
                     await self._publish_roster()
@@ -215,6 +215,11 @@ class Relay(RelayCore):
         while not self.stopping.is_set():
             await asyncio.sleep(HOUSEKEEPING_S)
             try:
+                # Expiry and purge are not per host; a relay fenced out (frozen past a takeover)
+                # must not run them either, so it proves it is current first.
+                if not await self.store_call(self.store.heartbeat, self.host, self.generation):
+                    self.fenced()
+                    return
                 await self.store_call(self.store.expire)
                 await self.store_call(self.store.purge)
             except StoreError as exc:

@@ -158,7 +158,12 @@ class MailboxStore(Protocol):
 
     def roster(self) -> list[SessionInfo]: ...
 
-    def enqueue(self, items: Sequence[OutboundItem]) -> list[EnqueueResult]: ...
+    def enqueue(
+        self, items: Sequence[OutboundItem], *, generation: int | None = None
+    ) -> list[EnqueueResult]:
+        """Write the items (idempotent by message id). With ``generation``, only while that is
+        still the sending host's current one: else ``StoreFenced`` and nothing is written."""
+        ...
 
     def get_message(self, message_id: str) -> MessageRow | None: ...
 

@@ -11,7 +11,7 @@ from typing import Any
 import msgspec
 from sqlalchemy import Connection, Engine, inspect
 
-from crossintercom.errors import SchemaMissing, SchemaOutdated, SchemaTooNew
+from crossintercom.errors import SchemaMissing, SchemaOutdated, SchemaTooNew, StoreFenced
 from crossintercom.models import SessionInfo
 from crossintercom.storage import migrate
 from crossintercom.storage import queries as q
@@ -197,13 +197,21 @@ class SqlMailboxStore:
 
     # -- messages -------------------------------------------------------------------------
 
-    def enqueue(self, items: Sequence[OutboundItem]) -> list[EnqueueResult]:
+    def enqueue(
+        self, items: Sequence[OutboundItem], *, generation: int | None = None
+    ) -> list[EnqueueResult]:
         """The whole batch in one transaction of a constant number of statements
-        (``batches.enqueue_batch``) and one NOTIFY."""
+        (``batches.enqueue_batch``) and one NOTIFY; fenced by ``generation`` when given."""
         woken: set[str] = set()
 
         def write(conn: Connection) -> list[EnqueueResult]:
             woken.clear()  # a retried attempt starts over
+            if generation is not None and items:
+                sender = items[0].sender_host
+                if not self._is_current(conn, sender, generation):
+                    raise StoreFenced(
+                        f"generation {generation} of host {sender!r} is stale; nothing written"
+                    )
             limits = self._current_settings(conn)
             results, hosts = enqueue_batch(conn, self.dialect, items, limits, utcnow())
             woken.update(hosts)
