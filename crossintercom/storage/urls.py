@@ -56,8 +56,8 @@ def parse_store_url(raw: str) -> StoreURL:
     """Pick the backend from the URL scheme alone; anything else is refused up front."""
     masked = mask_url(raw)
     try:
-        url = make_url(_encode_userinfo(raw) if raw.startswith(POSTGRES_SCHEMES) else raw)
-    except ArgumentError:
+        url = make_url(_encode_userinfo(raw))
+    except (ArgumentError, ValueError):  # ValueError: a port that is not a number
         raise StoreURLError(
             f"cannot parse store URL {masked}; use postgresql://USER@HOST/DB or sqlite:///PATH"
         ) from None
