@@ -33,7 +33,15 @@ from sqlalchemy import (
 from sqlalchemy.dialects import postgresql, sqlite
 
 from crossintercom.storage.interface import DeliveryState, ReceiptOutcome
-from crossintercom.storage.tables import deliveries, hosts, messages, receipts, roster, settings
+from crossintercom.storage.tables import (
+    deliveries,
+    host_roles,
+    hosts,
+    messages,
+    receipts,
+    roster,
+    settings,
+)
 
 # Statements are built once, with bound parameters, and reused: building and hashing a Core
 # statement per call cost more than the round trip of a one-row statement. The functions that
@@ -369,6 +377,26 @@ PG_HEALTH = "SELECT 1"
 PG_MIGRATION_LOCK_KEY = 0x63690001
 PG_ADVISORY_LOCK = text("SELECT pg_advisory_lock(:key)")
 PG_ADVISORY_UNLOCK = text("SELECT pg_advisory_unlock(:key)")
+
+
+# Per-host roles (`crossintercom db grant-host`, migration 0004). Role names are ours
+# (``ci_host_`` + hex), but are still quoted by the server's format(), never by string pasting.
+PG_HOSTS_GROUP = "crossintercom_hosts"
+PG_ROLE_EXISTS: TextClause = text("SELECT 1 FROM pg_roles WHERE rolname = :role")
+PG_CREATE_ROLE: TextClause = text("SELECT format('CREATE ROLE %I LOGIN', CAST(:role AS text))")
+PG_ROLE_PASSWORD: TextClause = text(
+    "SELECT format('ALTER ROLE %I LOGIN PASSWORD %L', CAST(:role AS text), CAST(:pw AS text))"
+)
+PG_GRANT_GROUP: TextClause = text(
+    f"SELECT format('GRANT {PG_HOSTS_GROUP} TO %I', CAST(:role AS text))"
+)
+# A host id has one role and a role one host id: the old mapping of either goes first.
+FORGET_HOST_ROLE: Delete = delete(host_roles).where(
+    (host_roles.c.host_id == bindparam("host_id")) | (host_roles.c.role_name == bindparam("role"))
+)
+INSERT_HOST_ROLE = host_roles.insert().values(
+    role_name=bindparam("role"), host_id=bindparam("host_id")
+)
 
 
 def pg_listen(channel: str) -> str:
