@@ -33,6 +33,8 @@ class Code(StrEnum):
     RELAY_IN_USE = "relay_in_use"
     NOT_AGENT = "not_agent"
     NOT_RELAY = "not_relay"
+    # The connecting process's user is not the runtime dir's (nor of its group): SO_PEERCRED.
+    PEER_NOT_ALLOWED = "peer_not_allowed"
     UNEXPECTED_ACK = "unexpected_ack"
     INTERNAL = "internal"
     # Refusals of a send, ask or reply.
