@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable, Coroutine
 from typing import Any, ParamSpec, TypeVar
 
@@ -28,6 +29,22 @@ class RelayCore:
         self.remote_sessions: list[SessionInfo] = []
         self.stopping = asyncio.Event()
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._reported: str | None = None
+
+    def report_store(self, problem: str | None) -> None:
+        """Show the store's state in `crossintercom status` (the relay's status line): its
+        masked URL, and the problem while there is one (a stuck SQLite lock, an outage)."""
+        text = self.store.url_masked if problem is None else f"{self.store.url_masked}: {problem}"
+        if text == self._reported or self.client is None:
+            return
+        self._reported = text
+        client = self.client
+
+        async def tell() -> None:
+            with contextlib.suppress(Exception):
+                await client.set_status(text)
+
+        self.spawn(tell())
 
     def fenced(self) -> None:
         """A newer relay took over this host id: stop (the relay says why)."""
