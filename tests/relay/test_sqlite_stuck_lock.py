@@ -49,6 +49,8 @@ def test_stuck_write_lock_is_reported_and_survived(sqlite_store: str) -> None:
         finally:
             frozen.send_signal(signal.SIGKILL)
             frozen.wait(10)
+            if frozen.stdout is not None:
+                frozen.stdout.close()
 
         def clear() -> bool:
             report = a.cli_json("status")
