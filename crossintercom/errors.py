@@ -33,6 +33,8 @@ class Code(StrEnum):
     RELAY_IN_USE = "relay_in_use"
     NOT_AGENT = "not_agent"
     NOT_RELAY = "not_relay"
+    # The connecting process's user is not the runtime dir's (nor of its group): SO_PEERCRED.
+    PEER_NOT_ALLOWED = "peer_not_allowed"
     UNEXPECTED_ACK = "unexpected_ack"
     INTERNAL = "internal"
     # Refusals of a send, ask or reply.
@@ -48,6 +50,8 @@ class Code(StrEnum):
     ALREADY_REPLIED = "already_replied"
     ASKER_GONE = "asker_gone"
     BAD_MESSAGE = "bad_message"
+    # A store row whose sender is not one its writing host may use (docs/operations.md).
+    FORGED_SENDER = "forged_sender"
     UNDELIVERABLE = "undeliverable"
     ID_CONFLICT = "id_conflict"
     REFUSED = "refused"
@@ -199,10 +203,16 @@ class MessageTooLarge(StoreError):
 class StoreInDoubt(StoreError):
     """The connection to the store was lost during COMMIT; the write may or may not have landed.
 
-    Resolve it by reading the row by id (``MailboxStore.get_message``) after reconnecting.
+    Resolve it by enqueueing the same items again after reconnecting (relay/outbound.py).
     """
 
     code = "store_in_doubt"
+
+
+class StoreFenced(StoreError):
+    """A newer relay took over this host id; the write was refused and nothing was written."""
+
+    code = "store_fenced"
 
 
 class StoreReadOnly(StoreError):

@@ -59,6 +59,32 @@ def current(store_url: str | None) -> None:
         click.echo(f"{revision} (head is {head}; run `crossintercom db upgrade`)")
 
 
+@db.command("grant-host")
+@click.argument("host_id")
+@store_option
+@click.option(
+    "--password-stdin",
+    is_flag=True,
+    help="read the role's password from the first line of stdin (never from the command line)",
+)
+def grant_host(host_id: str, store_url: str | None, password_stdin: bool) -> None:
+    """Create or update HOST_ID's own database role (PostgreSQL, run as the admin role)."""
+    from crossintercom.storage import roles
+    from crossintercom.storage.urls import mask_url
+
+    url = _require(store_url)
+    password = None
+    if password_stdin:
+        password = sys.stdin.readline().rstrip("\n")
+        if not password:
+            raise click.UsageError("--password-stdin: stdin gave an empty password")
+    role = roles.grant_host(url, host_id, password)
+    click.echo(
+        f"host {host_id!r} has database role {role} on {mask_url(url)}; run its relay with "
+        f"a store URL that connects as {role}"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the group on its own, with the error handling the full CLI gives it."""
     try:

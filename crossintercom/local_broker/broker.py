@@ -315,7 +315,23 @@ class Broker:
                     msg.id, Outcome.REFUSED, recipient, Code.RATE_LIMITED, self.ops.limiter.why()
                 )
             elif msg.reply_to is not None and self.state.ask_owner(msg.reply_to) == recipient:
-                receipt = await self.delivery.route_reply(msg, recipient)
+                if self.state.may_answer(msg.reply_to, msg.sender.id):
+                    receipt = await self.delivery.route_reply(msg, recipient)
+                else:
+                    log.warning(
+                        "reply %s from %s@%s refused: ask %s did not go to that session",
+                        msg.id,
+                        msg.sender.id,
+                        msg.sender.host,
+                        msg.reply_to,
+                    )
+                    receipt = Receipt(
+                        msg.id,
+                        Outcome.REFUSED,
+                        recipient,
+                        Code.REPLY_NOT_AUTHORISED,
+                        "that ask was not sent to this sender",
+                    )
             elif self.registry.is_local(recipient):
                 receipt = await self.delivery.deliver(msg, recipient, asker_host=msg.sender.host)
             else:

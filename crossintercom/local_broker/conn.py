@@ -4,9 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 from typing import Any
 
 from crossintercom import protocol as p
+
+log = logging.getLogger(__name__)
+
+# What a peer that does not read may leave queued for it, in multiples of the frame limit: past
+# that it is disconnected, so a client that never reads cannot grow the broker without bound
+# (docs/reliability.md, "Memory under socket hostility").
+WRITE_BACKLOG_FRAMES = 2
 
 
 class Conn:
@@ -14,8 +22,14 @@ class Conn:
 
     _ids = itertools.count(1)
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def __init__(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        max_backlog: int = WRITE_BACKLOG_FRAMES * 8 * 1024 * 1024,
+    ) -> None:
         self.cid = next(self._ids)
+        self.max_backlog = max_backlog
         self.reader = reader
         self.writer = writer
         self.session_id: str | None = None
@@ -28,6 +42,17 @@ class Conn:
     def write(self, frame: p.BrokerFrame | p.ToRelayFrame | Any) -> bool:
         """Queue a frame; False if the connection can no longer be written."""
         if self.closed or self.writer.is_closing():
+            return False
+        transport = self.writer.transport
+        if transport.get_write_buffer_size() > self.max_backlog:
+            # The peer stopped reading: drop it (as a failed write would) rather than queue on.
+            log.warning(
+                "connection %d dropped: its peer is not reading (%d bytes queued)",
+                self.cid,
+                transport.get_write_buffer_size(),
+            )
+            # abort(): the read loop then ends and the broker retires this connection as usual.
+            transport.abort()
             return False
         try:
             self.writer.write(p.encode(frame))

@@ -154,7 +154,7 @@ class Operations:
         crash_at("after_reserve")
         if msg.expects_reply:
             try:
-                self.state.record_ask(msg.id, conn.session_id)
+                self.state.record_ask(msg.id, conn.session_id, targets[0].session_id)
             except sqlite3.Error as exc:
                 self.authority.abandon(msg.id)
                 raise _storage_refusal(exc) from None

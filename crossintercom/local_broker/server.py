@@ -17,11 +17,12 @@ from pathlib import Path
 from crossintercom import protocol as p
 from crossintercom.config import Settings
 from crossintercom.errors import BrokerUnavailable, Code, ProtocolError
+from crossintercom.local_broker import peercred
 from crossintercom.local_broker.authority import DedupAuthority
 from crossintercom.local_broker.broker import Broker
-from crossintercom.local_broker.conn import Conn
+from crossintercom.local_broker.conn import WRITE_BACKLOG_FRAMES, Conn
 from crossintercom.local_broker.state import BrokerState
-from crossintercom.runtime import secure_file, secure_tree
+from crossintercom.runtime import group_gid, secure_file, secure_tree
 
 log = logging.getLogger(__name__)
 
@@ -30,11 +31,20 @@ class Server:
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
         self.max_frame = broker.settings.max_frame_bytes
+        self.group_gid = group_gid(broker.settings)
 
     async def handle_connection(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
-        conn = Conn(reader, writer)
+        why = self._refused_peer(writer)
+        if why is not None:
+            log.warning("connection refused: %s", why, extra={"error": why})
+            writer.write(p.encode(p.Error(Code.PEER_NOT_ALLOWED, f"connection refused: {why}")))
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+            return
+        conn = Conn(reader, writer, max_backlog=WRITE_BACKLOG_FRAMES * self.max_frame)
         self.broker.open(conn)
         try:
             await self._serve(conn)
@@ -45,6 +55,16 @@ class Server:
             writer.close()
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
+
+    def _refused_peer(self, writer: asyncio.StreamWriter) -> str | None:
+        sock = writer.get_extra_info("socket")
+        if sock is None:
+            return "peer credentials unavailable"
+        try:
+            peer = peercred.peer_of(sock)
+        except OSError as exc:
+            return f"peer credentials unreadable: {exc}"
+        return peercred.refusal(peer, self.group_gid)
 
     async def _serve(self, conn: Conn) -> None:
         while not conn.closed:

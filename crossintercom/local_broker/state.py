@@ -58,6 +58,12 @@ CREATE TABLE IF NOT EXISTS asks_sent (
     asker_id TEXT NOT NULL,
     created REAL NOT NULL
 );
+-- Who an ask went to: only that session may answer it (a forged reply_to answers nothing).
+CREATE TABLE IF NOT EXISTS ask_recipients (
+    ask_id TEXT PRIMARY KEY,
+    recipient_id TEXT NOT NULL,
+    created REAL NOT NULL
+);
 """
 
 # Replied entries and sent asks are kept this long, so a second reply is told `already_replied`
@@ -274,11 +280,26 @@ class BrokerState:
         ).fetchone()
         return None if row is None else str(row[0])
 
-    def record_ask(self, ask_id: str, asker_id: str) -> None:
+    def record_ask(self, ask_id: str, asker_id: str, recipient_id: str | None = None) -> None:
+        now = time.time()
         self._db.execute(
             "INSERT OR IGNORE INTO asks_sent (ask_id, asker_id, created) VALUES (?, ?, ?)",
-            (ask_id, asker_id, time.time()),
+            (ask_id, asker_id, now),
         )
+        if recipient_id is not None:
+            self._db.execute(
+                "INSERT OR IGNORE INTO ask_recipients (ask_id, recipient_id, created) "
+                "VALUES (?, ?, ?)",
+                (ask_id, recipient_id, now),
+            )
+
+    def may_answer(self, ask_id: str, replier_id: str) -> bool:
+        """Whether ``replier_id`` is the session the ask went to (True for an ask recorded
+        before recipients were kept)."""
+        row = self._db.execute(
+            "SELECT recipient_id FROM ask_recipients WHERE ask_id = ?", (ask_id,)
+        ).fetchone()
+        return row is None or row[0] == replier_id
 
     def ask_owner(self, ask_id: str) -> str | None:
         row = self._db.execute(
@@ -308,6 +329,7 @@ class BrokerState:
         )
         cutoff = (time.time() if now is None else now) - _REPLY_MEMORY_S
         self._db.execute("DELETE FROM asks_sent WHERE created < ?", (cutoff,))
+        self._db.execute("DELETE FROM ask_recipients WHERE created < ?", (cutoff,))
         self._db.execute(
             "DELETE FROM pending_replies WHERE state = 'replied' AND created < ?", (cutoff,)
         )

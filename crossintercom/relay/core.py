@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable, Coroutine
 from typing import Any, ParamSpec, TypeVar
 
@@ -24,8 +25,30 @@ class RelayCore:
         self.generation = 0
         self.client: AsyncClient | None = None
         self.local_sessions: list[SessionInfo] = []
+        # The other hosts' sessions, from the roster (who may send as which session id).
+        self.remote_sessions: list[SessionInfo] = []
         self.stopping = asyncio.Event()
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._reported: str | None = None
+
+    def report_store(self, problem: str | None) -> None:
+        """Show the store's state in `crossintercom status` (the relay's status line): its
+        masked URL, and the problem while there is one (a stuck SQLite lock, an outage)."""
+        text = self.store.url_masked if problem is None else f"{self.store.url_masked}: {problem}"
+        if text == self._reported or self.client is None:
+            return
+        self._reported = text
+        client = self.client
+
+        async def tell() -> None:
+            with contextlib.suppress(Exception):
+                await client.set_status(text)
+
+        self.spawn(tell())
+
+    def fenced(self) -> None:
+        """A newer relay took over this host id: stop (the relay says why)."""
+        self.stopping.set()
 
     async def store_call(self, fn: Callable[P, R], *args: P.args, **kw: P.kwargs) -> R:
         """Run a blocking store call off the event loop, keeping its types."""

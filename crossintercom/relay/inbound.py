@@ -14,9 +14,11 @@ from typing import Final
 from crossintercom import protocol as p
 from crossintercom.errors import Code, StoreError
 from crossintercom.models import Message, Outcome
+from crossintercom.relay import screening
 from crossintercom.relay.core import RelayCore
 from crossintercom.relay.outbound import Outbound, receipt_of
 from crossintercom.storage import Ack, InboundRow
+from crossintercom.testhooks import stop_at
 
 log = logging.getLogger(__name__)
 
@@ -25,6 +27,11 @@ INBOUND_BATCH: Final = 500
 # A row the recipient's broker answered for but could not hand over this many times is marked
 # refused ("undeliverable") rather than retried forever.
 MAX_HANDOVER_ATTEMPTS: Final = 5
+STORE_LIMIT_TTL_S: Final = 30.0
+
+
+class _Stale(Exception):
+    """A row read too long ago to be handed over (see ``Inbound._fetch_once``)."""
 
 
 class Inbound:
@@ -33,6 +40,16 @@ class Inbound:
         self.outbound = outbound
         self.wake = asyncio.Event()
         self._failed_handovers: Counter[tuple[str, str]] = Counter()
+        # The store-wide message size limit, re-read now and then (an operator may change it).
+        self._store_limit = relay.settings.max_message_bytes
+        self._store_limit_read = -STORE_LIMIT_TTL_S
+
+    async def _refresh_store_limit(self) -> None:
+        now = time.monotonic()
+        if now - self._store_limit_read < STORE_LIMIT_TTL_S:
+            return
+        limits = await self.relay.store_call(self.relay.store.settings)
+        self._store_limit, self._store_limit_read = limits.max_message_bytes, now
 
     def watch_store(self, loop: asyncio.AbstractEventLoop) -> None:
         """Thread: block on the store's wake-up channel and poke the event loop."""
@@ -70,25 +87,35 @@ class Inbound:
         local_ids = [s.id for s in relay.local_sessions]
         if not local_ids or relay.client is None or not relay.client.connected.is_set():
             return False
+        await self._refresh_store_limit()
+        read_at = time.monotonic()
         rows = await relay.store_call(
             relay.store.fetch_inbound,
             relay.host,
             relay.generation,
             limit=INBOUND_BATCH,
             session_ids=local_ids,
+            max_payload=relay.settings.max_frame_bytes,
         )
         if not rows:
             return False
+        stop_at("relay_after_fetch")
+        # A batch is handed over only while it is fresh: rows read longer ago than a third of
+        # the lease may since belong to a newer relay (this one was frozen, SIGSTOP or a paused
+        # VM, and another took over). Left alone they stay queued; the next read is fenced.
+        fresh_until = read_at + relay.settings.lease_s / 3
         per_recipient: dict[str, list[InboundRow]] = defaultdict(list)
         for row in rows:
             per_recipient[row.recipient_session].append(row)
-        parts = await asyncio.gather(*(self._hand_over(rs) for rs in per_recipient.values()))
+        parts = await asyncio.gather(
+            *(self._hand_over(rs, fresh_until) for rs in per_recipient.values())
+        )
         acks = [a for part in parts for a in part]
         if acks:
             await relay.store_call(relay.store.ack, relay.host, relay.generation, acks)
         return len(rows) == INBOUND_BATCH and len(acks) == len(rows)
 
-    async def _hand_over(self, rows: list[InboundRow]) -> list[Ack]:
+    async def _hand_over(self, rows: list[InboundRow], fresh_until: float) -> list[Ack]:
         """One recipient's rows, all in flight at once; acks for those that landed.
 
         The frames are written in row order and the broker pushes them to the recipient in the
@@ -100,29 +127,55 @@ class Inbound:
         assert client is not None
         acks: list[Ack] = []
         sendable: list[tuple[InboundRow, Message]] = []
+        relay = self.relay
+        claimed = screening.claims(relay.host, relay.local_sessions, relay.remote_sessions)
         for row in rows:
-            try:
-                sendable.append((row, Message.from_dict(row.payload)))
-            except ValueError as exc:
-                # A row no broker could read is refused once, not retried forever.
-                log.warning(
-                    "inbound row refused: bad payload",
-                    extra={"id": row.message_id, "error": str(exc)},
-                )
-                acks.append(Ack(row.message_id, row.recipient_session, "refused", Code.BAD_MESSAGE))
+            checked = screening.screen(
+                row,
+                host=relay.host,
+                max_message_bytes=self._store_limit,
+                max_frame_bytes=relay.settings.max_frame_bytes,
+                claimed=claimed,
+            )
+            if isinstance(checked, Message):
+                sendable.append((row, checked))
+                continue
+            # Refused once (the ack finishes the row), so it neither loops nor blocks the rows
+            # behind it.
+            log.warning(
+                "inbound row %s from %s refused (%s): %s",
+                row.message_id,
+                row.sender_host,
+                checked.code,
+                checked.reason,
+                extra={"id": row.message_id, "code": checked.code, "error": checked.reason},
+            )
+            acks.append(Ack(row.message_id, row.recipient_session, "refused", checked.code))
         # The broker answers within its ack timeout; past that (a stuck broker) the row stays
         # queued and is handed over again next round instead of hanging this host's inbound.
         answer_wait = self.relay.settings.ack_timeout_s * 2 + 5.0
+
+        async def one(row: InboundRow, msg: Message) -> p.BrokerFrame:
+            # Checked in the same step as the frame is written (request does not yield before
+            # writing while connected), so a freeze cannot fall between check and hand-over.
+            if time.monotonic() > fresh_until:
+                raise _Stale
+            return await client.request(p.Inbound(0, msg, row.recipient_session))
+
         answers = await asyncio.gather(
-            *(
-                asyncio.wait_for(
-                    client.request(p.Inbound(0, msg, row.recipient_session)), answer_wait
-                )
-                for row, msg in sendable
-            ),
+            *(asyncio.wait_for(one(row, msg), answer_wait) for row, msg in sendable),
             return_exceptions=True,
         )
+        stale = sum(isinstance(resp, _Stale) for resp in answers)
+        if stale:
+            log.warning(
+                "%d inbound rows not handed over: read too long ago (was this relay frozen?); "
+                "they stay queued",
+                stale,
+            )
         for (row, _), resp in zip(sendable, answers, strict=True):
+            if isinstance(resp, _Stale):
+                continue
             if isinstance(resp, BaseException) or not isinstance(resp, p.Result):
                 why = {"id": row.message_id, "error": repr(resp)}
                 log.warning("hand-over failed; the row stays queued", extra=why)

@@ -15,7 +15,7 @@ from typing import Final
 import tenacity
 
 from crossintercom import protocol as p
-from crossintercom.errors import Code, StoreError, StoreInDoubt
+from crossintercom.errors import Code, StoreError, StoreFenced, StoreInDoubt
 from crossintercom.models import Outcome, Receipt, outcome_for_state
 from crossintercom.relay.core import RelayCore
 from crossintercom.storage import EnqueueResult, InDoubtEnqueue, OutboundItem, ReceiptRow
@@ -81,61 +81,74 @@ class Outbound:
                 )
         try:
             results: Sequence[EnqueueResult | InDoubtEnqueue] = await relay.store_call(
-                relay.store.enqueue, items
+                relay.store.enqueue, items, generation=relay.generation
             )
         except StoreInDoubt:
             results = await self._resolve_in_doubt(items)
+        except StoreFenced:
+            # A newer relay owns this host id: this one writes nothing more, and stops.
+            log.warning("enqueue refused: this relay was fenced out; nothing was sent")
+            self._refuse_all(batch, "this relay was replaced by a newer one; nothing was sent")
+            relay.fenced()
+            return
         except StoreError as exc:
             log.warning("enqueue failed before commit", extra={"error": exc.message})
-            for fwd in batch:
-                self._answer(
-                    fwd,
-                    [
-                        Receipt(
-                            fwd.frame.message.id,
-                            Outcome.NOT_SENT,
-                            r.session,
-                            Code.STORE_UNAVAILABLE,
-                            "the shared store is unreachable; nothing was sent",
-                        )
-                        for r in fwd.frame.recipients
-                    ],
-                )
+            self._refuse_all(batch, "the shared store is unreachable; nothing was sent")
             return
         by_key = {(r.message_id, r.recipient_session): r for r in results}
         for fwd in batch:
             relay.spawn(self._settle(fwd, by_key))
 
+    def _refuse_all(self, batch: list[_Forward], why: str) -> None:
+        """``not_sent`` for every recipient of the batch: nothing of it was written."""
+        for fwd in batch:
+            msg_id = fwd.frame.message.id
+            self._answer(
+                fwd,
+                [
+                    Receipt(msg_id, Outcome.NOT_SENT, r.session, Code.STORE_UNAVAILABLE, why)
+                    for r in fwd.frame.recipients
+                ],
+            )
+
     async def _resolve_in_doubt(
         self, items: list[OutboundItem]
     ) -> list[EnqueueResult | InDoubtEnqueue]:
-        """The commit's fate is unknown: read the rows by id once the store answers again."""
+        """The commit's fate is unknown: settle it by enqueueing the same rows again.
+
+        Reading the rows by id is not enough: the lost COMMIT may still be on its way to the
+        server (held in a network buffer), so "no row yet" does not mean "never". Enqueue is
+        idempotent, and its inserts wait on the uniqueness of the message id for the old
+        transaction to end: if that commits, ours finds its rows; if it aborts, ours writes
+        them. Either way the message is stored and the answer is definite, never ``not_sent``
+        (docs/reliability.md). While the store stays unreachable the answer is ``unknown``.
+        """
         relay = self.relay
         retrying = tenacity.AsyncRetrying(
             wait=tenacity.wait_exponential(multiplier=0.2, max=5),
             stop=tenacity.stop_after_delay(relay.settings.remote_ack_wait_s + 5),
-            retry=tenacity.retry_if_exception_type(StoreError),
+            # Fenced: the rows cannot be written again, so the first commit's fate stays unknown.
+            retry=tenacity.retry_if_exception(
+                lambda e: isinstance(e, StoreError) and not isinstance(e, StoreFenced)
+            ),
             reraise=True,
         )
-        out: list[EnqueueResult | InDoubtEnqueue] = []
         try:
             async for attempt in retrying:
                 with attempt:
-                    out = []
-                    for it in items:
-                        row = await relay.store_call(relay.store.get_message, it.message_id)
-                        state = None if row is None else row.states.get(it.recipient_session)
-                        if state is None:
-                            out.append(
-                                InDoubtEnqueue(it.message_id, it.recipient_session, "absent")
-                            )
-                        else:
-                            out.append(
-                                EnqueueResult(it.message_id, it.recipient_session, state, False)
-                            )
+                    found: list[EnqueueResult | InDoubtEnqueue] = list(
+                        await relay.store_call(
+                            relay.store.enqueue, items, generation=relay.generation
+                        )
+                    )
+                    log.info(
+                        "in-doubt commit settled by enqueueing again",
+                        extra={"ids": sorted({it.message_id for it in items})[:10]},
+                    )
+                    return found
         except StoreError:
-            return [InDoubtEnqueue(it.message_id, it.recipient_session, "in_doubt") for it in items]
-        return out
+            pass
+        return [InDoubtEnqueue(it.message_id, it.recipient_session, "in_doubt") for it in items]
 
     async def _settle(
         self, fwd: _Forward, results: dict[tuple[str, str], EnqueueResult | InDoubtEnqueue]
@@ -159,21 +172,14 @@ class Outbound:
         wait: asyncio.Future[ReceiptRow],
         deadline: float,
     ) -> Receipt:
-        if res is None or (isinstance(res, InDoubtEnqueue) and res.resolution == "in_doubt"):
+        if res is None or isinstance(res, InDoubtEnqueue):
+            # Never not_sent here: a lost COMMIT may still land (see _resolve_in_doubt).
             return Receipt(
                 msg_id,
                 Outcome.UNKNOWN,
                 sid,
                 Code.STORE_IN_DOUBT,
                 "the store connection dropped during commit",
-            )
-        if isinstance(res, InDoubtEnqueue):  # absent: the commit did not land
-            return Receipt(
-                msg_id,
-                Outcome.NOT_SENT,
-                sid,
-                Code.STORE_UNAVAILABLE,
-                "the commit did not land; nothing was sent",
             )
         if res.code is not None:
             return Receipt(msg_id, Outcome.REFUSED, sid, res.code)

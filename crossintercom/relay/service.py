@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 
 HEARTBEAT_S: Final = 1.0
 HOUSEKEEPING_S: Final = 60.0
+STALL_REPORT_S: Final = 5.0
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -72,7 +73,6 @@ def hold_relay_lock(settings: Settings) -> int:
 class Relay(RelayCore):
     def __init__(self, settings: Settings, store: MailboxStore) -> None:
         super().__init__(settings, store)
-        self.remote_sessions: list[SessionInfo] = []
         self.leases = LeaseTracker(settings.lease_s)
         self.outbound = Outbound(self)
         self.inbound = Inbound(self, self.outbound)
@@ -177,7 +177,7 @@ class Relay(RelayCore):
                 log.warning("roster publish failed; will retry", extra={"error": exc.message})
                 return
             if not ok:
-                self._fenced()
+                self.fenced()
                 return
             self._published = sessions
 
@@ -198,31 +198,55 @@ class Relay(RelayCore):
         if self.client is not None:
             self.client.post(p.RemoteRoster(self.remote_sessions))
 
-    def _fenced(self) -> None:
+    def fenced(self) -> None:
         self.failure = Fenced(
             f"another relay took over host id {self.host!r} (generation {self.generation} is "
             "stale); this relay stops"
         )
         self.stop()
 
+    async def _watched_heartbeat(self) -> bool:
+        """The heartbeat, reported in `status` while it hangs: a writer stuck holding the SQLite
+        file's lock (or a database that stopped answering) shows within STALL_REPORT_S rather
+        than only after every busy timeout and retry has run out."""
+        beat = asyncio.ensure_future(
+            self.store_call(self.store.heartbeat, self.host, self.generation)
+        )
+        done, _ = await asyncio.wait({beat}, timeout=STALL_REPORT_S)
+        if not done:
+            why = (
+                f"WARNING the store has not answered for over {STALL_REPORT_S:.0f} s (another "
+                "process holding the SQLite file's write lock, or a database outage)"
+            )
+            log.warning("%s", why)
+            self.report_store(why)
+        return await beat
+
     async def _heartbeat_loop(self) -> None:
         while not self.stopping.is_set():
             try:
-                ok = await self.store_call(self.store.heartbeat, self.host, self.generation)
+                ok = await self._watched_heartbeat()
                 if not ok:
-                    self._fenced()
+                    self.fenced()
                     return
+                self.report_store(None)
                 if self._published is None or self.local_sessions != self._published:
                     await self._publish_roster()
                 await self._import_roster()
             except StoreError as exc:
                 log.warning("store unreachable; retrying: %s", exc.message)
+                self.report_store(f"WARNING {exc.message}")
             await asyncio.sleep(HEARTBEAT_S)
 
     async def _housekeeping_loop(self) -> None:
         while not self.stopping.is_set():
             await asyncio.sleep(HOUSEKEEPING_S)
             try:
+                # Expiry and purge are not per host; a relay fenced out (frozen past a takeover)
+                # must not run them either, so it proves it is current first.
+                if not await self.store_call(self.store.heartbeat, self.host, self.generation):
+                    self.fenced()
+                    return
                 await self.store_call(self.store.expire)
                 await self.store_call(self.store.purge)
             except StoreError as exc:

@@ -71,7 +71,14 @@ def enqueue_batch(
 
     wanted: dict[tuple[str, str], tuple[int, OutboundItem]] = {}
     for i, item in fitting:
-        if digests[item.message_id] != item.digest:
+        found = digests.get(item.message_id)
+        if found is None:
+            # The id exists but is not ours to see (another host's message, under per-host
+            # row-level security): the id is taken.
+            results[i] = EnqueueResult(
+                item.message_id, item.recipient_session, "refused", False, "id_conflict"
+            )
+        elif found != item.digest:
             results[i] = EnqueueResult(
                 item.message_id,
                 item.recipient_session,

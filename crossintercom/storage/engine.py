@@ -177,6 +177,14 @@ def unavailable(parsed: StoreURL, exc: BaseException) -> StoreUnavailable:
         return StoreUnavailable(
             f"cannot reach the store {parsed.masked}: {reason}; {pg_hint(reason)}"
         )
+    if "database is locked" in reason:
+        # Writers hold the lock for one short transaction; one held past the busy timeout is a
+        # writer stuck inside it (frozen, SIGSTOPped): it blocks every host until it ends.
+        return StoreUnavailable(
+            f"the store {parsed.masked} stayed locked for over {SQLITE_BUSY_TIMEOUT_S} s: "
+            "another process holds its write lock (a relay frozen inside a transaction?); "
+            "every host waits until that process resumes or is ended (docs/operations.md)"
+        )
     return StoreUnavailable(f"cannot reach the store {parsed.masked}: {reason}")
 
 

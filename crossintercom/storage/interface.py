@@ -26,6 +26,8 @@ LateReceiptOutcome = Literal["shown", "expired"]
 # "absent" (no row: the commit did not land, nothing was written) or "in_doubt" (the store
 # stayed unreachable, so it is still unknown). A row that is found is an ``EnqueueResult``.
 InDoubtResolution = Literal["absent", "in_doubt"]
+# fetch_inbound reads a payload only up to this many characters unless told otherwise.
+DEFAULT_MAX_PAYLOAD_CHARS = 8 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,11 +81,16 @@ class MessageRow:
 
 @dataclass(frozen=True, slots=True)
 class InboundRow:
+    """A queued delivery as stored. ``payload`` is whatever JSON the row holds (anything a
+    writer put there: the relay validates it); ``None`` with ``payload_problem`` saying why
+    when it is not JSON or is over the size the caller asked for."""
+
     seq: int
     message_id: str
     recipient_session: str
-    payload: dict[str, Any]
+    payload: Any
     sender_host: str
+    payload_problem: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,7 +176,12 @@ class MailboxStore(Protocol):
 
     def roster(self) -> list[SessionInfo]: ...
 
-    def enqueue(self, items: Sequence[OutboundItem]) -> list[EnqueueResult]: ...
+    def enqueue(
+        self, items: Sequence[OutboundItem], *, generation: int | None = None
+    ) -> list[EnqueueResult]:
+        """Write the items (idempotent by message id). With ``generation``, only while that is
+        still the sending host's current one: else ``StoreFenced`` and nothing is written."""
+        ...
 
     def get_message(self, message_id: str) -> MessageRow | None: ...
 
@@ -180,8 +192,10 @@ class MailboxStore(Protocol):
         *,
         limit: int = 500,
         session_ids: Collection[str] | None = None,
+        max_payload: int = DEFAULT_MAX_PAYLOAD_CHARS,
     ) -> list[InboundRow]:
         """The host's queued deliveries in seq order (of ``session_ids`` only, when given).
+        A payload over ``max_payload`` characters is not read (``payload_problem`` says so).
 
         Nothing is marked: the generation fence makes the current relay the only reader that
         gets rows, and a row stays queued until ``ack`` finishes it.

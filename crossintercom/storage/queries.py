@@ -20,6 +20,8 @@ from sqlalchemy import (
     TextClause,
     Update,
     bindparam,
+    case,
+    cast,
     delete,
     exists,
     func,
@@ -31,7 +33,15 @@ from sqlalchemy import (
 from sqlalchemy.dialects import postgresql, sqlite
 
 from crossintercom.storage.interface import DeliveryState, ReceiptOutcome
-from crossintercom.storage.tables import deliveries, hosts, messages, receipts, roster, settings
+from crossintercom.storage.tables import (
+    deliveries,
+    host_roles,
+    hosts,
+    messages,
+    receipts,
+    roster,
+    settings,
+)
 
 # Statements are built once, with bound parameters, and reused: building and hashing a Core
 # statement per call cost more than the round trip of a one-row statement. The functions that
@@ -172,20 +182,30 @@ MESSAGE_STATES: Select[str, DeliveryState] = select(
 ).where(deliveries.c.message_id == bindparam("message_id"))
 
 
-@cache
-def inbound(*, by_session: bool, skip_locked: bool) -> Select[int, str, str, Any, str]:
-    """Queued rows for one host, by state and in seq order, only for its current generation.
+# The payload as its stored text: decoded by the caller row by row, so one row that is not
+# JSON (a stray writer on SQLite) is refused alone instead of failing the whole read.
+_PAYLOAD_TEXT = cast(messages.c.payload, Text)
 
-    Params: host_id, generation, limit, and session_ids (a list) when ``by_session``. Never
-    ``seq > cursor``: sequences commit out of order, so a cursor would skip late commits.
+
+@cache
+def inbound(*, by_session: bool, skip_locked: bool) -> Select[int, str, str, str | None, str, int]:
+    """Queued rows for one host, by state and in seq order, only for its current generation:
+    seq, message_id, recipient_session, payload text (NULL when over ``:max_payload``
+    characters, so an oversized row costs no memory), sender_host, payload length.
+
+    Params: host_id, generation, limit, max_payload, and session_ids (a list) when
+    ``by_session``. Never ``seq > cursor``: sequences commit out of order, so a cursor would
+    skip late commits.
     """
+    length = func.length(_PAYLOAD_TEXT)
     stmt = (
         select(
             deliveries.c.seq,
             deliveries.c.message_id,
             deliveries.c.recipient_session,
-            messages.c.payload,
+            case((length <= bindparam("max_payload"), _PAYLOAD_TEXT), else_=None),
             messages.c.sender_host,
+            length,
         )
         .join(messages, messages.c.message_id == deliveries.c.message_id)
         .where(
@@ -382,6 +402,26 @@ PG_HEALTH = "SELECT 1"
 PG_MIGRATION_LOCK_KEY = 0x63690001
 PG_ADVISORY_LOCK = text("SELECT pg_advisory_lock(:key)")
 PG_ADVISORY_UNLOCK = text("SELECT pg_advisory_unlock(:key)")
+
+
+# Per-host roles (`crossintercom db grant-host`, migration 0004). Role names are ours
+# (``ci_host_`` + hex), but are still quoted by the server's format(), never by string pasting.
+PG_HOSTS_GROUP = "crossintercom_hosts"
+PG_ROLE_EXISTS: TextClause = text("SELECT 1 FROM pg_roles WHERE rolname = :role")
+PG_CREATE_ROLE: TextClause = text("SELECT format('CREATE ROLE %I LOGIN', CAST(:role AS text))")
+PG_ROLE_PASSWORD: TextClause = text(
+    "SELECT format('ALTER ROLE %I LOGIN PASSWORD %L', CAST(:role AS text), CAST(:pw AS text))"
+)
+PG_GRANT_GROUP: TextClause = text(
+    f"SELECT format('GRANT {PG_HOSTS_GROUP} TO %I', CAST(:role AS text))"
+)
+# A host id has one role and a role one host id: the old mapping of either goes first.
+FORGET_HOST_ROLE: Delete = delete(host_roles).where(
+    (host_roles.c.host_id == bindparam("host_id")) | (host_roles.c.role_name == bindparam("role"))
+)
+INSERT_HOST_ROLE = host_roles.insert().values(
+    role_name=bindparam("role"), host_id=bindparam("host_id")
+)
 
 
 def pg_listen(channel: str) -> str:

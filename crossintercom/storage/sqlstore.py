@@ -9,14 +9,16 @@ from dataclasses import asdict
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import msgspec
 from sqlalchemy import Connection, Engine, inspect
 
-from crossintercom.errors import SchemaMissing, SchemaOutdated, SchemaTooNew
+from crossintercom.errors import SchemaMissing, SchemaOutdated, SchemaTooNew, StoreFenced
 from crossintercom.models import SessionInfo
 from crossintercom.storage import migrate
 from crossintercom.storage import queries as q
 from crossintercom.storage.batches import enqueue_batch
 from crossintercom.storage.interface import (
+    DEFAULT_MAX_PAYLOAD_CHARS,
     Ack,
     EnqueueResult,
     HostRow,
@@ -35,10 +37,34 @@ EXPIRE_BATCH = 1000
 # Enqueue checks the size limit against a copy of the settings row at most this old: the row
 # changes by operator action only, and reading it in every enqueue cost a round trip.
 SETTINGS_TTL_S = 5.0
+_json = msgspec.json.Decoder()
 
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
+
+
+def _inbound_row(
+    seq: int,
+    message_id: str,
+    session: str,
+    text: str | None,
+    sender_host: str,
+    length: int | None,
+    *,
+    max_payload: int,
+) -> InboundRow:
+    """One fetched row, its payload decoded here so a row that is not JSON stands alone."""
+    if text is None:
+        problem = f"payload of {length} characters is over the {max_payload} that can be read"
+        return InboundRow(seq, message_id, session, None, sender_host, problem)
+    try:
+        payload = _json.decode(text)
+    except msgspec.DecodeError as exc:
+        return InboundRow(
+            seq, message_id, session, None, sender_host, f"payload is not JSON: {exc}"
+        )
+    return InboundRow(seq, message_id, session, payload, sender_host)
 
 
 class SqlMailboxStore:
@@ -175,13 +201,21 @@ class SqlMailboxStore:
 
     # -- messages -------------------------------------------------------------------------
 
-    def enqueue(self, items: Sequence[OutboundItem]) -> list[EnqueueResult]:
+    def enqueue(
+        self, items: Sequence[OutboundItem], *, generation: int | None = None
+    ) -> list[EnqueueResult]:
         """The whole batch in one transaction of a constant number of statements
-        (``batches.enqueue_batch``) and one NOTIFY."""
+        (``batches.enqueue_batch``) and one NOTIFY; fenced by ``generation`` when given."""
         woken: set[str] = set()
 
         def write(conn: Connection) -> list[EnqueueResult]:
             woken.clear()  # a retried attempt starts over
+            if generation is not None and items:
+                sender = items[0].sender_host
+                if not self._is_current(conn, sender, generation):
+                    raise StoreFenced(
+                        f"generation {generation} of host {sender!r} is stale; nothing written"
+                    )
             limits = self._current_settings(conn)
             results, hosts = enqueue_batch(conn, self.dialect, items, limits, utcnow())
             woken.update(hosts)
@@ -208,16 +242,23 @@ class SqlMailboxStore:
         *,
         limit: int = 500,
         session_ids: Collection[str] | None = None,
+        max_payload: int = DEFAULT_MAX_PAYLOAD_CHARS,
     ) -> list[InboundRow]:
         if session_ids is not None and not session_ids:
             return []
         stmt = q.inbound(by_session=session_ids is not None, skip_locked=self.skip_locked)
-        params: dict[str, Any] = {"host_id": host_id, "generation": generation, "limit": limit}
+        params: dict[str, Any] = {
+            "host_id": host_id,
+            "generation": generation,
+            "limit": limit,
+            "max_payload": max_payload,
+        }
         if session_ids is not None:
             params["session_ids"] = list(session_ids)
         # In a transaction, not autocommit: a FOR UPDATE SKIP LOCKED read of 1,000 rows ran
         # several times slower as a lone statement here (measured, cause not pinned down).
-        return self._run(lambda c: [InboundRow(*row) for row in c.execute(stmt, params)])
+        rows = self._run(lambda c: c.execute(stmt, params).all())
+        return [_inbound_row(*row, max_payload=max_payload) for row in rows]
 
     def ack(self, host_id: str, generation: int, acks: Sequence[Ack]) -> int:
         """One UPDATE per distinct (outcome, code) in the batch (usually one), then one

@@ -146,5 +146,15 @@ settings = Table(
     CheckConstraint("id = 1", name="single_row"),
 )
 
+# Which database role is which host's (`crossintercom db grant-host`); on PostgreSQL the
+# row-level security policies of migration 0004 read it (docs/operations.md).
+host_roles = Table(
+    "host_roles",
+    metadata,
+    Column("role_name", String(63), primary_key=True),
+    Column("host_id", HOST_ID, nullable=False),
+    UniqueConstraint("host_id"),
+)
+
 DEFAULT_MAX_MESSAGE_BYTES = 1_048_576
 DEFAULT_RETENTION_S = 7 * 86400

@@ -6,6 +6,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
+from urllib.parse import quote
 
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError
@@ -15,14 +16,28 @@ from crossintercom.errors import StoreURLError
 POSTGRES_SCHEMES = ("postgresql", "postgresql+psycopg")
 SQLITE_SCHEMES = ("sqlite", "sqlite+pysqlite")
 
-_USERINFO_PASSWORD = re.compile(r"(://[^:/@]*:)[^@]*@")
+# scheme://user:password@host...: the password runs to the LAST "@" of the URL, so one that
+# holds "@" or ":" (written without percent-encoding) is masked whole.
+_USERINFO = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<user>[^:@/]*):(?P<pw>.*)@")
 _QUERY_PASSWORD = re.compile(r"(password=)[^&\s]*", re.IGNORECASE)
+# Kept as they are when a password is percent-encoded: its own escapes, and what RFC 3986 allows.
+_USERINFO_SAFE = "%!$&'()*+,;=-._~"
 
 
 def mask_url(url: str) -> str:
     """The URL with any password replaced by ``***``; safe to print or log."""
-    masked = _USERINFO_PASSWORD.sub(r"\1***@", url)
+    masked = _USERINFO.sub(r"\g<scheme>\g<user>:***@", url, count=1)
     return _QUERY_PASSWORD.sub(r"\1***", masked)
+
+
+def _encode_userinfo(raw: str) -> str:
+    """Percent-encode a password written raw, so ``user:p@ss:w0rd@host`` means what a person
+    meant: the password runs to the last "@" (the parser alone would stop at the first)."""
+    m = _USERINFO.match(raw)
+    if m is None:
+        return raw
+    pw = quote(m["pw"], safe=_USERINFO_SAFE)
+    return f"{m['scheme']}{m['user']}:{pw}@{raw[m.end() :]}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,8 +56,8 @@ def parse_store_url(raw: str) -> StoreURL:
     """Pick the backend from the URL scheme alone; anything else is refused up front."""
     masked = mask_url(raw)
     try:
-        url = make_url(raw)
-    except ArgumentError:
+        url = make_url(_encode_userinfo(raw))
+    except (ArgumentError, ValueError):  # ValueError: a port that is not a number
         raise StoreURLError(
             f"cannot parse store URL {masked}; use postgresql://USER@HOST/DB or sqlite:///PATH"
         ) from None

@@ -7,6 +7,7 @@ and, now and then, to its own host's sink. At seeded random moments one of these
 host:
 
 * ``relay_kill``: SIGKILL of the relay, restarted a moment later;
+* ``relay_pause``: SIGSTOP of the relay (a frozen process, a paused VM), SIGCONT a moment later;
 * ``broker_kill``: SIGKILL of the broker; clients and the relay reconnect and respawn it;
 * ``listener_kill``: SIGKILL of the listener, restarted a moment later (it resumes its mail);
 * ``pg_terminate`` (PostgreSQL only): ``pg_terminate_backend`` of every other connection to the
@@ -29,6 +30,8 @@ import functools
 import random
 import re
 import secrets
+import signal
+import subprocess
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -172,7 +175,7 @@ class Chaos:
         task.add_done_callback(self._restarts.discard)
 
     async def _inject(self, stop: asyncio.Event) -> None:
-        kinds = ["relay_kill", "broker_kill", "listener_kill"]
+        kinds = ["relay_kill", "relay_pause", "broker_kill", "listener_kill"]
         if self.is_pg:
             kinds.append("pg_terminate")
         while True:
@@ -190,6 +193,12 @@ class Chaos:
                     continue  # still down from an earlier fault
                 await asyncio.to_thread(host.kill_relay)
                 self._later(delay, functools.partial(host.start_relay, wait=False))
+            elif kind == "relay_pause":
+                proc = host.relay
+                if proc is None or proc.poll() is not None:
+                    continue
+                proc.send_signal(signal.SIGSTOP)
+                self._later(delay, functools.partial(_resume, proc))
             elif kind == "broker_kill":
                 if not host.kill_broker():
                     continue
@@ -203,7 +212,7 @@ class Chaos:
             self.faults[kind] += 1
             t = round(time.monotonic() - self._t0, 2)
             entry: dict[str, Any] = {"t": t, "fault": kind, "host": host.host_id}
-            if kind in ("relay_kill", "listener_kill"):
+            if kind in ("relay_kill", "relay_pause", "listener_kill"):
                 entry["restart_after_s"] = round(delay, 2)
             if detail is not None:
                 entry["terminated"] = detail
@@ -368,3 +377,8 @@ def render(report: ChaosReport) -> None:
     if not report.ok:
         verdict = f"FAILED: {report.lost} lost, {report.duplicated} duplicated"
     console.print(verdict)
+
+
+def _resume(proc: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        proc.send_signal(signal.SIGCONT)

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
+from crossintercom.errors import StoreFenced
 from crossintercom.models import SessionInfo
 from crossintercom.storage import Ack, MailboxStore, OutboundItem, StoreSettings
 from tests.storage.conftest import spawn_worker
@@ -84,6 +87,16 @@ def test_newer_generation_fences_the_older(store: MailboxStore) -> None:
     assert store.ack(RECIPIENT, new, [Ack("m1", "s1", "delivered")]) == 1
     hosts = {h.host_id: h for h in store.hosts()}
     assert (hosts[RECIPIENT].generation, hosts[RECIPIENT].heartbeat) == (new, 1)
+
+
+def test_stale_generation_cannot_enqueue(store: MailboxStore) -> None:
+    old = store.claim_host(SENDER)
+    new = store.claim_host(SENDER)
+    with pytest.raises(StoreFenced):
+        store.enqueue([item("late")], generation=old)
+    assert store.get_message("late") is None
+    [ok] = store.enqueue([item("current")], generation=new)
+    assert (ok.state, ok.inserted) == ("queued", True)
 
 
 def test_ack_writes_one_receipt_and_is_idempotent(store: MailboxStore) -> None:

@@ -21,6 +21,7 @@ from tests.storage.conftest import run_python
 HEAD = migrate.head_revision()
 
 SECRET = "s3cr3t-Pa55"
+HEAD = migrate.head_revision()
 
 
 def db_cli(*args: str) -> tuple[int, str, str]:

@@ -41,7 +41,7 @@ def test_hot_queries_use_indexes(pg_store: PostgresStore) -> None:
     statements = {
         "fetch_inbound": (
             q.inbound(by_session=False, skip_locked=True),
-            {"host_id": HOST, "generation": 1, "limit": 500},
+            {"host_id": HOST, "generation": 1, "limit": 500, "max_payload": 1 << 20},
         ),
         "receipts": (q.LIST_RECEIPTS, {"host_id": HOST, "generation": 1, "limit": 500}),
         "expire": (q.EXPIRE_BATCH, {"now": q_now(), "finished": q_now(), "limit": 1000}),

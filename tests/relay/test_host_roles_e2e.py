@@ -1,0 +1,69 @@
+"""Relays that connect as their hosts' own PostgreSQL roles (row-level security, migration
+0004) run the whole protocol: roster, send, ask and reply, receipts, across two hosts."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from psycopg import sql
+from sqlalchemy.engine import make_url
+
+from crossintercom.config import ENV_STORE
+from crossintercom.storage.roles import grant_host
+from tests.pgharness import PgServer
+from tests.relay.conftest import Cluster
+
+pytestmark = pytest.mark.pg
+PASSWORD = "h0st-r0le"
+
+
+@pytest.fixture
+def granted(pg_server: PgServer, pg_url: str) -> Iterator[dict[str, str]]:
+    """Host id -> a store URL connecting as that host's own role."""
+    suffix = uuid.uuid4().hex[:6]
+    urls: dict[str, str] = {}
+    roles = []
+    for name in ("A", "B"):
+        host = f"{name}{suffix}"
+        role = grant_host(pg_url, host, PASSWORD)
+        roles.append(role)
+        url = make_url(pg_url).set(username=role, password=PASSWORD)
+        urls[host] = url.render_as_string(hide_password=False)
+    yield urls
+    with pg_server.admin() as admin:
+        for role in roles:
+            admin.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(role)))
+
+
+def test_relays_as_host_roles(pg_url: str, granted: dict[str, str]) -> None:
+    host_a, host_b = sorted(granted)
+    with Cluster(pg_url) as cluster:
+        a = cluster.host(host_a, relay=False)
+        b = cluster.host(host_b, relay=False)
+        for h in (a, b):
+            h.env[ENV_STORE] = granted[h.host_id]
+            h.start_relay()
+        worker = b.listen("worker")
+        a.wait_sees("worker", host_b)
+        planner = a.client("planner")
+        sent = planner.send(f"worker@{host_b}", "hello under row-level security")
+        assert sent.outcome.value == "delivered", sent
+        assert worker.next_message(30)["id"] == sent.id
+
+        answers: list[Any] = []
+        t = threading.Thread(
+            target=lambda: answers.append(planner.ask(f"worker@{host_b}", "ready?", timeout=60)),
+            daemon=True,
+        )
+        t.start()
+        asked = worker.next_message()
+        assert asked["expects_reply"] is True
+        reply = b.cli_json("reply", "--as", "worker", "--json", "yes")
+        assert reply["outcome"] == "delivered", reply
+        t.join(30)
+        assert answers and answers[0].reply is not None and answers[0].reply.text == "yes"
+        assert "row-level security" not in a.relay_log() + b.relay_log()

@@ -1,0 +1,179 @@
+"""Per-host database roles with row-level security (PostgreSQL, migration 0004).
+
+Each test host gets its own role through `crossintercom db grant-host`; the attacks connect as
+one host's role and try to read, forge and change another host's rows, through the store API
+and in plain SQL. The legitimate paths (claim, roster, enqueue, fetch, ack, receipts, expiry,
+purge) keep working under the same roles.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import psycopg
+import pytest
+from psycopg import sql
+from sqlalchemy.engine import make_url
+
+from crossintercom.errors import StoreError
+from crossintercom.models import SessionInfo
+from crossintercom.storage import Ack, MailboxStore, OutboundItem, open_store
+from crossintercom.storage.roles import role_name
+from tests.pgharness import PgServer
+from tests.storage.conftest import run_python
+
+pytestmark = pytest.mark.pg
+PASSWORD = "r0le-Pa55"
+
+
+@dataclass
+class HostRole:
+    host: str
+    role: str
+    url: str  # the store URL that connects as the role
+
+    def libpq(self) -> str:
+        return self.url.replace("postgresql+psycopg://", "postgresql://")
+
+
+@pytest.fixture
+def hosts(pg_server: PgServer, pg_url: str) -> Iterator[dict[str, HostRole]]:
+    """Hosts A, B and C, each granted its own role by the CLI (run twice: it updates)."""
+    suffix = uuid.uuid4().hex[:6]
+    out: dict[str, HostRole] = {}
+    for name in ("A", "B", "C"):
+        host = f"{name}-{suffix}"
+        for _ in range(2):
+            proc = run_python(
+                "-m", "crossintercom", "db", "grant-host", host, "--store", pg_url,
+                "--password-stdin", input=PASSWORD + "\n",
+            )  # fmt: skip
+            assert proc.returncode == 0, proc.stderr
+            assert PASSWORD not in proc.stdout + proc.stderr
+        role = role_name(host)
+        assert role in proc.stdout
+        url = make_url(pg_url).set(username=role, password=PASSWORD)
+        out[name] = HostRole(host, role, url.render_as_string(hide_password=False))
+    try:
+        yield out
+    finally:
+        with pg_server.admin() as admin:
+            for h in out.values():
+                admin.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(h.role)))
+
+
+def item(mid: str, sender: str, recipient: str, session: str = "s1") -> OutboundItem:
+    return OutboundItem(mid, sender, recipient, session, "d" * 64, {"id": mid}, 1)
+
+
+def test_grant_host_refuses_sqlite(tmp_path: object) -> None:
+    proc = run_python(
+        "-m", "crossintercom", "db", "grant-host", "A", "--store", f"sqlite:///{tmp_path}/x.db"
+    )
+    assert proc.returncode == 1
+    assert "need PostgreSQL" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_host_role_keeps_to_its_own_rows(hosts: dict[str, HostRole]) -> None:
+    a, b, c = hosts["A"], hosts["B"], hosts["C"]
+    sa: MailboxStore = open_store(a.url)
+    sb: MailboxStore = open_store(b.url)
+    sc: MailboxStore = open_store(c.url)
+    try:
+        gen_a, gen_b, gen_c = sa.claim_host(a.host), sb.claim_host(b.host), sc.claim_host(c.host)
+        assert sa.publish_sessions(a.host, gen_a, [SessionInfo(id="sa", host=a.host)])
+        assert sb.publish_sessions(b.host, gen_b, [SessionInfo(id="s1", host=b.host)])
+        # legitimate traffic: A -> B, and B -> C (which A must never see)
+        [ok] = sa.enqueue([item("a-to-b", a.host, b.host)], generation=gen_a)
+        assert (ok.state, ok.inserted) == ("queued", True)
+        sb.enqueue([item("b-to-c", b.host, c.host)], generation=gen_b)
+
+        # forging: A writes as B, claims B, publishes B's roster
+        with pytest.raises(StoreError, match="row-level security"):
+            sa.enqueue([item("forged", b.host, c.host)])
+        with pytest.raises(StoreError, match="row-level security"):
+            sa.claim_host(b.host)
+        assert sa.publish_sessions(b.host, gen_b, []) is False
+        assert sa.heartbeat(b.host, gen_b) is False
+        assert sa.fetch_inbound(c.host, gen_c) == []
+        # a message id B already used is refused to A, without revealing its content
+        [taken] = sa.enqueue([item("b-to-c", a.host, c.host)])
+        assert (taken.state, taken.code) == ("refused", "id_conflict")
+        assert sa.get_message("b-to-c") is None
+
+        # the roster and the leases are readable by everyone
+        assert {s.host for s in sa.roster()} == {a.host, b.host}
+        assert {h.host_id for h in sa.hosts()} >= {a.host, b.host, c.host}
+
+        # the recipient reads and acks; the sender gets the receipt
+        [row] = sb.fetch_inbound(b.host, gen_b)
+        assert (row.message_id, row.sender_host) == ("a-to-b", a.host)
+        assert sb.ack(b.host, gen_b, [Ack("a-to-b", "s1", "delivered")]) == 1
+        [receipt] = sa.receipts(a.host, gen_a)
+        assert (receipt.message_id, receipt.outcome) == ("a-to-b", "delivered")
+        sa.consume_receipts(a.host, gen_a, [receipt.id])
+        assert sa.receipts(a.host, gen_a) == []
+        # housekeeping runs under a host role without touching others' rows
+        sa.expire()
+        sa.purge()
+        [row_c] = sc.fetch_inbound(c.host, gen_c)
+        assert row_c.message_id == "b-to-c"
+    finally:
+        for s in (sa, sb, sc):
+            s.close()
+
+
+def test_plain_sql_attacks_as_a_host_role(hosts: dict[str, HostRole]) -> None:
+    a, b, c = hosts["A"], hosts["B"], hosts["C"]
+    sb = open_store(b.url)
+    try:
+        gen_b = sb.claim_host(b.host)
+        sb.publish_sessions(b.host, gen_b, [SessionInfo(id="victim", host=b.host)])
+        sb.enqueue([item("secret", b.host, c.host, "s9")])
+    finally:
+        sb.close()
+    with psycopg.connect(a.libpq(), autocommit=True) as conn:
+        # read another host's mail
+        assert conn.execute("SELECT count(*) FROM messages").fetchone() == (0,)
+        assert conn.execute("SELECT count(*) FROM deliveries").fetchone() == (0,)
+        # finish, steal or reroute another host's deliveries, take over its lease or roster
+        for stmt in (
+            "UPDATE deliveries SET state = 'delivered' WHERE message_id = 'secret'",
+            f"UPDATE deliveries SET recipient_host = '{a.host}' WHERE message_id = 'secret'",
+            "DELETE FROM deliveries WHERE message_id = 'secret'",
+            f"UPDATE hosts SET generation = generation + 1 WHERE host_id = '{b.host}'",
+            f"DELETE FROM roster WHERE host_id = '{b.host}'",
+            f"UPDATE roster SET name = 'x' WHERE host_id = '{b.host}'",
+            "DELETE FROM receipts",
+        ):
+            assert conn.execute(stmt).rowcount == 0, stmt
+        # write rows as another host
+        for stmt in (
+            f"INSERT INTO roster (host_id, session_id, purpose, groups, durable, online) "
+            f"VALUES ('{b.host}', 'evil', 'agent', '[]', false, true)",
+            f"INSERT INTO messages (message_id, sender_host, digest, payload, size, created) "
+            f"VALUES ('evil', '{b.host}', 'x', '{{}}', 1, now())",
+            f"INSERT INTO receipts (sender_host, message_id, recipient_session, recipient_host, "
+            f"outcome, created) VALUES ('{c.host}', 'secret', 's9', '{b.host}', 'delivered', "
+            f"now())",
+        ):
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                conn.execute(stmt)
+        # the role map and the store settings are the admin's alone
+        for stmt in (
+            f"INSERT INTO host_roles VALUES ('{a.role}', '{b.host}')",
+            f"UPDATE host_roles SET host_id = '{b.host}'",
+            "UPDATE settings SET max_message_bytes = 1",
+        ):
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                conn.execute(stmt)
+    # nothing of B's changed
+    with psycopg.connect(b.libpq(), autocommit=True) as conn:
+        assert conn.execute(
+            "SELECT state FROM deliveries WHERE message_id = 'secret'"
+        ).fetchone() == ("queued",)
+        assert conn.execute(
+            "SELECT session_id FROM roster WHERE host_id = %s", (b.host,)
+        ).fetchall() == [("victim",)]
