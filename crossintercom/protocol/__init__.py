@@ -65,6 +65,8 @@ from crossintercom.protocol.framing import (
     read_frame,
 )
 from crossintercom.protocol.relay_frames import (
+    ArchiveCopy,
+    ArchiveState,
     Forward,
     ForwardResult,
     Inbound,
@@ -88,6 +90,8 @@ __all__ = [
     "PROTOCOL_VERSION",
     "RELAY_TYPES",
     "Ack",
+    "ArchiveCopy",
+    "ArchiveState",
     "AttachmentBody",
     "BrokerFrame",
     "ClientFrame",

@@ -53,7 +53,13 @@ class RosterRefreshed(msgspec.Struct, tag="roster_refreshed", frozen=True):
     fid: int
 
 
-RelayFrame = RemoteRoster | Inbound | ForwardResult | RemoteReceipt | RosterRefreshed
+class ArchiveState(msgspec.Struct, tag="archive_state", frozen=True):
+    """Whether the store-wide archive is on: the broker sends ``archive`` copies only then."""
+
+    enabled: bool
+
+
+RelayFrame = RemoteRoster | Inbound | ForwardResult | RemoteReceipt | RosterRefreshed | ArchiveState
 
 # --- broker -> relay --------------------------------------------------------------------------
 
@@ -83,4 +89,12 @@ class RefreshRoster(msgspec.Struct, tag="refresh_roster", frozen=True):
     fid: int
 
 
-ToRelayFrame = Forward | LocalRoster | RefreshRoster
+class ArchiveCopy(msgspec.Struct, tag="archive", frozen=True):
+    """A message this host's sessions sent, with its receipts, for the archive. Sent after the
+    sender has its outcome and never answered: archiving is off the delivery path."""
+
+    message: Message
+    receipts: list[Receipt]
+
+
+ToRelayFrame = Forward | LocalRoster | RefreshRoster | ArchiveCopy
