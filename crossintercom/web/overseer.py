@@ -247,10 +247,15 @@ class Overseer:
     # --- reading ----------------------------------------------------------------------------------
 
     async def thread(self, thread_id: str) -> list[dict[str, Any]]:
+        """The thread from the archive, with what the page saw that is not archived yet (mail
+        for the human session arrives before its copy is written)."""
+        found: dict[str, dict[str, Any]] = {
+            m["id"]: m for m in self.feed if (m.get("thread_id") or m["id"]) == thread_id
+        }
         if self.archive is not None and self.archive_on:
             rows = await asyncio.to_thread(self.archive.thread, thread_id)
-            return [message_json(r.message, _recipients(r)) for r in rows]
-        return [m for m in self.feed if (m.get("thread_id") or m["id"]) == thread_id]
+            found.update((r.message.id, message_json(r.message, _recipients(r))) for r in rows)
+        return sorted(found.values(), key=lambda m: str(m.get("sent_at")))
 
     async def search(self, query: SearchQuery) -> dict[str, Any]:
         archive = self.archive if self.archive_on else None

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
+import msgspec
 import pytest
 from sqlalchemy import text
 
@@ -49,10 +50,8 @@ def msg(
     thread: str | None = None,
     sent_at: str | None = None,
 ) -> Message:
-    extra = {"sent_at": sent_at} if sent_at else {}
-    return Message(
-        mid, Peer(f"sid-{name}", name, host), to, text_, subject=subject, thread_id=thread, **extra
-    )
+    m = Message(mid, Peer(f"sid-{name}", name, host), to, text_, subject=subject, thread_id=thread)
+    return msgspec.structs.replace(m, sent_at=sent_at) if sent_at else m
 
 
 def to(name: str, host: str, outcome: str = "delivered") -> tuple[ArchiveRecipient, ...]:

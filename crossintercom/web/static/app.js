@@ -43,7 +43,8 @@ function addMessage(m, animate) {
   const known = feed.has(m.id);
   feed.set(m.id, m);
   if (old) old.replaceWith(item); else list.prepend(item);
-  if (!known) { drawFlow(); if (animate) pulse(m); }
+  drawFlow();  // a later copy may name more recipients (hosts)
+  if (!known && animate) pulse(m);
 }
 
 function renderRoster(r) {
@@ -112,7 +113,7 @@ function drawFlow() {
     // Two directions side by side: offset each line a little to its left.
     const dx = b[0] - a[0], dy = b[1] - a[1], len = Math.hypot(dx, dy) || 1;
     const ox = (-dy / len) * 6, oy = (dx / len) * 6;
-    box.append(svg("line", { x1: a[0] + ox, y1: a[1] + oy, x2: b[0] + ox, y2: b[1] + oy, "stroke-width": Math.min(1 + Math.log2(n + 1), 6), "data-edge": key }));
+    box.append(svg("line", { x1: a[0] + ox, y1: a[1] + oy, x2: b[0] + ox, y2: b[1] + oy, "stroke-width": Math.min(1 + Math.log2(n + 1), 6), "data-edge": `${from}->${to}` }));
     box.append(svg("text", { class: "count", x: (a[0] + b[0]) / 2 + ox * 2, y: (a[1] + b[1]) / 2 + oy * 2 }, `${n} →`));
   }
   for (const [name, [x, y]] of pos) {
