@@ -79,7 +79,7 @@ function positions() {
   const pos = new Map();
   names.forEach((n, i) => {
     const a = (2 * Math.PI * i) / Math.max(names.length, 1) - Math.PI / 2;
-    pos.set(n, [180 + 100 * Math.cos(a), 130 + 95 * Math.sin(a)]);
+    pos.set(n, [180 + 110 * Math.cos(a), 130 + 75 * Math.sin(a)]);
   });
   return pos;
 }
@@ -100,21 +100,32 @@ function edges() {
 function drawFlow() {
   const box = document.getElementById("flow");
   const pos = positions();
-  box.replaceChildren();
+  const defs = svg("defs");
+  const arrow = svg("marker", { id: "arrow", viewBox: "0 0 10 10", refX: 10, refY: 5, markerWidth: 6, markerHeight: 6, orient: "auto-start-reverse" });
+  arrow.append(svg("path", { d: "M 0 0 L 10 5 L 0 10 z", fill: "#64748b" }));
+  defs.append(arrow);
+  box.replaceChildren(defs);
   for (const [key, n] of edges()) {
     const [from, to] = key.split("\u0000");
     const a = pos.get(from), b = pos.get(to);
     if (!a || !b) continue;
     if (from === to) {
-      box.append(svg("circle", { cx: a[0], cy: a[1] - 30, r: 14, fill: "none", stroke: "#94a3b8" }));
-      box.append(svg("text", { class: "count", x: a[0] + 16, y: a[1] - 40 }, String(n)));
+      // Same-host messages: a loop on the outer side of the host.
+      const ux = a[0] - 180, uy = a[1] - 130, ul = Math.hypot(ux, uy) || 1;
+      const lx = a[0] + (ux / ul) * 34, ly = a[1] + (uy / ul) * 34;
+      box.append(svg("circle", { cx: lx, cy: ly, r: 12, fill: "none", stroke: "#94a3b8", "data-edge": `${from}->${to}` }));
+      box.append(svg("text", { class: "count", x: lx + 14, y: ly + 4 }, String(n)));
       continue;
     }
-    // Two directions side by side: offset each line a little to its left.
+    // Two directions side by side: each line a little to its own left, arrow at its end.
     const dx = b[0] - a[0], dy = b[1] - a[1], len = Math.hypot(dx, dy) || 1;
-    const ox = (-dy / len) * 6, oy = (dx / len) * 6;
-    box.append(svg("line", { x1: a[0] + ox, y1: a[1] + oy, x2: b[0] + ox, y2: b[1] + oy, "stroke-width": Math.min(1 + Math.log2(n + 1), 6), "data-edge": `${from}->${to}` }));
-    box.append(svg("text", { class: "count", x: (a[0] + b[0]) / 2 + ox * 2, y: (a[1] + b[1]) / 2 + oy * 2 }, `${n} →`));
+    const ox = (-dy / len) * 7, oy = (dx / len) * 7;
+    const ux = dx / len, uy = dy / len, r = 28;
+    box.append(svg("line", {
+      x1: a[0] + ox + ux * r, y1: a[1] + oy + uy * r, x2: b[0] + ox - ux * r, y2: b[1] + oy - uy * r,
+      "stroke-width": Math.min(1 + Math.log2(n + 1), 6), "marker-end": "url(#arrow)", "data-edge": `${from}->${to}`,
+    }));
+    box.append(svg("text", { class: "count", x: (a[0] + b[0]) / 2 + ox * 2.2 - 4, y: (a[1] + b[1]) / 2 + oy * 2.2 + 4 }, String(n)));
   }
   for (const [name, [x, y]] of pos) {
     const g = svg("g", { class: "node", "data-host": name });
