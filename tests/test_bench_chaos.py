@@ -8,6 +8,7 @@ nothing duplicated.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -98,10 +99,29 @@ def check_bench(report: dict[str, Any], backend: str) -> None:
         assert set(outcomes) <= {"delivered", "queued"}, (phase, outcomes)
 
 
-def test_bench_quick_json(store_args: list[str], short_tmp: Path) -> None:
-    proc = run_cli(["bench", "--quick", "--json", *store_args], short_tmp, timeout=120)
+def check_chart(page: str) -> None:
+    """The chart beside the table: a latency curve per series, a bar per throughput."""
+    for series in (
+        "crossintercom same-host",
+        "raw Unix-socket echo",
+        "crossintercom cross-host",
+        "raw store round trip",
+    ):
+        [curve] = re.findall(rf'data-series="{series}" points="([^"]+)"', page)
+        assert len(curve.split()) >= 10, series  # one point per sample
+    for bar in ("same-host crossintercom", "cross-host raw baseline"):
+        [width] = re.findall(rf'data-bar="{bar}" x="\d+" y="[\d.]+" width="([\d.]+)"', page)
+        assert float(width) > 0, bar
+    assert "<script" not in page
+
+
+def test_bench_quick_json(store_args: list[str], short_tmp: Path, tmp_path: Path) -> None:
+    chart = tmp_path / "bench.html"
+    args = ["bench", "--quick", "--json", "--chart", str(chart), *store_args]
+    proc = run_cli(args, short_tmp, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     check_bench(json.loads(proc.stdout), "postgres" if store_args else "sqlite")
+    check_chart(chart.read_text())
     assert list(short_tmp.iterdir()) == []  # temporary dirs removed
     assert leftovers(short_tmp) == []
 

@@ -18,7 +18,8 @@ stopped or removed before it returns. Run it against a scratch database: it regi
 (``bench-alpha-*``, ``bench-beta-*``) and their sessions in the store.
 """
 
+from crossintercom.tools.bench.chart import write_chart
 from crossintercom.tools.bench.report import BenchReport, render
 from crossintercom.tools.bench.run import run_bench
 
-__all__ = ["BenchReport", "render", "run_bench"]
+__all__ = ["BenchReport", "render", "run_bench", "write_chart"]

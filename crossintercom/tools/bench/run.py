@@ -82,6 +82,12 @@ def run_bench(store_url: str | None = None, *, quick: bool = False) -> BenchRepo
             Figure("cross-host", "throughput", "msg/s", ci["cross_rate"], db_rate,
                    db_rate_is, True, THROUGHPUT_TARGET if is_pg else None),
         ]  # fmt: skip
+        report.latency_ms = {
+            "same-host": [v * ms for v in ci["same_latency"]],
+            "same-host raw": [v * ms for v in uds_lat],
+            "cross-host": [v * ms for v in ci["cross_latency"]],
+            "cross-host raw": [v * ms for v in db_lat],
+        }
         report.details = {
             "outcomes": ci["outcomes"],
             "cross_throughput_all_answered_s": ci["cross_throughput_all_answered_s"],
