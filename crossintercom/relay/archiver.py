@@ -95,7 +95,7 @@ class Archiver:
                 next_settings = now + SETTINGS_EVERY_S
                 if await self.refresh():
                     on_change(self.enabled)
-            if self.enabled and now >= next_purge:
+            if now >= next_purge:  # also while off: old copies still go at their time
                 next_purge = now + PURGE_EVERY_S
                 with contextlib.suppress(StoreError):
                     await loop.run_in_executor(self._pool, self.archive.purge_archive)
