@@ -60,27 +60,40 @@ def run_web(
     url_host = f"[{host}]" if ":" in host else host
     guard = Guard(hosts=allowed_hosts(url_host, port))
     token_file = write_token_file(settings.home, guard.token)
-    overseer = Overseer(settings, as_name)
-    app = build_app(overseer, guard)
-    announce(
-        {
-            "url": f"http://{url_host}:{port}/?token={guard.token}",
-            "listen": f"{url_host}:{port}",
-            "token_file": str(token_file),
-            "as": f"{as_name}@{settings.host_id}",
-            "loopback": "yes" if is_loopback(host) else "no",
-        }
-    )
-    config = uvicorn.Config(
-        app,
-        log_level="warning",
-        lifespan="on",
-        timeout_graceful_shutdown=2,
-        access_log=False,
-    )
-    server = uvicorn.Server(config)
+    info = {
+        "url": f"http://{url_host}:{port}/?token={guard.token}",
+        "listen": f"{url_host}:{port}",
+        "token_file": str(token_file),
+        "as": f"{as_name}@{settings.host_id}",
+        "loopback": "yes" if is_loopback(host) else "no",
+    }
     try:
-        asyncio.run(server.serve(sockets=[sock]))
+        asyncio.run(_serve(settings, sock, guard, as_name, lambda: announce(info)))
     finally:
         sock.close()
         token_file.unlink(missing_ok=True)
+
+
+async def _serve(
+    settings: Settings,
+    sock: socket.socket,
+    guard: Guard,
+    as_name: str,
+    announce: Callable[[], None],
+) -> None:
+    """Register the human session first, so a refusal (the name is in use, no broker) is a
+    clear error and not a server that starts and dies; then announce and serve."""
+    overseer = Overseer(settings, as_name)
+    try:
+        await overseer.start()
+        announce()
+        config = uvicorn.Config(
+            build_app(overseer, guard, manage_lifecycle=False),
+            log_level="warning",
+            lifespan="on",
+            timeout_graceful_shutdown=2,
+            access_log=False,
+        )
+        await uvicorn.Server(config).serve(sockets=[sock])
+    finally:
+        await overseer.stop()

@@ -83,6 +83,9 @@ class WebServer:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(5)
+        for pipe in (self.proc.stdout, self.proc.stderr):
+            if pipe is not None:
+                pipe.close()
 
 
 def start_web(host: Host, *args: str, timeout: float = 30) -> WebServer:

@@ -198,6 +198,10 @@ def test_requests_without_the_token_or_csrf_are_refused(
     assert status == 200 and out["outcome"] == "refused" and out["exit_code"] == 3
     status, out = request(compose, method="POST", headers=with_csrf, body={"mode": "x"})
     assert (status, out["error"]["code"]) == (400, "invalid_argument")
+    # One page per human session: a second one for the same name is refused, readably.
+    second = b.cli("web", "--listen", "127.0.0.1:0", "--json", timeout=60)
+    assert second.returncode != 0
+    assert json.loads(second.stdout)["error"]["code"] == "session_in_use", second
     # A page served under another name (DNS rebinding) is refused before the token is read.
     status, out = request(web.base + "/api/roster", headers={**auth, "Host": "evil.example"})
     assert (status, out["error"]["code"]) == (421, "unknown_host")
