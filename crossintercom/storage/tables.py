@@ -209,3 +209,8 @@ def outside_metadata(name: str | None, type_: str) -> bool:
     if type_ == "table":
         return name == ARCHIVE_FTS_TABLE or name.startswith(ARCHIVE_FTS_TABLE + "_")
     return type_ == "index" and name == ARCHIVE_FTS_INDEX
+
+
+def include_name(name: str | None, type_: str, _parents: object) -> bool:
+    """Alembic's ``include_name`` hook: compare everything but ``outside_metadata``."""
+    return not outside_metadata(name, type_)

@@ -25,7 +25,7 @@ from crossintercom.errors import StoreError
 from crossintercom.storage import engine as db
 from crossintercom.storage import queries as q
 from crossintercom.storage.migrate import ENGINE_ATTRIBUTE
-from crossintercom.storage.tables import metadata, outside_metadata
+from crossintercom.storage.tables import include_name, metadata
 from crossintercom.storage.urls import parse_store_url
 
 config = context.config
@@ -60,7 +60,7 @@ def run_migrations(engine: Engine) -> None:
                 render_as_batch=connection.dialect.name == "sqlite",
                 transaction_per_migration=False,
                 # The archive's full-text index is the migration's alone (tables.py says why).
-                include_name=lambda name, type_, _parents: not outside_metadata(name, type_),
+                include_name=include_name,
             )
             with context.begin_transaction():
                 context.run_migrations()
