@@ -184,6 +184,10 @@ class Inbox:
     def messages(self) -> list[Entry]:
         return self._select("WHERE kind = 'message'")
 
+    def messages_after(self, seq: int) -> list[Entry]:
+        """Messages that arrived after entry ``seq`` (a reader following the inbox)."""
+        return self._select("WHERE kind = 'message' AND seq > ?", (seq,))
+
     def receipts(self) -> list[Entry]:
         return self._select("WHERE kind = 'receipt'")
 

@@ -180,10 +180,7 @@ class Overseer:
             except Exception:
                 continue
             try:
-                last = self._inbox_seq.get(sid, 0)
-                for entry in box.messages():
-                    if entry.seq <= last:
-                        continue
+                for entry in box.messages_after(self._inbox_seq.get(sid, 0)):
                     self._inbox_seq[sid] = entry.seq
                     with contextlib.suppress(ValueError):
                         msg = Message.from_dict(entry.body)

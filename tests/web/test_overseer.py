@@ -213,3 +213,26 @@ def test_a_bad_listen_address_is_a_usage_error(sqlite_cluster: Cluster, listen: 
     out = b.cli("web", "--listen", listen, "--json")
     assert out.returncode == 2, out
     assert json.loads(out.stdout)["error"]["code"] == "invalid_argument"
+
+
+def test_without_the_archive_the_page_follows_this_hosts_inboxes(
+    sqlite_cluster: Cluster, browser: Any, web_servers: list[WebServer]
+) -> None:
+    [b] = sqlite_cluster.up("B")
+    bob = b.listen("bob")
+    web = start_web(b)
+    web_servers.append(web)
+    page = browser.new_page()
+    page.goto(web.url)
+    page.wait_for_selector("#archive-state.off")
+    page.wait_for_selector("#live.on")
+    sent = b.cli_json("send", "--as", "carol", "--to", "bob", "--subject", "local", "inbox only")
+    bob.next_message()
+    item = page.wait_for_selector(f'#feed li[data-id="{sent["id"]}"]')
+    assert item.query_selector(".text").inner_text() == "inbox only"
+    page.wait_for_selector(f'#feed li[data-id="{sent["id"]}"] .receipt')
+    page.fill('#search-form [name="q"]', "inbox")
+    page.click('#search-form button[type="submit"]')
+    page.wait_for_selector(f'#results li[data-id="{sent["id"]}"] mark')
+    assert "inboxes" in page.inner_text("#search-source")
+    page.close()
