@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-import select
+import selectors
 import signal
 import subprocess
 import time
@@ -101,14 +101,16 @@ def start_web(host: Host, *args: str, timeout: float = 30) -> WebServer:
     )
     assert proc.stdout is not None
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([proc.stdout], [], [], 0.2)
-        if ready:
-            line = proc.stdout.readline()
-            if line:
-                return WebServer(proc, json.loads(line))
-        if proc.poll() is not None:
-            break
+    # A selector, not select(): a long test run can have descriptors past select()'s 1024.
+    with selectors.DefaultSelector() as sel:
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        while time.monotonic() < deadline:
+            if sel.select(0.2):
+                line = proc.stdout.readline()
+                if line:
+                    return WebServer(proc, json.loads(line))
+            if proc.poll() is not None:
+                break
     proc.kill()
     _, err = proc.communicate(timeout=5)
     raise AssertionError(f"web did not start: {err}")
