@@ -135,7 +135,7 @@ class Operations:
                 raise _storage_refusal(exc) from None
             self.delivery.ask_waiters[msg.id] = conn
         receipts = await self._deliver_all(msg, targets)
-        self.relay.archive(msg, receipts)
+        self.relay.archive(msg, _located(receipts, {t.session_id: t.host for t in targets}))
         crash_at("after_forward")
         result = outcomes.combine(msg.id, receipts, group=group)
         if result.outcome is Outcome.REFUSED and not group:
@@ -189,7 +189,7 @@ class Operations:
             return refused
         reply = self.build_message(conn, _in_thread(body, entry), entry.asker_id)
         receipt = await self._route_reply(reply, entry)
-        self.relay.archive(reply, [receipt])
+        self.relay.archive(reply, _located([receipt], {entry.asker_id: entry.asker_host}))
         if outcomes.reopens_ask(receipt.outcome):
             self.state.reopen_pending(entry.ask_id, replier)
         result = SendResult.from_receipt(receipt, reply_to=entry.ask_id)
@@ -202,6 +202,16 @@ class Operations:
             target = Target(entry.asker_id, entry.asker_host, None, local=False)
             return (await self.relay.forward(reply, [target]))[0]
         return await self.delivery.route_reply(reply, entry.asker_id)
+
+
+def _located(receipts: list[Receipt], hosts: dict[str, str]) -> list[Receipt]:
+    """Receipts with their recipient's host, for the archive (a relay's answer may omit it)."""
+    return [
+        r
+        if r.host or r.recipient not in hosts
+        else msgspec.structs.replace(r, host=hosts[r.recipient])
+        for r in receipts
+    ]
 
 
 def _in_thread(body: p.OutgoingBody, entry: PendingEntry) -> p.OutgoingBody:
