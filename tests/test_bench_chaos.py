@@ -8,6 +8,7 @@ nothing duplicated.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -131,13 +132,32 @@ def check_bench(report: dict[str, Any], backends: list[str], scale: bool = False
             assert set(outcomes) <= {"delivered", "queued", "replied"}, (backend, phase)
 
 
-def test_bench_quick_json(store_args: list[str], short_tmp: Path) -> None:
+def check_chart(page: str) -> None:
+    """The chart beside the table: a latency curve per series, a bar per throughput."""
+    for series in (
+        "crossintercom same-host",
+        "raw Unix-socket echo",
+        "crossintercom cross-host",
+        "raw store round trip",
+    ):
+        [curve] = re.findall(rf'data-series="{series}" points="([^"]+)"', page)
+        assert len(curve.split()) >= 10, series  # one point per sample
+    for bar in ("same-host crossintercom", "cross-host sqlite raw baseline"):
+        [width] = re.findall(rf'data-bar="{bar}" x="\d+" y="[\d.]+" width="([\d.]+)"', page)
+        assert float(width) > 0, bar
+    assert "<script" not in page
+
+
+def test_bench_quick_json(store_args: list[str], short_tmp: Path, tmp_path: Path) -> None:
     # --scale on the SQLite run only: it needs no store, and one run of it is enough.
     scale = [] if store_args else ["--scale"]
-    proc = run_cli(["bench", "--quick", "--json", *scale, *store_args], short_tmp, timeout=120)
+    chart = tmp_path / "bench.html"
+    args = ["bench", "--quick", "--json", "--chart", str(chart), *scale, *store_args]
+    proc = run_cli(args, short_tmp, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     backends = ["postgres", "sqlite"] if store_args else ["sqlite"]
     check_bench(json.loads(proc.stdout), backends, scale=bool(scale))
+    check_chart(chart.read_text())
     assert list(short_tmp.iterdir()) == []  # temporary dirs removed
     assert leftovers(short_tmp) == []
 

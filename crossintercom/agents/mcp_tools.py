@@ -37,6 +37,14 @@ OptionalTarget = Annotated[
     str | None, Field(description="Recipient; default: this session's supervisor.")
 ]
 
+# Threads (docs/threads.md): optional on send and ask; a reply takes its ask's.
+Subject = Annotated[
+    str | None, Field(description="A one-line subject for a new conversation.", max_length=200)
+]
+ThreadId = Annotated[
+    str | None, Field(description="Continue this thread (its first message's id).")
+]
+
 
 def guarded(
     fn: Callable[P, Awaitable[CallToolResult]],
@@ -159,21 +167,31 @@ class Tools:
         attach_files: Annotated[
             list[str] | None, Field(description="Paths of UTF-8 text files to attach.")
         ] = None,
+        subject: Subject = None,
+        thread_id: ThreadId = None,
     ) -> CallToolResult:
         """Send a message and go on (no answer awaited). Use it for information and requests."""
         limit = self.session.settings.max_message_bytes
         files = [load_attachment(p, limit) for p in attach_files or ()]
         async with self.session.operation() as client:
-            return res.outcome(await client.send(to, message, files))
+            sent = await client.send(to, message, files, subject=subject, thread_id=thread_id)
+            return res.outcome(sent)
 
     @guarded
     async def ask(
-        self, to: Target, message: Text, timeout_s: Timeout = DEFAULT_ASK_S
+        self,
+        to: Target,
+        message: Text,
+        timeout_s: Timeout = DEFAULT_ASK_S,
+        subject: Subject = None,
+        thread_id: ThreadId = None,
     ) -> CallToolResult:
         """Ask and wait for the answer (at most timeout_s). Use it only when you cannot go on
         without the answer; a late answer arrives in your inbox."""
         async with self.session.operation() as client:
-            result = await client.ask(to, message, timeout=timeout_s)
+            result = await client.ask(
+                to, message, timeout=timeout_s, subject=subject, thread_id=thread_id
+            )
         answer = res.ask_outcome(result, to, timeout_s, self.name)
         if result.reply is not None:  # the tool result shows the reply to the model
             self.session.report_shown([result.reply])

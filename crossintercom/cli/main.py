@@ -10,7 +10,16 @@ from typing import Any, NoReturn, TypeVar
 
 import click
 
-from crossintercom.cli import agent_cmds, escalate, info, messaging, service, setup_cmd
+from crossintercom.cli import (
+    agent_cmds,
+    escalate,
+    info,
+    messaging,
+    search,
+    service,
+    setup_cmd,
+    web_cmd,
+)
 from crossintercom.cli.db import db
 from crossintercom.cli.output import EXIT_ERROR, fail
 from crossintercom.config import ENV_JSON
@@ -94,6 +103,8 @@ for command in (
     *agent_cmds.COMMANDS,
     *escalate.COMMANDS,
     *setup_cmd.COMMANDS,
+    *search.COMMANDS,
+    *web_cmd.COMMANDS,
     db,
 ):
     cli.add_command(command)

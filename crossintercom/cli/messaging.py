@@ -7,13 +7,14 @@ import functools
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import click
 
 from crossintercom.agents.session import show_lock
 from crossintercom.cli.common import as_options, identity, json_option, one_shot, settings
-from crossintercom.cli.output import emit_json, format_message, result_exit
+from crossintercom.cli.output import emit_json, format_message, in_thread, result_exit
 from crossintercom.client import (
     MAX_ASK_TIMEOUT_S,
     Client,
@@ -25,6 +26,15 @@ from crossintercom.config import Settings
 from crossintercom.inbox import Entry, Inbox
 from crossintercom.models import Attachment
 from crossintercom.runtime import ensure_runtime_dir
+
+SUBJECT_HELP = "A one-line subject for the conversation (replies keep it)."
+THREAD_HELP = "Continue the thread with this id (a root message's id) instead of starting one."
+
+
+def _thread_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    fn = click.option("--thread", "thread_id", metavar="ID", help=THREAD_HELP)(fn)
+    return click.option("--subject", metavar="TEXT", help=SUBJECT_HELP)(fn)
+
 
 ATTACH_HELP = (
     "Attach a UTF-8 text file. One over the message size limit is refused before anything is "
@@ -173,6 +183,7 @@ def _print_entry(entry: Entry, as_json: bool) -> None:
     help="Session id, NAME, NAME@HOSTID or group:NAME.",
 )
 @click.option("--attach", "attach", multiple=True, metavar="PATH", help=ATTACH_HELP)
+@_thread_options
 @json_option
 @click.argument("message", required=False)
 def send(
@@ -180,13 +191,15 @@ def send(
     session_id: str | None,
     target: str,
     attach: tuple[str, ...],
+    subject: str | None,
+    thread_id: str | None,
     as_json: bool,
     message: str | None,
 ) -> None:
     """Send MESSAGE to TARGET without waiting for an answer ('-' reads standard input)."""
     cfg, text, files = _outgoing(message, attach)
     with one_shot(cfg, identity(cfg, as_name, session_id)) as client:
-        result = client.send(target, text, files)
+        result = client.send(target, text, files, subject=subject, thread_id=thread_id)
     result_exit(result, as_json)
 
 
@@ -203,6 +216,7 @@ def send(
     help="Seconds to wait for the reply.",
 )
 @click.option("--attach", "attach", multiple=True, metavar="PATH", help=ATTACH_HELP)
+@_thread_options
 @json_option
 @click.argument("message", required=False)
 def ask(
@@ -211,13 +225,17 @@ def ask(
     target: str,
     timeout: float,
     attach: tuple[str, ...],
+    subject: str | None,
+    thread_id: str | None,
     as_json: bool,
     message: str | None,
 ) -> None:
     """Send MESSAGE to TARGET and wait for its reply (exit 6 when none comes in time)."""
     cfg, text, files = _outgoing(message, attach)
     with one_shot(cfg, identity(cfg, as_name, session_id)) as client:
-        result = client.ask(target, text, files, timeout=timeout)
+        result = client.ask(
+            target, text, files, timeout=timeout, subject=subject, thread_id=thread_id
+        )
     result_exit(result, as_json, with_reply=True)
 
 
@@ -273,9 +291,15 @@ def pending(as_name: str, session_id: str | None, as_json: bool) -> None:
     help="Include the `shown` receipts for messages NAME sent (left out by default: one per "
     "message sent).",
 )
+@click.option("--thread", "thread_id", metavar="ID", help="Only the messages of this thread.")
 @json_option
 def inbox(
-    as_name: str, session_id: str | None, unseen: bool, shown_receipts: bool, as_json: bool
+    as_name: str,
+    session_id: str | None,
+    unseen: bool,
+    shown_receipts: bool,
+    thread_id: str | None,
+    as_json: bool,
 ) -> None:
     """NAME's saved messages on this host, oldest first (a transcript)."""
     cfg = settings()
@@ -303,6 +327,8 @@ def inbox(
         entries = [e for e in box.transcript() if shown_receipts or not _seen_notice(e)]
     finally:
         box.close()
+    if thread_id is not None:
+        entries = [e for e in entries if in_thread(e.body, thread_id)]
     if as_json:
         emit_json([e.body for e in entries])
         return

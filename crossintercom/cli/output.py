@@ -100,6 +100,13 @@ def result_exit(result: SendResult, as_json: bool, *, with_reply: bool = False) 
     sys.exit(code)
 
 
+def in_thread(m: dict[str, Any], thread_id: str) -> bool:
+    """A saved message belongs to ``thread_id`` (one saved before threads is its own root)."""
+    return (
+        m.get("type", "message") == "message" and (m.get("thread_id") or m.get("id")) == thread_id
+    )
+
+
 def format_message(m: dict[str, Any]) -> str:
     """One message for a person: header line, text, attachments, how to answer."""
     if m.get("type") == "receipt":
@@ -114,7 +121,12 @@ def format_message(m: dict[str, Any]) -> str:
     head = f"--- {m.get('sent_at')} from {who}{flags} id={m.get('id')}"
     if m.get("reply_to"):
         head += f" reply_to={m['reply_to']}"
-    lines = [head, str(m.get("message", ""))]
+    if m.get("thread_id") and m.get("thread_id") != m.get("id"):
+        head += f" thread={m['thread_id']}"
+    lines = [head]
+    if m.get("subject"):
+        lines.append(f"Subject: {m['subject']}")
+    lines.append(str(m.get("message", "")))
     for a in m.get("attachments") or ():
         lines.append(f"  [{a.get('kind')}: {a.get('name')}, {len(a.get('content', ''))} chars]")
     if m.get("expects_reply"):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
 from crossintercom.cli.common import json_option, settings
@@ -75,18 +77,31 @@ def demo(as_json: bool) -> None:
 @click.option(
     "--scale", is_flag=True, help="Also one broker with 1,000 sessions (200 with --quick)."
 )
+@click.option(
+    "--chart",
+    "chart",
+    type=click.Path(dir_okay=False, writable=True, path_type=Path),
+    metavar="FILE.html",
+    help="Also write the latency distributions and throughputs as a chart (HTML, no script).",
+)
 @json_option
-def bench(store_url: str | None, quick: bool, scale: bool, as_json: bool) -> None:
+def bench(
+    store_url: str | None, quick: bool, scale: bool, chart: Path | None, as_json: bool
+) -> None:
     """Latency and throughput of every path, beside raw baselines measured in the same run."""
     import json
 
-    from crossintercom.tools.bench import render, run_bench
+    from crossintercom.tools.bench import render, run_bench, write_chart
 
     report = run_bench(store_url, quick=quick, scale=scale)
+    if chart is not None:
+        write_chart(report, chart)
     if as_json:
         click.echo(json.dumps(report.to_dict()))
     else:
         render(report)
+        if chart is not None:
+            click.echo(f"  chart: {chart}")
 
 
 @click.command()

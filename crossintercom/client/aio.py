@@ -319,8 +319,12 @@ class AsyncClient:
         *,
         reply_to: str | None = None,
         message_id: str | None = None,
+        subject: str | None = None,
+        thread_id: str | None = None,
     ) -> SendResult:
-        body = outgoing_body(to, text, attachments, reply_to, False, message_id)
+        body = outgoing_body(
+            to, text, attachments, reply_to, False, message_id, subject=subject, thread_id=thread_id
+        )
         return await self._operation(p.Send(request_id=0, message=body))
 
     async def ask(
@@ -331,10 +335,14 @@ class AsyncClient:
         *,
         timeout: float = MAX_ASK_TIMEOUT_S,
         message_id: str | None = None,
+        subject: str | None = None,
+        thread_id: str | None = None,
     ) -> SendResult:
         if not 0 < timeout <= MAX_ASK_TIMEOUT_S:
             raise UsageError(f"ask timeout must be between 0 and {MAX_ASK_TIMEOUT_S:.0f} seconds")
-        body = outgoing_body(to, text, attachments, None, True, message_id)
+        body = outgoing_body(
+            to, text, attachments, None, True, message_id, subject=subject, thread_id=thread_id
+        )
         waiter: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
         self._ask_waiters[body.id] = waiter
         try:
@@ -375,8 +383,9 @@ class AsyncClient:
         reply_to: str | None = None,
         attachments: Sequence[Attachment] = (),
         message_id: str | None = None,
+        subject: str | None = None,
     ) -> SendResult:
-        body = outgoing_body(None, text, attachments, reply_to, False, message_id)
+        body = outgoing_body(None, text, attachments, reply_to, False, message_id, subject=subject)
         return await self._operation(p.Reply(request_id=0, message=body))
 
     # --- queries --------------------------------------------------------------------------------

@@ -64,8 +64,12 @@ def outgoing_body(
     reply_to: str | None,
     expects_reply: bool,
     message_id: str | None,
+    *,
+    subject: str | None = None,
+    thread_id: str | None = None,
 ) -> p.OutgoingBody:
-    """What a sender puts on the wire; the broker adds sender and time."""
+    """What a sender puts on the wire; the broker adds sender, time and (for replies) the
+    thread."""
     return p.OutgoingBody(
         id=message_id or new_id(),
         message=text,
@@ -73,4 +77,6 @@ def outgoing_body(
         attachments=[p.AttachmentBody(a.kind, a.name, a.content, a.language) for a in attachments],
         reply_to=reply_to,
         expects_reply=expects_reply,
+        subject=subject or None,
+        thread_id=thread_id or None,
     )

@@ -350,6 +350,10 @@ class Broker:
             log.exception("inbound hand-over failed", extra={"id": msg.id})
             receipt = Receipt(msg.id, Outcome.UNKNOWN, recipient, Code.INTERNAL, str(exc))
         conn.write(p.Result.of_receipt(f.request_id, receipt))
+        self.relay.archive(msg, [receipt])  # the recipient's host saw it too
+
+    async def _on_archive_state(self, conn: Conn, f: p.ArchiveState) -> None:
+        self.relay.archive_enabled = f.enabled
 
     async def _on_remote_receipt(self, conn: Conn, f: p.RemoteReceipt) -> None:
         for r in f.receipts:
@@ -409,4 +413,5 @@ class Broker:
         p.ForwardResult: _on_forward_result,
         p.RemoteReceipt: _on_remote_receipt,
         p.RosterRefreshed: _on_roster_refreshed,
+        p.ArchiveState: _on_archive_state,
     }

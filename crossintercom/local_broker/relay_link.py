@@ -25,6 +25,8 @@ from crossintercom.models import Message, Outcome, Receipt
 ROSTER_REFRESH_WAIT_S: Final = 2.0
 # How long past the store's own wait a forward may take before the relay counts as lost.
 _FORWARD_GRACE_S: Final = 10.0
+# A message that went nowhere (refused, not sent) is not history.
+_ARCHIVED_OUTCOMES: Final = frozenset({Outcome.DELIVERED, Outcome.QUEUED, Outcome.UNKNOWN})
 
 
 class RelayLink:
@@ -33,6 +35,8 @@ class RelayLink:
         self.registry = registry
         self.conn: Conn | None = None
         self.store_status: str | None = None
+        # Told by the relay (``archive_state``); copies go out only while it is on.
+        self.archive_enabled = False
         self._ids = itertools.count(1)
         self._forwards: dict[int, asyncio.Future[list[Receipt]]] = {}
         self._refreshes: dict[int, asyncio.Future[None]] = {}
@@ -61,6 +65,7 @@ class RelayLink:
             return
         self.conn = None
         self.store_status = None
+        self.archive_enabled = False
         self.registry.remote.clear()
         for forward in self._forwards.values():
             if not forward.done():
@@ -130,6 +135,14 @@ class RelayLink:
         fut = self._refreshes.get(f.fid)
         if fut is not None and not fut.done():
             fut.set_result(None)
+
+    def archive(self, msg: Message, receipts: list[Receipt]) -> None:
+        """Hand the relay a copy for the archive: a buffered write, never awaited, so neither a
+        slow relay nor a slow archive reaches the sender (docs/archive.md)."""
+        if self.conn is None or not self.archive_enabled:
+            return
+        if any(r.outcome in _ARCHIVED_OUTCOMES for r in receipts):
+            self.conn.write(p.ArchiveCopy(msg, receipts))
 
     def send_local_roster(self) -> None:
         if self.conn is not None:

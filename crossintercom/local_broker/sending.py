@@ -104,6 +104,8 @@ class Operations:
             reply_to=body.reply_to,
             expects_reply=body.expects_reply,
             sent_at=now_iso(),
+            subject=body.subject,
+            thread_id=body.thread_id or body.id,
         )
         if msg.size() > self.settings.max_message_bytes:
             what = "reply" if body.reply_to is not None or not to else "message"
@@ -160,6 +162,7 @@ class Operations:
                 raise _storage_refusal(exc) from None
             self.delivery.ask_waiters[msg.id] = conn
         receipts = await self._deliver_all(msg, targets)
+        self.relay.archive(msg, _located(receipts, {t.session_id: t.host for t in targets}))
         crash_at("after_forward")
         result = outcomes.combine(msg.id, receipts, group=group)
         if result.outcome is Outcome.REFUSED and not group:
@@ -212,10 +215,9 @@ class Operations:
             refused = outcomes.reply_refused(body.id, status, body.reply_to)
             self.authority.accept(body.id, outcomes.to_retain(refused))
             return refused
-        reply = self.build_message(
-            conn, msgspec.structs.replace(body, reply_to=entry.ask_id), entry.asker_id
-        )
+        reply = self.build_message(conn, _in_thread(body, entry), entry.asker_id)
         receipt = await self._route_reply(reply, entry)
+        self.relay.archive(reply, _located([receipt], {entry.asker_id: entry.asker_host}))
         if outcomes.reopens_ask(receipt.outcome):
             self.state.reopen_pending(entry.ask_id, replier)
         result = SendResult.from_receipt(receipt, reply_to=entry.ask_id)
@@ -228,6 +230,30 @@ class Operations:
             target = Target(entry.asker_id, entry.asker_host, None, local=False)
             return (await self.relay.forward(reply, [target]))[0]
         return await self.delivery.route_reply(reply, entry.asker_id)
+
+
+def _located(receipts: list[Receipt], hosts: dict[str, str]) -> list[Receipt]:
+    """Receipts with their recipient's host, for the archive (a relay's answer may omit it)."""
+    return [
+        r
+        if r.host or r.recipient not in hosts
+        else msgspec.structs.replace(r, host=hosts[r.recipient])
+        for r in receipts
+    ]
+
+
+def _in_thread(body: p.OutgoingBody, entry: PendingEntry) -> p.OutgoingBody:
+    """A reply answers its ask, joins the ask's thread and, unless it says otherwise, keeps the
+    ask's subject."""
+    ask = entry.body
+    thread = ask.get("thread_id") if isinstance(ask.get("thread_id"), str) else None
+    subject = ask.get("subject") if isinstance(ask.get("subject"), str) else None
+    return msgspec.structs.replace(
+        body,
+        reply_to=entry.ask_id,
+        thread_id=thread or entry.ask_id,
+        subject=body.subject or subject,
+    )
 
 
 def _storage_refusal(exc: BaseException) -> Refusal:

@@ -70,6 +70,8 @@ from crossintercom.protocol.framing import (
     read_frame,
 )
 from crossintercom.protocol.relay_frames import (
+    ArchiveCopy,
+    ArchiveState,
     Forward,
     ForwardResult,
     HostReceiptOutcome,
@@ -97,6 +99,8 @@ __all__ = [
     "PROTOCOL_VERSION",
     "RELAY_TYPES",
     "Ack",
+    "ArchiveCopy",
+    "ArchiveState",
     "AttachmentBody",
     "BrokerFrame",
     "ClientFrame",

@@ -11,6 +11,8 @@ from crossintercom.models import Name, Peer, WakePolicy
 SessionId = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
 MessageId = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
 RequestId = Annotated[int, msgspec.Meta(ge=0)]
+# One line of headline; longer text belongs in the message.
+Subject = Annotated[str, msgspec.Meta(min_length=1, max_length=200)]
 
 
 class AttachmentBody(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -41,6 +43,10 @@ class OutgoingBody(msgspec.Struct, frozen=True, omit_defaults=True):
     attachments: list[AttachmentBody] = []
     reply_to: MessageId | None = None
     expects_reply: bool = False
+    subject: Subject | None = None
+    # Continue this thread (a root message's id); absent, the message starts its own, and a
+    # reply takes its ask's.
+    thread_id: MessageId | None = None
 
 
 class Register(msgspec.Struct, tag="register", frozen=True):

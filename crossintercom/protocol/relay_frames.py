@@ -58,7 +58,13 @@ class RosterRefreshed(msgspec.Struct, tag="roster_refreshed", frozen=True):
     fid: int
 
 
-RelayFrame = RemoteRoster | Inbound | ForwardResult | RemoteReceipt | RosterRefreshed
+class ArchiveState(msgspec.Struct, tag="archive_state", frozen=True):
+    """Whether the store-wide archive is on: the broker sends ``archive`` copies only then."""
+
+    enabled: bool
+
+
+RelayFrame = RemoteRoster | Inbound | ForwardResult | RemoteReceipt | RosterRefreshed | ArchiveState
 
 # --- broker -> relay --------------------------------------------------------------------------
 
@@ -110,4 +116,12 @@ class SessionForgotten(msgspec.Struct, tag="session_forgotten", frozen=True):
     session: SessionId
 
 
-ToRelayFrame = Forward | LocalRoster | RefreshRoster | SendReceipts | SessionForgotten
+class ArchiveCopy(msgspec.Struct, tag="archive", frozen=True):
+    """A message this host's sessions sent, with its receipts, for the archive. Sent after the
+    sender has its outcome and never answered: archiving is off the delivery path."""
+
+    message: Message
+    receipts: list[Receipt]
+
+
+ToRelayFrame = Forward | LocalRoster | RefreshRoster | SendReceipts | SessionForgotten | ArchiveCopy

@@ -24,12 +24,20 @@ from crossintercom.client import AsyncClient, Identity
 from crossintercom.config import ENV_STORE, Settings
 from crossintercom.errors import CrossintercomError, StoreError, StoreUnavailable
 from crossintercom.models import SessionInfo, new_id
+from crossintercom.relay.archiver import Archiver
 from crossintercom.relay.core import RelayCore
 from crossintercom.relay.inbound import POLL_BACKSTOP_S, Inbound
 from crossintercom.relay.late import LateReceipts
 from crossintercom.relay.outbound import Outbound
 from crossintercom.runtime import LockHeld, ensure_runtime_dir, hold_pid_lock
-from crossintercom.storage import LeaseTracker, MailboxStore, mask_url, open_store
+from crossintercom.storage import (
+    ArchiveStore,
+    LeaseTracker,
+    MailboxStore,
+    mask_url,
+    open_archive,
+    open_store,
+)
 
 log = logging.getLogger(__name__)
 
@@ -71,8 +79,11 @@ def hold_relay_lock(settings: Settings) -> int:
 
 
 class Relay(RelayCore):
-    def __init__(self, settings: Settings, store: MailboxStore) -> None:
+    def __init__(
+        self, settings: Settings, store: MailboxStore, archive: ArchiveStore | None = None
+    ) -> None:
         super().__init__(settings, store)
+        self.archiver = Archiver(archive, self.host) if archive is not None else None
         self.leases = LeaseTracker(settings.lease_s)
         self.outbound = Outbound(self)
         self.inbound = Inbound(self, self.outbound)
@@ -102,6 +113,8 @@ class Relay(RelayCore):
             self.late_receipts.loop(),
             self._housekeeping_loop(),
         ]
+        if self.archiver is not None:
+            jobs.append(self.archiver.loop(self._archive_changed))
         tasks = [loop.create_task(j) for j in jobs]
         stopper = loop.create_task(self.stopping.wait())
         try:
@@ -120,6 +133,8 @@ class Relay(RelayCore):
             await self._say_goodbye()
             await self.client.close()
             waiter_thread.join(POLL_BACKSTOP_S + 1)
+            if self.archiver is not None:
+                self.archiver.close()
         if self.failure is not None:
             raise self.failure
 
@@ -141,8 +156,14 @@ class Relay(RelayCore):
     def _on_frame(self, frame: p.ToRelayFrame) -> None:
         if isinstance(frame, p.Forward):
             self.outbound.put(frame)
+        elif isinstance(frame, p.ArchiveCopy):
+            if self.archiver is not None:
+                self.archiver.put(frame)
         elif isinstance(frame, p.LocalRoster):
             self.local_sessions = frame.sessions
+            if self.archiver is not None:
+                self.archiver.know(frame.sessions)
+                self._archive_changed(self.archiver.enabled)
             self.spawn(self._publish_roster())
             # Sent on every (re)registration: the broker may be new, so give it the roster.
             self._post_remote_roster()
@@ -194,7 +215,13 @@ class Relay(RelayCore):
             self.remote_sessions = remote
             self._post_remote_roster()
 
+    def _archive_changed(self, enabled: bool) -> None:
+        if self.client is not None:
+            self.client.post(p.ArchiveState(enabled))
+
     def _post_remote_roster(self) -> None:
+        if self.archiver is not None:
+            self.archiver.know(self.remote_sessions)
         if self.client is not None:
             self.client.post(p.RemoteRoster(self.remote_sessions))
 
@@ -262,7 +289,7 @@ def run_relay(settings: Settings, *, polling_observer: bool = False) -> None:
     try:
         store = _open_store_patiently(settings.store_url, polling_observer)
         try:
-            asyncio.run(_serve(settings, store))
+            asyncio.run(_serve(settings, store, open_archive(settings.store_url)))
         finally:
             store.close()
     finally:
@@ -285,8 +312,8 @@ def _open_store_patiently(url: str, polling_observer: bool) -> MailboxStore:
     return store
 
 
-async def _serve(settings: Settings, store: MailboxStore) -> None:
-    relay = Relay(settings, store)
+async def _serve(settings: Settings, store: MailboxStore, archive: ArchiveStore) -> None:
+    relay = Relay(settings, store, archive)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, relay.stop)

@@ -16,8 +16,14 @@ from __future__ import annotations
 from crossintercom.storage.interface import (
     Ack,
     AckOutcome,
+    ArchivedMessage,
+    ArchiveEntry,
+    ArchiveRecipient,
+    ArchiveSettings,
+    ArchiveStore,
     DeliveryState,
     EnqueueResult,
+    FlowEdge,
     HostRow,
     InboundRow,
     InDoubtEnqueue,
@@ -29,6 +35,7 @@ from crossintercom.storage.interface import (
     ReceiptOutcome,
     ReceiptRow,
     StoreSettings,
+    ThreadSummary,
     Waiter,
 )
 from crossintercom.storage.liveness import LeaseTracker
@@ -59,11 +66,25 @@ def open_store(url: str, *, polling_observer: bool = False) -> MailboxStore:
     return store
 
 
+def open_archive(url: str) -> ArchiveStore:
+    """The shared archive of the store at ``url`` (docs/archive.md): its own connection, so it
+    never holds one the mailbox needs. Open the store first where the schema must be checked."""
+    from crossintercom.storage.archive import open_archive as open_sql_archive
+
+    return open_sql_archive(url)
+
+
 __all__ = [
     "Ack",
     "AckOutcome",
+    "ArchiveEntry",
+    "ArchiveRecipient",
+    "ArchiveSettings",
+    "ArchiveStore",
+    "ArchivedMessage",
     "DeliveryState",
     "EnqueueResult",
+    "FlowEdge",
     "HostRow",
     "InDoubtEnqueue",
     "InDoubtResolution",
@@ -76,8 +97,10 @@ __all__ = [
     "ReceiptOutcome",
     "ReceiptRow",
     "StoreSettings",
+    "ThreadSummary",
     "Waiter",
     "mask_url",
+    "open_archive",
     "open_store",
     "parse_store_url",
 ]

@@ -54,20 +54,22 @@ SQLITE_AUTOCOMMIT = "crossintercom_autocommit"
 # -- engines -------------------------------------------------------------------------------
 
 
-def store_engine(parsed: StoreURL, *, must_exist: bool = True) -> Engine:
+def store_engine(
+    parsed: StoreURL, *, must_exist: bool = True, pool_size: int = POOL_SIZE
+) -> Engine:
     """The engine for ``parsed``. A SQLite file is checked first (``check_writable``), so an
     unusable path fails with its reason; ``must_exist=False`` lets a migration create it."""
     if parsed.kind == "postgres":
-        return postgres_engine(parsed)
+        return postgres_engine(parsed, pool_size)
     assert parsed.path is not None
     check_writable(parsed.path, parsed.masked, must_exist=must_exist)
-    return sqlite_engine(parsed)
+    return sqlite_engine(parsed, pool_size)
 
 
-def postgres_engine(parsed: StoreURL) -> Engine:
+def postgres_engine(parsed: StoreURL, pool_size: int = POOL_SIZE) -> Engine:
     return create_engine(
         parsed.url,
-        pool_size=POOL_SIZE,
+        pool_size=pool_size,
         max_overflow=0,
         # No pre-ping (a round trip per transaction): a dropped pooled connection fails
         # before COMMIT, is discarded and the transaction retried (transaction.py).
@@ -81,13 +83,13 @@ def postgres_engine(parsed: StoreURL) -> Engine:
     )
 
 
-def sqlite_engine(parsed: StoreURL) -> Engine:
+def sqlite_engine(parsed: StoreURL, pool_size: int = POOL_SIZE) -> Engine:
     """Rollback journal, never WAL: WAL's shared memory does not work across hosts. Writers
     take the write lock up front (``BEGIN IMMEDIATE``) so two writers never deadlock upgrading
     read locks."""
     engine = create_engine(
         parsed.url,
-        pool_size=POOL_SIZE,
+        pool_size=pool_size,
         max_overflow=0,
         connect_args={"timeout": SQLITE_BUSY_TIMEOUT_S},
     )

@@ -22,18 +22,29 @@ from sqlalchemy import (
     bindparam,
     case,
     cast,
+    column,
     delete,
     exists,
     func,
+    literal_column,
+    or_,
     select,
+    table,
     text,
     tuple_,
     update,
 )
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.sql.expression import ColumnClause
 
+from crossintercom.models import MARK_END, MARK_START, SearchQuery, search_terms
 from crossintercom.storage.interface import DeliveryState, ReceiptOutcome
 from crossintercom.storage.tables import (
+    ARCHIVE_FTS_TABLE,
+    TS_CONFIG,
+    archive_messages,
+    archive_recipients,
+    archive_settings,
     deliveries,
     host_roles,
     hosts,
@@ -427,3 +438,216 @@ INSERT_HOST_ROLE = host_roles.insert().values(
 def pg_listen(channel: str) -> str:
     # LISTEN takes an identifier, not a parameter; channel names are hex we built ourselves.
     return f'LISTEN "{channel}"'
+
+
+# --- the archive (docs/archive.md) ----------------------------------------------------------------
+# Written by relays in batches on a connection of their own, read by `search` and the overseer
+# page. None of these runs on a delivery's path.
+
+READ_ARCHIVE_SETTINGS = select(archive_settings.c.enabled, archive_settings.c.retention_s).where(
+    archive_settings.c.id == 1
+)
+
+
+@cache
+def upsert_archive_settings(dialect: str) -> Any:
+    """Params: enabled, retention_s (the single row, made on first use)."""
+    stmt = _insert(dialect, archive_settings).values(
+        id=1, enabled=bindparam("enabled"), retention_s=bindparam("retention_s")
+    )
+    return stmt.on_conflict_do_update(
+        index_elements=[archive_settings.c.id],
+        set_={"enabled": stmt.excluded.enabled, "retention_s": stmt.excluded.retention_s},
+    )
+
+
+@cache
+def archive_messages_if_absent(dialect: str) -> Any:
+    """Run with a list of rows. The sender's host and each recipient's host copy the same
+    message: the first copy stays, so the text (and its full-text entry) is stored once."""
+    return _insert(dialect, archive_messages).on_conflict_do_nothing(
+        index_elements=[archive_messages.c.message_id]
+    )
+
+
+@cache
+def archive_recipients_upsert(dialect: str) -> Any:
+    """Run with a list of rows. A recipient's outcome only gets better: ``delivered`` (told by
+    the recipient's host) is never overwritten by a ``queued`` the sender's host saw first."""
+    stmt = _insert(dialect, archive_recipients)
+    r = archive_recipients.c
+    return stmt.on_conflict_do_update(
+        index_elements=[r.message_id, r.session_id],
+        set_={
+            "outcome": case((r.outcome == "delivered", r.outcome), else_=stmt.excluded.outcome),
+            "code": case((r.outcome == "delivered", r.code), else_=stmt.excluded.code),
+            "name": func.coalesce(stmt.excluded.name, r.name),
+        },
+    )
+
+
+# An archive batch stuck behind a lock gives up instead of holding its thread (and the relay's
+# exit) for ever; its copies are dropped and logged.
+PG_ARCHIVE_STATEMENT_TIMEOUT = text("SET LOCAL statement_timeout = '10s'")
+
+_ARCHIVED = (archive_messages.c.seq, archive_messages.c.payload)
+
+# Params: after, limit. The feed re-reads a window below its cursor (the web page dedups by
+# id), since sequence values commit out of order.
+ARCHIVE_FEED = (
+    select(*_ARCHIVED)
+    .where(archive_messages.c.seq > bindparam("after"))
+    .order_by(archive_messages.c.seq)
+    .limit(bindparam("limit"))
+)
+
+# Params: thread_id, limit.
+ARCHIVE_THREAD = (
+    select(*_ARCHIVED)
+    .where(archive_messages.c.thread_id == bindparam("thread_id"))
+    .order_by(archive_messages.c.seq)
+    .limit(bindparam("limit"))
+)
+
+# Params: limit. Threads, latest activity first; the subject is the root's (the earliest set).
+ARCHIVE_THREADS = (
+    select(
+        archive_messages.c.thread_id,
+        func.min(archive_messages.c.subject),
+        func.count(),
+        func.max(archive_messages.c.seq).label("last_seq"),
+    )
+    .group_by(archive_messages.c.thread_id)
+    .order_by(literal_column("last_seq").desc())
+    .limit(bindparam("limit"))
+)
+
+# Params: message_ids (expanding).
+ARCHIVE_RECIPIENTS_OF = select(
+    archive_recipients.c.message_id,
+    archive_recipients.c.session_id,
+    archive_recipients.c.host_id,
+    archive_recipients.c.outcome,
+    archive_recipients.c.name,
+    archive_recipients.c.code,
+).where(archive_recipients.c.message_id.in_(bindparam("message_ids", expanding=True)))
+
+# Messages between each pair of hosts: the overseer page's picture.
+ARCHIVE_FLOW = (
+    select(archive_messages.c.sender_host, archive_recipients.c.host_id, func.count())
+    .select_from(
+        archive_messages.join(
+            archive_recipients,
+            archive_recipients.c.message_id == archive_messages.c.message_id,
+        )
+    )
+    .group_by(archive_messages.c.sender_host, archive_recipients.c.host_id)
+)
+
+# Params: cutoff, limit. Retention is by the time a message was archived (every host's clock
+# is its own; an archived_at is at least one writer's view of "now").
+ARCHIVE_EXPIRED_IDS = (
+    select(archive_messages.c.message_id)
+    .where(archive_messages.c.archived_at < bindparam("cutoff"))
+    .limit(bindparam("limit"))
+)
+ARCHIVE_DELETE_MESSAGES = delete(archive_messages).where(
+    archive_messages.c.message_id.in_(bindparam("message_ids", expanding=True))
+)
+ARCHIVE_DELETE_RECIPIENTS = delete(archive_recipients).where(
+    archive_recipients.c.message_id.in_(bindparam("message_ids", expanding=True))
+)
+
+# The PostgreSQL document, written exactly as the GIN index of migration 0005 is, so the planner
+# uses the index; the text-search configuration is a constant, never a parameter, for the same
+# reason.
+_PG_DOCUMENT: ColumnClause[Any] = literal_column(
+    f"to_tsvector('{TS_CONFIG}'::regconfig, "
+    "coalesce(archive_messages.subject, '') || ' ' || archive_messages.body)"
+)
+_PG_CONFIG: ColumnClause[Any] = literal_column(f"'{TS_CONFIG}'::regconfig")
+_PG_HEADLINE_OPTIONS = (
+    f"StartSel={MARK_START}, StopSel={MARK_END}, MaxWords=24, MinWords=8, MaxFragments=2, "
+    'FragmentDelimiter=" \u2026 "'
+)
+_FTS = table(ARCHIVE_FTS_TABLE, column("rowid"))
+
+
+def _search_filters(query: SearchQuery) -> tuple[list[Any], dict[str, Any]]:
+    """The WHERE terms both dialects share, and their parameters."""
+    m, r = archive_messages.c, archive_recipients.c
+    terms: list[Any] = []
+    params: dict[str, Any] = {}
+    if query.sender is not None:
+        terms.append(
+            or_(
+                m.sender_name == bindparam("sender"),
+                m.sender_id == bindparam("sender"),
+                (func.coalesce(m.sender_name, m.sender_id) + "@" + m.sender_host)
+                == bindparam("sender"),
+            )
+        )
+        params["sender"] = query.sender
+    if query.recipient is not None:
+        named = exists().where(
+            r.message_id == m.message_id,
+            or_(
+                r.name == bindparam("recipient"),
+                r.session_id == bindparam("recipient"),
+                (func.coalesce(r.name, r.session_id) + "@" + r.host_id) == bindparam("recipient"),
+            ),
+        )
+        terms.append(or_(m.target == bindparam("recipient"), named))
+        params["recipient"] = query.recipient
+    if query.host is not None:
+        seen = exists().where(r.message_id == m.message_id, r.host_id == bindparam("host"))
+        terms.append(or_(m.sender_host == bindparam("host"), seen))
+        params["host"] = query.host
+    if query.thread is not None:
+        terms.append(m.thread_id == bindparam("thread"))
+        params["thread"] = query.thread
+    if query.since is not None:
+        terms.append(m.sent_at >= bindparam("since", type_=DateTime(timezone=True)))
+        params["since"] = query.since
+    return terms, params
+
+
+def archive_search(dialect: str, query: SearchQuery) -> tuple[Select[Any], dict[str, Any]]:
+    """Ranked full-text search with snippets: PostgreSQL ``websearch_to_tsquery`` over the GIN
+    index, SQLite FTS5 ``MATCH`` with ``bm25``. Columns: seq, payload, score (higher is
+    better), snippet. The words come from ``search_terms`` (letters and digits only), so
+    neither engine ever parses user syntax, and every value is a bound parameter."""
+    terms, params = _search_filters(query)
+    words = search_terms(query.text)
+    params["limit"] = query.limit
+    if dialect == "postgresql":
+        tsquery = func.websearch_to_tsquery(_PG_CONFIG, bindparam("q"))
+        params["q"] = " ".join(words)
+        stmt = select(
+            *_ARCHIVED,
+            func.ts_rank(_PG_DOCUMENT, tsquery).label("score"),
+            func.ts_headline(
+                _PG_CONFIG,
+                func.coalesce(archive_messages.c.subject, "")
+                + " \u2014 "
+                + archive_messages.c.body,
+                tsquery,
+                _PG_HEADLINE_OPTIONS,
+            ),
+        ).where(_PG_DOCUMENT.op("@@")(tsquery), *terms)
+        order = [literal_column("score").desc(), archive_messages.c.seq.desc()]
+    else:
+        fts: ColumnClause[Any] = literal_column(ARCHIVE_FTS_TABLE)
+        # Each word a quoted FTS5 string (implicit AND); a quote cannot occur in a \w word.
+        params["match"] = " ".join(f'"{w}"' for w in words)
+        stmt = (
+            select(
+                *_ARCHIVED,
+                (-func.bm25(fts, 2.0, 1.0)).label("score"),
+                func.snippet(fts, -1, MARK_START, MARK_END, "\u2026", 20),
+            )
+            .select_from(_FTS.join(archive_messages, archive_messages.c.seq == _FTS.c.rowid))
+            .where(fts.op("MATCH")(bindparam("match")), *terms)
+        )
+        order = [literal_column("score").desc(), archive_messages.c.seq.desc()]
+    return stmt.order_by(*order).limit(bindparam("limit")), params

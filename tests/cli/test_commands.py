@@ -24,6 +24,8 @@ MESSAGE_KEYS = {
     "expects_reply",
     "sent_at",
     "flags",
+    "subject",
+    "thread_id",
 }
 LIST_KEYS = {"id", "name", "host", "cwd", "model", "status", "purpose", "groups", "online"}
 

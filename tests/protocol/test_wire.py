@@ -67,6 +67,8 @@ SAMPLES: list[Any] = [
             to="worker",
             attachments=[p.AttachmentBody("snippet", "x.py", "print(1)", "python")],
             expects_reply=True,
+            subject="release plan",
+            thread_id=sid(),
         ),
     ),
     p.Reply(request_id=3, message=p.OutgoingBody(id=sid(), message="yes", reply_to=sid())),
@@ -90,6 +92,7 @@ SAMPLES: list[Any] = [
     p.ForwardResult(fid=1, receipts=[Receipt(id="m", outcome=Outcome.QUEUED)]),
     p.RemoteReceipt(receipts=[p.SenderReceipt(id="m", outcome=Outcome.DELIVERED, sender="s")]),
     p.RosterRefreshed(fid=2),
+    p.ArchiveState(enabled=True),
 ]
 
 

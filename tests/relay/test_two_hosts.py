@@ -23,6 +23,8 @@ MESSAGE_KEYS = {
     "expects_reply",
     "sent_at",
     "flags",
+    "subject",
+    "thread_id",
 }
 
 

@@ -12,14 +12,16 @@ from sqlalchemy import create_engine, inspect, text
 
 from crossintercom.errors import SchemaMissing, SchemaOutdated, SchemaTooNew
 from crossintercom.storage import migrate, open_store, parse_store_url
-from crossintercom.storage.tables import metadata
+from crossintercom.storage.tables import include_name, metadata
 
 
 def _diff(url: str) -> list[object]:
     engine = create_engine(parse_store_url(url).url)
     try:
         with engine.connect() as conn:
-            return list(compare_metadata(MigrationContext.configure(conn), metadata))
+            # The archive's full-text index is the migration's alone (docs/archive.md).
+            context = MigrationContext.configure(conn, opts={"include_name": include_name})
+            return list(compare_metadata(context, metadata))
     finally:
         engine.dispose()
 

@@ -25,7 +25,7 @@ from crossintercom.errors import StoreError
 from crossintercom.storage import engine as db
 from crossintercom.storage import queries as q
 from crossintercom.storage.migrate import ENGINE_ATTRIBUTE
-from crossintercom.storage.tables import metadata
+from crossintercom.storage.tables import include_name, metadata
 from crossintercom.storage.urls import parse_store_url
 
 config = context.config
@@ -59,6 +59,8 @@ def run_migrations(engine: Engine) -> None:
                 # SQLite cannot ALTER most things; batch mode copies the table instead.
                 render_as_batch=connection.dialect.name == "sqlite",
                 transaction_per_migration=False,
+                # The archive's full-text index is the migration's alone (tables.py says why).
+                include_name=include_name,
             )
             with context.begin_transaction():
                 context.run_migrations()

@@ -11,7 +11,8 @@ or removed before it returns. Run it against a scratch database: it registers th
 per-sender rate limit is lifted on those hosts (bulk senders, not agents in a loop).
 """
 
+from crossintercom.tools.bench.chart import write_chart
 from crossintercom.tools.bench.report import BenchReport, render
 from crossintercom.tools.bench.run import run_bench
 
-__all__ = ["BenchReport", "render", "run_bench"]
+__all__ = ["BenchReport", "render", "run_bench", "write_chart"]

@@ -54,9 +54,13 @@ class BenchReport:
     elapsed_s: float = 0.0
     machine: dict[str, Any] = field(default_factory=dict)
     backends: list[str] = field(default_factory=list)
+    # Every latency sample (ms) by series, for the chart (``--chart``); not in the JSON.
+    latency_ms: dict[str, list[float]] = field(default_factory=dict, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        out.pop("latency_ms")
+        return out
 
 
 def percentile(samples: list[float], q: float) -> float:

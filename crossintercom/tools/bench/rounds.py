@@ -35,6 +35,8 @@ class Rounds:
     once: dict[str, float] = field(default_factory=dict)
     outcomes: dict[str, Counter[str]] = field(default_factory=lambda: defaultdict(Counter))
     store_work: dict[str, Any] | None = None
+    # Every `delivered` sample (ms) with its raw round trip, by path: the chart's curves.
+    samples: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
 
     def add(self, key: str, ci: float, raw: float) -> None:
         self.values[key].append((ci, raw))
@@ -48,6 +50,8 @@ class Rounds:
         self.add(f"{prefix}_delivered_p50", _p(seq.delivered, 50), _p(raw_rtt, 50))
         self.add(f"{prefix}_delivered_p99", _p(seq.delivered, 99), _p(raw_rtt, 99))
         self.outcomes[f"{prefix}_latency"] += seq.outcomes
+        self.samples[prefix] += [v * MS for v in seq.delivered]
+        self.samples[f"{prefix} raw"] += [v * MS for v in raw_rtt]
 
 
 def _p(samples: list[float], q: float) -> float:

@@ -214,6 +214,10 @@ def run_bench(
                         uds if k == 0 else None, raw, conninfo if store.kind == "postgres" else None
                     )
                 report.figures += _figures(store.kind, rounds, same_host=k == 0)
+                if k == 0:  # the chart's curves: same-host, and the first store's cross-host
+                    for name, key in (("same-host", "same"), ("cross-host", "cross")):
+                        report.latency_ms[name] = rounds.samples[key]
+                        report.latency_ms[f"{name} raw"] = rounds.samples[f"{key} raw"]
                 details["outcomes"][store.kind] = {p: dict(c) for p, c in rounds.outcomes.items()}
                 if rounds.store_work is not None:
                     details["store_work"] = {**rounds.store_work, "targets": STORE_WORK_TARGETS}

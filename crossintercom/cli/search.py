@@ -1,0 +1,123 @@
+"""`crossintercom search` and `crossintercom archive` (docs/archive.md)."""
+
+from __future__ import annotations
+
+import click
+
+from crossintercom.cli.common import json_option, settings
+from crossintercom.cli.db import store_option
+from crossintercom.cli.output import emit_json
+from crossintercom.errors import UsageError
+from crossintercom.models import SearchHit, SearchQuery, parse_age, parse_since, search_terms
+
+
+@click.command()
+@click.argument("query")
+@click.option("--from", "sender", metavar="WHO", help="Sender: NAME, NAME@HOSTID or session id.")
+@click.option("--to", "recipient", metavar="WHO", help="Recipient: NAME, NAME@HOSTID, session id.")
+@click.option("--host", metavar="HOSTID", help="Sent from or delivered to this host.")
+@click.option("--thread", metavar="ID", help="Only this thread.")
+@click.option("--since", metavar="AGE|DATE", help="Sent since: 30m, 12h, 7d, 2w or an ISO date.")
+@click.option("--limit", type=click.IntRange(1, 200), default=20, show_default=True)
+@json_option
+def search(
+    query: str,
+    sender: str | None,
+    recipient: str | None,
+    host: str | None,
+    thread: str | None,
+    since: str | None,
+    limit: int,
+    as_json: bool,
+) -> None:
+    """Full-text search of the archive (every host's messages, when the store keeps one),
+    otherwise of this host's inboxes; best matches first, with snippets."""
+    from crossintercom import history
+
+    if not search_terms(query):
+        raise UsageError("the query has no words to search for")
+    try:
+        when = parse_since(since) if since is not None else None
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    cfg = settings()
+    q = SearchQuery(query, sender, recipient, host, thread, when, limit)
+    archive = history.open_history(cfg)
+    try:
+        result = history.search(cfg, q, archive)
+    finally:
+        if archive is not None:
+            archive.close()
+    if as_json:
+        emit_json([h.to_json() for h in result.hits])
+        return
+    where = "the archive" if result.source == "archive" else f"the inboxes on {cfg.host_id}"
+    if not result.hits:
+        click.echo(f"nothing in {where} matches {query!r}")
+        return
+    click.echo(f"{len(result.hits)} match(es) in {where}, best first:")
+    for hit in result.hits:
+        click.echo(_format_hit(hit))
+
+
+def _format_hit(hit: SearchHit) -> str:
+    m = hit.message
+    who = f"{m.sender.name or m.sender.id}@{m.sender.host}"
+    head = f"--- {m.sent_at} from {who} to {m.to} id={m.id} thread={m.thread}"
+    lines = [head]
+    if m.subject:
+        lines.append(f"Subject: {m.subject}")
+    lines.append(f"  {hit.snippet}")
+    return "\n".join(lines)
+
+
+@click.command()
+@click.argument("action", type=click.Choice(["on", "off", "status"]), default="status")
+@click.option(
+    "--retention",
+    metavar="AGE",
+    help="How long archived messages are kept: 12h, 30d, 8w (default 30d).",
+)
+@store_option
+@json_option
+def archive(action: str, retention: str | None, store_url: str | None, as_json: bool) -> None:
+    """Turn the store-wide archive on or off, or show it (an operator action for every host).
+
+    On, every relay copies the messages its host sees into the shared store, where anyone who
+    can read the store can read them: see docs/archive.md before turning it on.
+    """
+    from crossintercom.storage import open_archive, open_store
+
+    url = store_url or settings().store_url
+    if not url:
+        raise UsageError("no store given: pass --store URL or set CROSSINTERCOM_STORE")
+    keep = _retention_s(retention) if retention is not None else None
+    open_store(url).close()  # the schema is checked, with its own clear message
+    store = open_archive(url)
+    try:
+        if action == "status":
+            if keep is not None:
+                raise UsageError("--retention goes with 'on' or 'off'")
+            state = store.archive_settings()
+        else:
+            state = store.set_archive(enabled=action == "on", retention_s=keep)
+    finally:
+        store.close()
+    if as_json:
+        emit_json({"enabled": state.enabled, "retention_s": state.retention_s})
+        return
+    days = state.retention_s / 86400
+    click.echo(f"archive is {'on' if state.enabled else 'off'} (retention {days:g} days)")
+
+
+def _retention_s(text: str) -> int:
+    try:
+        seconds = parse_age(text)
+    except ValueError:
+        seconds = 0
+    if seconds <= 0:
+        raise UsageError(f"--retention {text!r} is not an age such as 12h, 30d or 8w")
+    return seconds
+
+
+COMMANDS = (search, archive)

@@ -1,0 +1,143 @@
+"""The relay's archive writer: copies off the delivery path, in batches (docs/archive.md).
+
+Copies arrive from the broker (``archive`` frames) after their senders had their outcomes. They
+wait in a bounded in-memory queue and are written in batches by one thread of the archiver's
+own, over the archive's own database connection, so neither a slow nor a failing archive can
+take a thread, a connection or a moment from a delivery. When the queue is full, or a batch
+fails, copies are dropped and counted in the log: the archive is a record kept for people,
+never a part of the delivery contract.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Final
+
+from crossintercom import protocol as p
+from crossintercom.errors import StoreError
+from crossintercom.models import SessionInfo
+from crossintercom.storage import ArchiveEntry, ArchiveRecipient, ArchiveStore
+
+log = logging.getLogger(__name__)
+
+QUEUE_LIMIT: Final = 10_000
+BATCH: Final = 500
+# How long a first copy waits for company before its batch is written.
+BATCH_WINDOW_S: Final = 0.2
+SETTINGS_EVERY_S: Final = 5.0
+PURGE_EVERY_S: Final = 600.0
+
+
+class Archiver:
+    def __init__(self, archive: ArchiveStore, host: str) -> None:
+        self.archive = archive
+        self.host = host
+        self.enabled = False
+        self.dropped = 0
+        self.written = 0
+        self._queue: asyncio.Queue[ArchiveEntry] = asyncio.Queue(QUEUE_LIMIT)
+        # One thread of its own: a hung archive statement blocks only this thread.
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="relay-archive")
+        self._sessions: dict[str, SessionInfo] = {}
+
+    def know(self, sessions: list[SessionInfo]) -> None:
+        """Sessions whose names a copy's recipients are shown with."""
+        self._sessions.update((s.id, s) for s in sessions)
+
+    def put(self, frame: p.ArchiveCopy) -> None:
+        """Take a copy; never blocks, never raises."""
+        if not self.enabled:
+            return
+        recipients = tuple(
+            ArchiveRecipient(
+                r.recipient or "",
+                r.host or self.host,
+                r.outcome.value,
+                _name(self._sessions.get(r.recipient or "")),
+                r.code,
+            )
+            for r in frame.receipts
+            if r.recipient
+        )
+        try:
+            self._queue.put_nowait(ArchiveEntry(frame.message, recipients))
+        except asyncio.QueueFull:
+            self.dropped += 1
+            if self.dropped % 1000 == 1:
+                log.warning("archive queue full; copies dropped", extra={"dropped": self.dropped})
+
+    async def refresh(self) -> bool:
+        """Re-read the store-wide setting; True when it changed."""
+        try:
+            settings = await asyncio.get_running_loop().run_in_executor(
+                self._pool, self.archive.archive_settings
+            )
+        except StoreError as exc:
+            log.warning("archive settings unreadable", extra={"error": exc.message})
+            return False
+        changed = settings.enabled != self.enabled
+        self.enabled = settings.enabled
+        return changed
+
+    async def loop(self, on_change: Callable[[bool], None]) -> None:
+        """Write batches until cancelled; re-read the setting and purge now and then."""
+        loop = asyncio.get_running_loop()
+        next_settings = 0.0
+        next_purge = time.monotonic() + PURGE_EVERY_S
+        while True:
+            now = time.monotonic()
+            if now >= next_settings:
+                next_settings = now + SETTINGS_EVERY_S
+                if await self.refresh():
+                    on_change(self.enabled)
+            if now >= next_purge:  # also while off: old copies still go at their time
+                next_purge = now + PURGE_EVERY_S
+                with contextlib.suppress(StoreError):
+                    await loop.run_in_executor(self._pool, self.archive.purge_archive)
+            batch = await self._take(timeout=max(0.05, next_settings - time.monotonic()))
+            if not batch:
+                continue
+            try:
+                await loop.run_in_executor(self._pool, self.archive.archive, batch)
+                self.written += len(batch)
+            except StoreError as exc:
+                self.dropped += len(batch)
+                log.warning(
+                    "archive write failed; copies dropped",
+                    extra={"error": exc.message, "dropped": len(batch)},
+                )
+            except Exception:
+                self.dropped += len(batch)
+                log.exception("archive write failed; copies dropped")
+
+    async def _take(self, timeout: float) -> list[ArchiveEntry]:
+        try:
+            first = await asyncio.wait_for(self._queue.get(), timeout)
+        except TimeoutError:
+            return []
+        batch = [first]
+        deadline = time.monotonic() + BATCH_WINDOW_S
+        while len(batch) < BATCH:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            try:
+                batch.append(await asyncio.wait_for(self._queue.get(), left))
+            except TimeoutError:
+                break
+        return batch
+
+    def close(self) -> None:
+        # A write stuck on a dead archive must not hold the relay's exit.
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        with contextlib.suppress(Exception):
+            self.archive.close()
+
+
+def _name(info: SessionInfo | None) -> str | None:
+    return info.name if info is not None else None

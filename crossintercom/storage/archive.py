@@ -1,0 +1,204 @@
+"""The shared archive (``ArchiveStore``) over either backend (docs/archive.md).
+
+It has an engine of its own with one pooled connection, so an archive write that is slow or
+failing (a locked table, a full disk, a missing index) can hold nothing the mailbox needs:
+deliveries run on the mailbox store's pool, never behind an archive batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Connection, Engine
+
+from crossintercom.models import Message, SearchHit, SearchQuery, parse_sent_at, search_terms
+from crossintercom.storage import engine as db
+from crossintercom.storage import queries as q
+from crossintercom.storage.interface import (
+    ArchivedMessage,
+    ArchiveEntry,
+    ArchiveRecipient,
+    ArchiveSettings,
+    FlowEdge,
+    ThreadSummary,
+)
+from crossintercom.storage.transaction import TransactionRunner
+from crossintercom.storage.urls import StoreURL, parse_store_url
+
+MAX_SEARCH_RESULTS = 200
+
+
+class SqlArchive:
+    def __init__(self, parsed: StoreURL, engine: Engine) -> None:
+        self.parsed = parsed
+        self.url_masked = parsed.masked
+        self.dialect = engine.dialect.name
+        self.engine = engine
+        self._run = TransactionRunner(parsed, engine)
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    # -- settings -------------------------------------------------------------------------
+
+    def archive_settings(self) -> ArchiveSettings:
+        def read(conn: Connection) -> ArchiveSettings:
+            row = conn.execute(q.READ_ARCHIVE_SETTINGS).one_or_none()
+            return ArchiveSettings() if row is None else ArchiveSettings(bool(row[0]), int(row[1]))
+
+        return self._run(read, single_statement=True)
+
+    def set_archive(self, *, enabled: bool, retention_s: int | None = None) -> ArchiveSettings:
+        """Turn the store-wide archive on or off (an operator action); retention kept unless
+        given."""
+        current = self.archive_settings()
+        wanted = ArchiveSettings(
+            enabled, current.retention_s if retention_s is None else retention_s
+        )
+        params = {"enabled": wanted.enabled, "retention_s": wanted.retention_s}
+        self._run(lambda c: c.execute(q.upsert_archive_settings(self.dialect), params))
+        return wanted
+
+    # -- writing --------------------------------------------------------------------------
+
+    def archive(self, entries: Sequence[ArchiveEntry]) -> int:
+        """Copy a batch in one transaction; returns how many messages it held."""
+        if not entries:
+            return 0
+        now = datetime.now(UTC)
+        rows: dict[str, dict[str, Any]] = {}
+        recipients: dict[tuple[str, str], dict[str, Any]] = {}
+        for entry in entries:
+            rows.setdefault(entry.message.id, _message_row(entry.message, now))
+            for r in entry.recipients:
+                key = (entry.message.id, r.session_id)
+                # Within one batch, too, delivered wins.
+                if key in recipients and recipients[key]["outcome"] == "delivered":
+                    continue
+                recipients[key] = {
+                    "message_id": entry.message.id,
+                    "session_id": r.session_id,
+                    "host_id": r.host_id,
+                    "name": r.name,
+                    "outcome": r.outcome,
+                    "code": r.code,
+                }
+
+        def write(conn: Connection) -> None:
+            if self.dialect == "postgresql":
+                conn.execute(q.PG_ARCHIVE_STATEMENT_TIMEOUT)
+            conn.execute(q.archive_messages_if_absent(self.dialect), list(rows.values()))
+            if recipients:
+                conn.execute(q.archive_recipients_upsert(self.dialect), list(recipients.values()))
+
+        self._run(write)
+        return len(rows)
+
+    def purge_archive(self, *, batch: int = 1000) -> int:
+        """Delete what is older than the retention, in bounded transactions."""
+        keep = self.archive_settings().retention_s
+        total = 0
+        while True:
+            params = {"cutoff": datetime.now(UTC) - timedelta(seconds=keep), "limit": batch}
+
+            def one_batch(conn: Connection, params: dict[str, Any] = params) -> int:
+                ids = list(conn.execute(q.ARCHIVE_EXPIRED_IDS, params).scalars())
+                if ids:
+                    conn.execute(q.ARCHIVE_DELETE_RECIPIENTS, {"message_ids": ids})
+                    conn.execute(q.ARCHIVE_DELETE_MESSAGES, {"message_ids": ids})
+                return len(ids)
+
+            done = self._run(one_batch)
+            total += done
+            if done < batch:
+                return total
+
+    # -- reading --------------------------------------------------------------------------
+
+    def search(self, query: SearchQuery) -> list[SearchHit]:
+        if not search_terms(query.text):
+            return []
+        limited = query if query.limit <= MAX_SEARCH_RESULTS else _capped(query)
+        stmt, params = q.archive_search(self.dialect, limited)
+
+        def read(conn: Connection) -> list[SearchHit]:
+            return [
+                SearchHit(Message.from_dict(payload), float(score), str(snippet or ""))
+                for _seq, payload, score, snippet in conn.execute(stmt, params)
+            ]
+
+        return self._run(read, single_statement=True)
+
+    def feed(self, after_seq: int, *, limit: int = 200) -> list[ArchivedMessage]:
+        return self._archived(q.ARCHIVE_FEED, {"after": after_seq, "limit": limit})
+
+    def thread(self, thread_id: str, *, limit: int = 500) -> list[ArchivedMessage]:
+        return self._archived(q.ARCHIVE_THREAD, {"thread_id": thread_id, "limit": limit})
+
+    def threads(self, *, limit: int = 50) -> list[ThreadSummary]:
+        def read(conn: Connection) -> list[ThreadSummary]:
+            return [
+                ThreadSummary(t, s, int(n), int(last))
+                for t, s, n, last in conn.execute(q.ARCHIVE_THREADS, {"limit": limit})
+            ]
+
+        return self._run(read, single_statement=True)
+
+    def flow(self) -> list[FlowEdge]:
+        def read(conn: Connection) -> list[FlowEdge]:
+            return [FlowEdge(s, r, int(n)) for s, r, n in conn.execute(q.ARCHIVE_FLOW)]
+
+        return self._run(read, single_statement=True)
+
+    def _archived(self, stmt: Any, params: dict[str, Any]) -> list[ArchivedMessage]:
+        def read(conn: Connection) -> list[ArchivedMessage]:
+            rows = conn.execute(stmt, params).all()
+            ids = [Message.from_dict(payload).id for _seq, payload in rows]
+            by_id: dict[str, list[ArchiveRecipient]] = {}
+            if ids:
+                for mid, sid, host, outcome, name, code in conn.execute(
+                    q.ARCHIVE_RECIPIENTS_OF, {"message_ids": ids}
+                ):
+                    by_id.setdefault(mid, []).append(
+                        ArchiveRecipient(sid, host, outcome, name, code)
+                    )
+            out = []
+            for seq, payload in rows:
+                msg = Message.from_dict(payload)
+                out.append(ArchivedMessage(int(seq), msg, tuple(by_id.get(msg.id, ()))))
+            return out
+
+        return self._run(read)
+
+
+def _capped(query: SearchQuery) -> SearchQuery:
+    import msgspec
+
+    return msgspec.structs.replace(query, limit=MAX_SEARCH_RESULTS)
+
+
+def _message_row(msg: Message, now: datetime) -> dict[str, Any]:
+    return {
+        "message_id": msg.id,
+        "thread_id": msg.thread,
+        "subject": msg.subject,
+        "sender_id": msg.sender.id,
+        "sender_name": msg.sender.name,
+        "sender_host": msg.sender.host,
+        "target": msg.to,
+        "body": msg.text,
+        "reply_to": msg.reply_to,
+        "expects_reply": msg.expects_reply,
+        "sent_at": parse_sent_at(msg.sent_at),
+        "archived_at": now,
+        "payload": msg.to_dict(),
+    }
+
+
+def open_archive(url: str) -> SqlArchive:
+    """The archive of the store at ``url`` (whose schema ``open_store`` checks); one pooled
+    connection of its own."""
+    parsed = parse_store_url(url)
+    return SqlArchive(parsed, db.store_engine(parsed, pool_size=1))

@@ -1,0 +1,246 @@
+"""The overseer page's routes (Starlette): one server-rendered page, a JSON API, an SSE stream.
+
+Every route is behind ``Guard`` (auth.py): the Host check and the access token on every
+request, the CSRF token and Origin check on every state-changing one. Text is escaped by the
+templates (Jinja2 autoescape) and by the page's script (which only ever sets ``textContent``),
+so nothing an agent writes is ever run as markup or script.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.middleware.base import BaseHTTPMiddleware, RequestResponseEndpoint
+from starlette.requests import Request
+from starlette.responses import (
+    HTMLResponse,
+    JSONResponse,
+    PlainTextResponse,
+    RedirectResponse,
+    Response,
+    StreamingResponse,
+)
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from crossintercom.errors import CrossintercomError, UsageError
+from crossintercom.models import SearchQuery, parse_since, search_terms
+from crossintercom.web.auth import COOKIE, CSRF_HEADER, Guard
+from crossintercom.web.overseer import Overseer
+
+HERE = Path(__file__).parent
+SAFE_METHODS = frozenset({"GET", "HEAD"})
+# Security headers on every answer: no framing, no sniffing, scripts only from this server.
+HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
+        "img-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
+    ),
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-store",
+}
+
+_templates = Environment(
+    loader=FileSystemLoader(HERE / "templates"),
+    autoescape=select_autoescape(default=True, default_for_string=True),
+)
+
+
+class GuardMiddleware(BaseHTTPMiddleware):
+    def __init__(self, app: Any, guard: Guard) -> None:
+        super().__init__(app)
+        self.guard = guard
+
+    async def dispatch(self, request: Request, call_next: RequestResponseEndpoint) -> Response:
+        response = await self._check(request, call_next)
+        for name, value in HEADERS.items():
+            response.headers.setdefault(name, value)
+        return response
+
+    async def _check(self, request: Request, call_next: RequestResponseEndpoint) -> Response:
+        guard = self.guard
+        if not guard.host_ok(request.headers.get("host")):
+            return _refuse(421, "unknown_host", "this server does not answer to that host name")
+        given = request.query_params.get("token")
+        if given is not None and request.method in SAFE_METHODS:
+            if not guard.token_ok(given):
+                return _refuse(401, "bad_token", "wrong access token")
+            # Trade the URL's token for a cookie and drop it from the address bar and history.
+            back = RedirectResponse(request.url.remove_query_params("token"), status_code=303)
+            back.set_cookie(COOKIE, guard.token, httponly=True, samesite="strict", path="/")
+            return back
+        bearer = request.headers.get("authorization", "")
+        token = bearer[7:] if bearer.lower().startswith("bearer ") else request.cookies.get(COOKIE)
+        if not guard.token_ok(token):
+            return _refuse(401, "bad_token", "an access token is needed (printed at start)")
+        if request.method not in SAFE_METHODS and not (
+            guard.csrf_ok(request.headers.get(CSRF_HEADER))
+            and guard.origin_ok(request.headers.get("origin"))
+        ):
+            return _refuse(403, "csrf", "cross-site request refused")
+        return await call_next(request)
+
+
+def _refuse(status: int, code: str, message: str) -> Response:
+    return JSONResponse({"error": {"code": code, "message": message}}, status_code=status)
+
+
+def _error(exc: CrossintercomError) -> Response:
+    status = 400 if isinstance(exc, UsageError) else 502
+    body = {"error": {"code": exc.code, "message": exc.message}}
+    return JSONResponse(body, status_code=status)
+
+
+def build_app(overseer: Overseer, guard: Guard, *, manage_lifecycle: bool = True) -> Starlette:
+    Handler = Callable[[Request], Awaitable[Response]]
+
+    def api(fn: Handler) -> Handler:
+        async def run(request: Request) -> Response:
+            try:
+                return await fn(request)
+            except CrossintercomError as exc:
+                return _error(exc)
+
+        return run
+
+    async def page(request: Request) -> Response:
+        html = _templates.get_template("index.html").render(
+            me=overseer.name,
+            host=overseer.settings.host_id,
+            csrf=guard.csrf,
+            roster=overseer.roster,
+            feed=list(overseer.feed)[-100:],
+            archive=overseer.archive_on,
+            data=json.dumps({"feed": list(overseer.feed)[-100:], "roster": overseer.roster}),
+        )
+        return HTMLResponse(html)
+
+    async def events(request: Request) -> Response:
+        async def stream() -> AsyncIterator[str]:
+            yield "retry: 2000\n\n"
+            async for kind, data in overseer.subscribe():
+                if await request.is_disconnected():
+                    return
+                yield f"event: {kind}\ndata: {json.dumps(data)}\n\n"
+
+        return StreamingResponse(stream(), media_type="text/event-stream")
+
+    @api
+    async def roster(request: Request) -> Response:
+        return JSONResponse(overseer.roster)
+
+    @api
+    async def feed(request: Request) -> Response:
+        return JSONResponse(list(overseer.feed))
+
+    @api
+    async def thread(request: Request) -> Response:
+        return JSONResponse(await overseer.thread(request.path_params["thread_id"]))
+
+    @api
+    async def pending(request: Request) -> Response:
+        return JSONResponse(await overseer.pending())
+
+    @api
+    async def search(request: Request) -> Response:
+        return JSONResponse(await overseer.search(_search_query(request)))
+
+    @api
+    async def compose(request: Request) -> Response:
+        form = await _json_body(request)
+        mode = form.get("mode", "send")
+        if mode not in ("send", "ask", "reply"):
+            raise UsageError("mode must be send, ask or reply")
+        try:
+            timeout = float(form.get("timeout") or 60)
+        except (TypeError, ValueError):
+            raise UsageError("timeout must be a number of seconds") from None
+        result = await overseer.compose(
+            mode,
+            _text(form, "message") or "",
+            to=_text(form, "to"),
+            subject=_text(form, "subject"),
+            thread_id=_text(form, "thread_id"),
+            reply_to=_text(form, "reply_to"),
+            timeout=timeout,
+        )
+        return JSONResponse(result)
+
+    @asynccontextmanager
+    async def lifespan(_app: Starlette) -> AsyncIterator[None]:
+        if manage_lifecycle:
+            await overseer.start()
+        try:
+            yield
+        finally:
+            if manage_lifecycle:
+                await overseer.stop()
+
+    routes = [
+        Route("/", page),
+        Route("/events", events),
+        Route("/api/roster", roster),
+        Route("/api/feed", feed),
+        Route("/api/thread/{thread_id}", thread),
+        Route("/api/pending", pending),
+        Route("/api/search", search),
+        Route("/api/compose", compose, methods=["POST"]),
+        Route("/healthz", lambda _r: PlainTextResponse("ok")),
+        Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
+    ]
+    return Starlette(
+        routes=routes, middleware=[Middleware(GuardMiddleware, guard=guard)], lifespan=lifespan
+    )
+
+
+async def _json_body(request: Request) -> dict[str, Any]:
+    if not request.headers.get("content-type", "").startswith("application/json"):
+        raise UsageError("send the form as application/json")
+    try:
+        body = await request.json()
+    except ValueError:
+        raise UsageError("the request body is not JSON") from None
+    if not isinstance(body, dict):
+        raise UsageError("the request body must be a JSON object")
+    return body
+
+
+def _text(form: dict[str, Any], key: str) -> str | None:
+    value = form.get(key)
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str):
+        raise UsageError(f"{key} must be a string")
+    return value
+
+
+def _search_query(request: Request) -> SearchQuery:
+    args = request.query_params
+    text = args.get("q", "")
+    if not search_terms(text):
+        raise UsageError("the query has no words to search for")
+    since: datetime | None = None
+    if args.get("since"):
+        try:
+            since = parse_since(args["since"])
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+    return SearchQuery(
+        text,
+        sender=args.get("from") or None,
+        recipient=args.get("to") or None,
+        host=args.get("host") or None,
+        thread=args.get("thread") or None,
+        since=since,
+        limit=50,
+    )

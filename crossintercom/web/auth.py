@@ -1,0 +1,69 @@
+"""Who may use the overseer page: a random token, a CSRF token, and a Host check.
+
+- Every request carries the access token: the ``ci_token`` cookie (set when the page is first
+  opened with ``?token=``), or ``Authorization: Bearer``. The token is printed at start and
+  written to ``web.token`` (0600) in the runtime dir; it is compared in constant time.
+- The cookie is ``HttpOnly`` and ``SameSite=Strict``, so another site cannot ride on it; on top,
+  every state-changing request must send the page's CSRF token in ``X-CSRF-Token`` and, when the
+  browser says where it comes from (``Origin``), come from this page's own origin.
+- The ``Host`` header must name this server (loopback names or the listen address), so a DNS
+  rebinding page cannot talk to it under a name of its own.
+"""
+
+from __future__ import annotations
+
+import hmac
+import os
+import secrets
+from dataclasses import dataclass, field
+from pathlib import Path
+
+COOKIE = "ci_token"
+CSRF_HEADER = "x-csrf-token"
+TOKEN_FILE = "web.token"
+
+
+@dataclass(frozen=True)
+class Guard:
+    token: str = field(default_factory=lambda: secrets.token_urlsafe(32))
+    csrf: str = field(default_factory=lambda: secrets.token_urlsafe(32))
+    hosts: frozenset[str] = frozenset()
+
+    def token_ok(self, candidate: str | None) -> bool:
+        return candidate is not None and hmac.compare_digest(candidate, self.token)
+
+    def csrf_ok(self, candidate: str | None) -> bool:
+        return candidate is not None and hmac.compare_digest(candidate, self.csrf)
+
+    def host_ok(self, host_header: str | None) -> bool:
+        return host_header is not None and host_header.lower() in self.hosts
+
+    def origin_ok(self, origin: str | None) -> bool:
+        """A missing Origin is allowed (the CSRF token still is required); a present one must
+        be this server."""
+        if origin is None:
+            return True
+        for scheme in ("http://", "https://"):
+            if origin.startswith(scheme):
+                return origin[len(scheme) :].lower() in self.hosts
+        return False
+
+
+def allowed_hosts(host: str, port: int) -> frozenset[str]:
+    names = {host, "127.0.0.1", "localhost", "[::1]"} if _loopback(host) else {host}
+    return frozenset(f"{n}:{port}".lower() for n in names)
+
+
+def _loopback(host: str) -> bool:
+    return host in ("127.0.0.1", "localhost", "::1", "[::1]") or host.startswith("127.")
+
+
+def write_token_file(directory: Path, token: str) -> Path:
+    """``web.token`` in the runtime dir, readable by its owner only, replaced atomically."""
+    path = directory / TOKEN_FILE
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(token + "\n")
+    os.replace(tmp, path)
+    return path

@@ -1,0 +1,99 @@
+"""Running the overseer page: bind, print how to open it, serve with uvicorn until a signal."""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import socket
+from collections.abc import Callable
+
+import uvicorn
+
+from crossintercom.config import Settings
+from crossintercom.errors import UsageError
+from crossintercom.runtime import ensure_runtime_dir
+from crossintercom.web.app import build_app
+from crossintercom.web.auth import Guard, allowed_hosts, write_token_file
+from crossintercom.web.overseer import Overseer
+
+DEFAULT_LISTEN = "127.0.0.1:8765"
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[::1]:PORT`` for IPv6); port 0 picks a free one."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise UsageError(f"--listen {value!r}: expected HOST:PORT, such as 127.0.0.1:8765")
+    return host.strip("[]"), int(port)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise UsageError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    sock.listen(64)
+    sock.set_inheritable(True)
+    return sock
+
+
+def run_web(
+    settings: Settings, listen: str, as_name: str, announce: Callable[[dict[str, str]], None]
+) -> None:
+    host, port = parse_listen(listen)
+    ensure_runtime_dir(settings)
+    sock = bind(host, port)
+    port = sock.getsockname()[1]
+    url_host = f"[{host}]" if ":" in host else host
+    guard = Guard(hosts=allowed_hosts(url_host, port))
+    token_file = write_token_file(settings.home, guard.token)
+    info = {
+        "url": f"http://{url_host}:{port}/?token={guard.token}",
+        "listen": f"{url_host}:{port}",
+        "token_file": str(token_file),
+        "as": f"{as_name}@{settings.host_id}",
+        "loopback": "yes" if is_loopback(host) else "no",
+    }
+    try:
+        asyncio.run(_serve(settings, sock, guard, as_name, lambda: announce(info)))
+    finally:
+        sock.close()
+        token_file.unlink(missing_ok=True)
+
+
+async def _serve(
+    settings: Settings,
+    sock: socket.socket,
+    guard: Guard,
+    as_name: str,
+    announce: Callable[[], None],
+) -> None:
+    """Register the human session first, so a refusal (the name is in use, no broker) is a
+    clear error and not a server that starts and dies; then announce and serve."""
+    overseer = Overseer(settings, as_name)
+    try:
+        await overseer.start()
+        announce()
+        config = uvicorn.Config(
+            build_app(overseer, guard, manage_lifecycle=False),
+            log_level="warning",
+            lifespan="on",
+            timeout_graceful_shutdown=2,
+            access_log=False,
+        )
+        await uvicorn.Server(config).serve(sockets=[sock])
+    finally:
+        await overseer.stop()

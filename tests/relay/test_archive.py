@@ -1,0 +1,246 @@
+"""Threads and the archive across two simulated hosts (docs/threads.md, docs/archive.md):
+subjects and threads travel with messages; with the archive off, nothing is copied and search
+reads this host's inboxes; with it on, relays copy every message (same-host ones too) and
+`search` on one host finds what the other sent last; a broken or slow archive never delays or
+fails a delivery.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import psycopg
+import pytest
+from sqlalchemy import text
+
+from crossintercom.storage import engine as db
+from crossintercom.storage import open_archive
+from crossintercom.storage.urls import parse_store_url
+from tests.relay.conftest import CLI, Cluster, Host, wait_for
+
+
+def archived_ids(store_url: str) -> set[str]:
+    archive = open_archive(store_url)
+    try:
+        return {r.message.id for r in archive.feed(0)}
+    finally:
+        archive.close()
+
+
+def execute(store_url: str, *statements: str) -> None:
+    engine = db.store_engine(parse_store_url(store_url))
+    try:
+        with engine.begin() as conn:
+            for s in statements:
+                conn.execute(text(s))
+    finally:
+        engine.dispose()
+
+
+def turn_archive_on(host: Host) -> None:
+    out = host.cli_json("archive", "on", "--retention", "30d")
+    assert out == {"enabled": True, "retention_s": 30 * 86400}
+
+
+def timed_send(host: Host, *args: str) -> tuple[float, dict[str, Any]]:
+    start = time.monotonic()
+    out = host.cli_json("send", *args)
+    return time.monotonic() - start, out
+
+
+def test_subjects_and_threads_across_hosts_and_inbox_by_thread(cluster: Cluster) -> None:
+    a, b = cluster.up("A", "B")
+    worker = b.listen("worker")
+    a.listen("planner")
+    a.wait_sees("worker", "B")
+    b.wait_sees("planner", "A")
+
+    ask = subprocess.Popen(
+        [
+            *(*CLI, "ask", "--as", "planner", "--to", "worker", "--subject", "release 1.2"),
+            *("--timeout", "60", "--json", "ready to ship?"),
+        ],
+        env=a.env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        question = worker.next_message()
+        assert question["subject"] == "release 1.2"
+        assert question["thread_id"] == question["id"]  # a new message is its thread's root
+        assert b.cli_json("reply", "--as", "worker", "yes")["outcome"] == "delivered"
+        out, err = ask.communicate(timeout=60)
+    finally:
+        if ask.poll() is None:
+            ask.kill()
+            ask.communicate()
+    assert ask.returncode == 0, (out, err)
+    reply = json.loads(out)["reply"]
+    # The reply joins the ask's thread and keeps its subject.
+    assert reply["thread_id"] == question["id"]
+    assert reply["subject"] == "release 1.2"
+
+    follow = a.cli_json(
+        "send", "--as", "planner", "--to", "worker", "--thread", question["id"], "shipped"
+    )
+    other = a.cli_json("send", "--as", "planner", "--to", "worker", "unrelated")
+    got = worker.next_message()
+    assert (got["id"], got["thread_id"], got["subject"]) == (follow["id"], question["id"], None)
+    worker.next_message()
+    in_thread = b.cli_json("inbox", "--as", "worker", "--thread", question["id"])
+    assert [m["id"] for m in in_thread] == [question["id"], follow["id"]]
+    assert other["id"] not in {m["id"] for m in in_thread}
+    text_out = b.cli("inbox", "--as", "worker", "--thread", question["id"]).stdout
+    assert "Subject: release 1.2" in text_out
+
+
+def test_archive_off_copies_nothing_and_search_reads_this_hosts_inboxes(
+    cluster: Cluster, store_url: str
+) -> None:
+    a, b = cluster.up("A", "B")
+    worker = b.listen("worker")
+    a.wait_sees("worker", "B")
+    sent = a.cli_json("send", "--as", "planner", "--to", "worker", "the zebra migration is done")
+    worker.next_message()
+    assert a.cli_json("archive", "status") == {"enabled": False, "retention_s": 30 * 86400}
+
+    # B received it: its inbox search finds it; A's inboxes never held it.
+    [hit] = b.cli_json("search", "zebra")
+    assert (hit["id"], hit["source"]) == (sent["id"], "inbox")
+    assert "\u00abzebra\u00bb" in hit["snippet"]
+    assert a.cli_json("search", "zebra") == []
+    assert "nothing in the inboxes on A" in a.cli("search", "zebra").stdout
+    assert archived_ids(store_url) == set()
+
+
+def test_archive_on_search_finds_what_the_other_host_sent_last_same_host_included(
+    cluster: Cluster, store_url: str
+) -> None:
+    a, b = cluster.host("A", relay=False), cluster.host("B", relay=False)
+    turn_archive_on(a)
+    a.start_relay()
+    b.start_relay()
+    worker, planner, local = b.listen("worker"), a.listen("planner"), a.listen("local")
+    a.wait_sees("worker", "B")
+    b.wait_sees("planner", "A")
+
+    first = a.cli_json("send", "--as", "planner", "--to", "worker", "--subject", "quokka", "hi")
+    worker.next_message()
+    same_host = a.cli_json("send", "--as", "planner", "--to", "local", "quokka next door")
+    local.next_message()
+    last = b.cli_json("send", "--as", "worker", "--to", "planner@A", "quokka report attached")
+    planner.next_message()
+
+    wanted = {first["id"], same_host["id"], last["id"]}
+    wait_for(lambda: wanted <= archived_ids(store_url), 20, "the archive to hold all three")
+    hits = a.cli_json("search", "quokka")
+    assert {h["id"] for h in hits} == wanted
+    assert {h["source"] for h in hits} == {"archive"}
+    from_b = a.cli_json("search", "quokka", "--from", "worker@B")
+    assert [h["id"] for h in from_b] == [last["id"]]
+    assert [h["id"] for h in a.cli_json("search", "quokka", "--host", "B")] != []
+    assert a.cli_json("search", "report", "--since", "1h")[0]["id"] == last["id"]
+    assert a.cli_json("search", "report", "--since", "2000-01-01")[0]["id"] == last["id"]
+    text_out = a.cli("search", "quokka", "--thread", first["id"]).stdout
+    assert "Subject: quokka" in text_out and first["id"] in text_out
+
+    # The recipient's host reports delivery, whichever copy arrived first.
+    archive = open_archive(store_url)
+    try:
+        row = next(r for r in archive.feed(0) if r.message.id == first["id"])
+    finally:
+        archive.close()
+    assert [(r.name, r.host_id, r.outcome) for r in row.recipients] == [
+        ("worker", "B", "delivered")
+    ]
+
+
+def test_search_usage_errors_have_codes(cluster: Cluster) -> None:
+    [a] = cluster.up("A")
+    for args in (["search", "'\"*"], ["search", "x", "--since", "yesterday"]):
+        out = a.cli(*args, "--json")
+        assert out.returncode == 2, out
+        assert json.loads(out.stdout)["error"]["code"] == "invalid_argument"
+    assert a.cli("archive", "on", "--retention", "0d").returncode == 2
+
+
+def test_a_failing_archive_never_delays_or_fails_delivery(cluster: Cluster, store_url: str) -> None:
+    a, b = cluster.host("A", relay=False), cluster.host("B", relay=False)
+    turn_archive_on(a)
+    # Break the archive: its table is gone, so every batch the relays write fails.
+    execute(store_url, "ALTER TABLE archive_messages RENAME TO archive_messages_gone")
+    a.start_relay()
+    b.start_relay()
+    worker = b.listen("worker")
+    a.listen("local")  # a same-host recipient, so same-host copies are made too
+    a.wait_sees("worker", "B")
+    for i in range(5):
+        took, out = timed_send(a, "--as", "planner", "--to", "worker", f"still works {i}")
+        assert out["outcome"] == "delivered" and took < 10, (took, out)
+        assert worker.next_message()["message"] == f"still works {i}"
+        took, out = timed_send(a, "--as", "planner", "--to", "local", f"here too {i}")
+        assert out["outcome"] == "delivered" and took < 10, (took, out)
+    wait_for(lambda: "archive write failed" in a.relay_log(), 20, "the relay to log the failure")
+    assert a.relay is not None and a.relay.poll() is None  # and it keeps running
+
+
+@contextmanager
+def table_locked(store_url: str) -> Iterator[None]:
+    """Hold an exclusive lock on the archive table: every archive write waits behind it."""
+    dsn = store_url.replace("postgresql+psycopg://", "postgresql://")
+    with psycopg.connect(dsn) as conn:
+        conn.execute("LOCK TABLE archive_messages IN ACCESS EXCLUSIVE MODE")
+        yield
+        conn.rollback()
+
+
+@pytest.fixture
+def pg_cluster(pg_url: str) -> Iterator[Cluster]:
+    c = Cluster(pg_url)
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+@pytest.mark.pg
+def test_a_stalled_archive_never_delays_delivery(pg_cluster: Cluster, pg_url: str) -> None:
+    """Postgres only: a lock stalls archive writers there without blocking the whole store
+    (on SQLite any writer holds the one file lock)."""
+    cluster, store_url = pg_cluster, pg_url
+    a, b = cluster.host("A", relay=False), cluster.host("B", relay=False)
+    turn_archive_on(a)
+    a.start_relay()
+    b.start_relay()
+    worker = b.listen("worker")
+    a.wait_sees("worker", "B")
+    with table_locked(store_url):
+        sent = []
+        for i in range(5):
+            took, out = timed_send(a, "--as", "planner", "--to", "worker", f"stalled {i}")
+            assert out["outcome"] == "delivered" and took < 5, (took, out)
+            assert worker.next_message()["message"] == f"stalled {i}"
+            sent.append(out["id"])
+        assert not set(sent) & archived_ids_nowait(store_url)
+    # Once the lock goes (well within the archive's statement timeout) the copies that waited
+    # behind it are written.
+    wait_for(lambda: set(sent) <= archived_ids(store_url), 30, "the archive to catch up")
+
+
+def archived_ids_nowait(store_url: str) -> set[str]:
+    """The archive as a reader that does not wait for the lock sees it (nothing committed)."""
+    dsn = store_url.replace("postgresql+psycopg://", "postgresql://")
+    with psycopg.connect(dsn) as conn:
+        conn.execute("SET lock_timeout = '100ms'")
+        try:
+            rows = conn.execute("SELECT message_id FROM archive_messages").fetchall()
+        except psycopg.errors.LockNotAvailable:
+            return set()
+    return {r[0] for r in rows}
