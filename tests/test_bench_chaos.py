@@ -142,7 +142,10 @@ def check_chart(page: str) -> None:
     ):
         [curve] = re.findall(rf'data-series="{series}" points="([^"]+)"', page)
         assert len(curve.split()) >= 10, series  # one point per sample
-    for bar in ("same-host crossintercom", "cross-host sqlite raw baseline"):
+    for bar in (
+        "same-host throughput crossintercom",
+        "cross-host sqlite throughput raw baseline",
+    ):
         [width] = re.findall(rf'data-bar="{bar}" x="\d+" y="[\d.]+" width="([\d.]+)"', page)
         assert float(width) > 0, bar
     assert "<script" not in page

@@ -78,8 +78,8 @@ def _cdf_svg(title: str, series: dict[str, list[float]]) -> str:
 
 def _throughput_svg(report: BenchReport) -> str:
     rates = [f for f in report.figures if f.unit == "msg/s"]
-    bars = [(f"{f.path} crossintercom", f.crossintercom) for f in rates] + [
-        (f"{f.path} raw baseline", f.baseline) for f in rates
+    bars = [(f"{f.path} {f.metric} crossintercom", f.crossintercom) for f in rates] + [
+        (f"{f.path} {f.metric} raw baseline", f.baseline) for f in rates
     ]
     bars.sort(key=lambda b: b[0])
     top = max((v for _, v in bars), default=1.0) or 1.0
