@@ -65,6 +65,13 @@ class Settings:
     remote_ack_wait_s: float = 5.0
     lease_s: float = 15.0
     max_in_flight: int = 1000
+    # Bounds on files that would otherwise only grow (docs/operations.md, "Bounded files").
+    inbox_max_entries: int = 10_000
+    wal_max_bytes: int = 1024 * 1024
+    # Finished store rows (delivered, refused, expired) are purged this long after they
+    # finished; they answer a sender's retry of the same id, which ends within 11 minutes.
+    purge_after_s: float = 3600.0
+    housekeeping_s: float = 60.0
 
     @property
     def socket_path(self) -> Path:

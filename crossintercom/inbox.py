@@ -2,7 +2,8 @@
 
 One SQLite file per session id under ``$CROSSINTERCOM_HOME/inbox/``. The message id is the key,
 so a message handed over twice (after a crash, a retry or a relay restart) is held once. The
-``shown`` mark is set only after the message was printed and flushed (docs/delivery.md).
+``shown`` mark is set only after the message was printed and flushed (docs/delivery.md). The file
+is bounded: past ``max_entries``, the oldest entries already shown are pruned (docs/operations.md).
 
 This module is the only one that knows where an inbox file lives and what it holds: every reader
 (the CLI, the tools, the tests) goes through ``Inbox``; ``Inbox.view`` reads another process's
@@ -74,13 +75,28 @@ def _open_read_only(path: Path) -> sqlite3.Connection:
     return db
 
 
+# Entries kept by default (docs/operations.md, setting ``inbox_max_entries``); entries never
+# shown are kept whatever the bound, since pruning them would lose mail.
+DEFAULT_MAX_ENTRIES = 10_000
+# Pruning runs at open and then once per this many saves: a bounded cost per save.
+_PRUNE_EVERY = 100
+
+
 class Inbox:
     """Not shared between threads; each process or thread opens its own."""
 
     def __init__(
-        self, directory: Path, session_id: str, file_mode: int = 0o600, *, read_only: bool = False
+        self,
+        directory: Path,
+        session_id: str,
+        file_mode: int = 0o600,
+        *,
+        read_only: bool = False,
+        max_entries: int = DEFAULT_MAX_ENTRIES,
     ) -> None:
         self.path = directory / f"{session_id}.sqlite"
+        self.max_entries = max_entries
+        self._saves = 0
         if read_only:
             self._db = _open_read_only(self.path)
             return
@@ -91,12 +107,16 @@ class Inbox:
             self.path.chmod(file_mode)
         else:
             _tighten(self.path, file_mode)
-        # WAL + NORMAL: a commit survives a process crash (the failure model) with no fsync each.
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
+        # A rollback journal, not WAL: WAL maps its -shm index into memory, and a write to that
+        # mapping once the file is made immutable (or its disk is full) kills the process with
+        # SIGBUS; a journal write fails with an error the client turns into a refused ack
+        # (docs/reliability.md). synchronous=OFF: a commit still survives a process crash (the
+        # failure model), with no fsync per message.
+        self._db.execute("PRAGMA journal_mode=TRUNCATE")
+        self._db.execute("PRAGMA synchronous=OFF")
         self._db.executescript(_SCHEMA)
-        for suffix in ("-wal", "-shm"):  # SQLite gives them the mode the database file had
-            _tighten(self.path.with_name(self.path.name + suffix), file_mode)
+        _tighten(self.path.with_name(self.path.name + "-journal"), file_mode)
+        self.prune()
 
     @classmethod
     def view(cls, directory: Path, session_id: str) -> Inbox:
@@ -121,7 +141,26 @@ class Inbox:
             "VALUES (?, 'message', ?, ?, ?)",
             (message.id, json.dumps(message.to_dict()), time.time(), int(shown)),
         )
+        self._saved()
         return cur.rowcount == 1
+
+    def _saved(self) -> None:
+        self._saves += 1
+        if self._saves % _PRUNE_EVERY == 0:
+            self.prune()
+
+    def prune(self) -> int:
+        """Delete the oldest shown entries past ``max_entries``; returns how many went.
+
+        A message handed over again after its entry was pruned would be shown again; hand-overs
+        repeat within minutes (a crash, a retry), long before an entry is this old.
+        """
+        cur = self._db.execute(
+            "DELETE FROM entries WHERE shown = 1 AND seq <= ("
+            " SELECT seq FROM entries ORDER BY seq DESC LIMIT 1 OFFSET ?)",
+            (self.max_entries,),
+        )
+        return cur.rowcount
 
     def save_receipt(self, receipt: Receipt) -> bool:
         cur = self._db.execute(
@@ -129,6 +168,7 @@ class Inbox:
             "VALUES (?, 'receipt', ?, ?, 0)",
             (receipt.key, json.dumps({"type": "receipt", **receipt.to_dict()}), time.time()),
         )
+        self._saved()
         return cur.rowcount == 1
 
     def holds_other_payload(self, message: Message) -> bool:

@@ -6,6 +6,7 @@ import fcntl
 import grp
 import logging
 import os
+import sqlite3
 import stat
 from pathlib import Path
 
@@ -102,6 +103,26 @@ def secure_tree(settings: Settings) -> None:
         for entry in directory.iterdir():
             if not entry.is_symlink() and not entry.is_dir():
                 secure_file(settings, entry)
+
+
+# Default bound on a WAL file in the runtime dir (setting ``wal_max_bytes``).
+WAL_MAX_BYTES = 1024 * 1024
+
+
+def bound_wal(conn: sqlite3.Connection, max_bytes: int = WAL_MAX_BYTES) -> None:
+    """Checkpoint policy for a WAL-mode file of the runtime dir (docs/operations.md).
+
+    SQLite checkpoints once the WAL holds ``max_bytes`` of pages and then truncates the file
+    back to at most ``max_bytes``; left at its defaults the file stayed at its high-water mark.
+    """
+    page = int(conn.execute("PRAGMA page_size").fetchone()[0])
+    conn.execute(f"PRAGMA wal_autocheckpoint={max(1, max_bytes // page)}")
+    conn.execute(f"PRAGMA journal_size_limit={int(max_bytes)}")
+
+
+def truncate_wal(conn: sqlite3.Connection) -> None:
+    """Checkpoint now and empty the WAL (a periodic sweep's part of the policy above)."""
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
 
 
 class LockHeld(RuntimeDirError):

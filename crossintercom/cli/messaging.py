@@ -78,7 +78,7 @@ def listen(
         return
     as_json = as_json or fmt == "json"
     client = Client(cfg, ident, mode="own").connect()
-    display = Inbox(cfg.inbox_dir, ident.id, modes(cfg)[1])
+    display = Inbox(cfg.inbox_dir, ident.id, modes(cfg)[1], max_entries=cfg.inbox_max_entries)
     stop = threading.Event()
 
     def on_signal(_sig: int, _frame: object) -> None:
@@ -247,7 +247,7 @@ def inbox(as_name: str, session_id: str | None, unseen: bool, as_json: bool) -> 
             else:
                 click.echo(f"no unseen messages for {as_name}")
         return
-    box = Inbox(cfg.inbox_dir, ident.id, modes(cfg)[1])
+    box = Inbox(cfg.inbox_dir, ident.id, modes(cfg)[1], max_entries=cfg.inbox_max_entries)
     try:
         entries = box.transcript()
     finally:

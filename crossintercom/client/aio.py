@@ -106,7 +106,12 @@ class AsyncClient:
         if self._inbox is None:
             if self.identity is None:
                 raise UsageError("this client has no session, so no inbox")
-            self._inbox = Inbox(self.settings.inbox_dir, self.identity.id, modes(self.settings)[1])
+            self._inbox = Inbox(
+                self.settings.inbox_dir,
+                self.identity.id,
+                modes(self.settings)[1],
+                max_entries=self.settings.inbox_max_entries,
+            )
             secure_file(self.settings, self._inbox.path)
         return self._inbox
 
@@ -158,7 +163,16 @@ class AsyncClient:
 
     async def _reconnect_forever(self) -> None:
         """1, 2, 5, 10, then every 30 s, until it works or the client closes."""
-        waits = tenacity.wait_chain(*[tenacity.wait_fixed(w) for w in RECONNECT_WAITS_S])
+        chain = tenacity.wait_chain(*[tenacity.wait_fixed(w) for w in RECONNECT_WAITS_S])
+
+        def waits(state: tenacity.RetryCallState) -> float:
+            # A broker that cannot write its files (a full disk) is up: try again soon, so
+            # that mail flows within seconds of the disk being freed.
+            exc = state.outcome.exception() if state.outcome is not None else None
+            if isinstance(exc, RemoteError) and exc.code == Code.LOCAL_STORAGE:
+                return SAVE_RETRY_S
+            return float(chain(state))
+
         # Any error is retried, a refusal by the broker too (it may come from a fault that
         # passes, such as a full disk): a client that gave up would never receive again.
         retrying = tenacity.AsyncRetrying(

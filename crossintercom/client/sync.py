@@ -59,7 +59,10 @@ class Client:
             if aio.identity is None:
                 raise UsageError("this client has no session, so no inbox")
             box = self._views.inbox = Inbox(
-                aio.settings.inbox_dir, aio.identity.id, modes(aio.settings)[1]
+                aio.settings.inbox_dir,
+                aio.identity.id,
+                modes(aio.settings)[1],
+                max_entries=aio.settings.inbox_max_entries,
             )
         return box
 

@@ -42,6 +42,7 @@ from typing import Any, Literal
 from crossintercom.errors import CrossintercomError
 from crossintercom.local_broker import authority_files as files
 from crossintercom.local_broker.authority_files import HMAC_HEX_LEN, MAX_OP_ID_LEN
+from crossintercom.runtime import WAL_MAX_BYTES, bound_wal
 
 __all__ = ["AuthorityUnavailable", "Decision", "DecisionKind", "DedupAuthority"]
 
@@ -132,6 +133,7 @@ class DedupAuthority:
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
         file_mode: int = 0o600,
+        wal_max_bytes: int = WAL_MAX_BYTES,
     ) -> None:
         """Open the authority in ``runtime_dir``, creating both files if both are absent.
 
@@ -164,6 +166,7 @@ class DedupAuthority:
             self._entries[r.op_id] = entry
             self._bytes += entry.size
         self._conn = conn
+        bound_wal(conn, wal_max_bytes)
 
     # -- public API ------------------------------------------------------------------------
 

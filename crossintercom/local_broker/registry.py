@@ -81,6 +81,8 @@ class Registry:
     def remember(self, info: SessionInfo) -> None:
         """Keep a durable session's name and groups across broker restarts."""
         if info.durable:
+            if self.known.get(info.id) == (info.name, list(info.groups)):
+                return  # already on disk: a re-registration writes nothing (a full disk)
             self.state.remember_session(info.id, info.name, list(info.groups))
             self.known[info.id] = (info.name, list(info.groups))
 

@@ -47,8 +47,9 @@ def run_broker(settings: Settings, *, verbose: bool = False) -> None:
             max_bytes=settings.dedup_max_bytes,
             ttl_s=settings.dedup_ttl_s,
             file_mode=file_mode,
+            wal_max_bytes=settings.wal_max_bytes,
         )
-        state = BrokerState(settings.home, file_mode)
+        state = BrokerState(settings.home, file_mode, wal_max_bytes=settings.wal_max_bytes)
         try:
             asyncio.run(serve(settings, authority, state))
         finally:

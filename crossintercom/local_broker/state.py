@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from crossintercom.runtime import WAL_MAX_BYTES, bound_wal, truncate_wal
+
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS known_sessions (
     id TEXT PRIMARY KEY,
@@ -78,7 +80,9 @@ class PendingEntry:
 class BrokerState:
     FILE = "broker.sqlite"
 
-    def __init__(self, home: Path, file_mode: int = 0o600) -> None:
+    def __init__(
+        self, home: Path, file_mode: int = 0o600, *, wal_max_bytes: int = WAL_MAX_BYTES
+    ) -> None:
         path = home / self.FILE
         fresh = not path.exists()
         self._db = sqlite3.connect(path, isolation_level=None, timeout=30.0)
@@ -86,7 +90,12 @@ class BrokerState:
             path.chmod(file_mode)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
+        bound_wal(self._db, wal_max_bytes)
         self._db.executescript(_SCHEMA)
+
+    def checkpoint(self) -> None:
+        """Empty the WAL (the broker's periodic sweep; docs/operations.md)."""
+        truncate_wal(self._db)
 
     def close(self) -> None:
         self._db.close()
