@@ -15,6 +15,7 @@ from crossintercom.cli.db import db
 from crossintercom.cli.output import EXIT_ERROR, fail
 from crossintercom.config import ENV_JSON
 from crossintercom.errors import CrossintercomError, UsageError
+from crossintercom.local_broker.logcap import ExtraFormatter
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -81,10 +82,10 @@ def cli(ctx: click.Context, verbose: bool, as_json: bool) -> None:
     ctx.ensure_object(dict)
     ctx.obj["verbose"] = verbose
     ctx.obj["json"] = as_json
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.WARNING,
-        format="%(levelname)s %(name)s: %(message)s",
-    )
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING)
+    # Structured fields (a message id, the error) are part of what a line says.
+    for handler in logging.getLogger().handlers:
+        handler.setFormatter(ExtraFormatter("%(levelname)s %(name)s: %(message)s"))
 
 
 for command in (

@@ -11,11 +11,15 @@ import sys
 
 from crossintercom.config import load_settings
 from crossintercom.errors import CrossintercomError
+from crossintercom.local_broker.logcap import ExtraFormatter
 from crossintercom.relay.service import run_relay
 
 
 def main() -> int:
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=logging.WARNING)
+    # Structured fields (the message id, the error) are part of what a line says.
+    for handler in logging.getLogger().handlers:
+        handler.setFormatter(ExtraFormatter("%(levelname)s %(name)s: %(message)s"))
     try:
         run_relay(load_settings())
     except CrossintercomError as exc:

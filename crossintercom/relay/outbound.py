@@ -86,7 +86,13 @@ class Outbound:
         except StoreInDoubt:
             results = await self._resolve_in_doubt(items)
         except StoreError as exc:
-            log.warning("enqueue failed before commit", extra={"error": exc.message})
+            ids = [fwd.frame.message.id for fwd in batch]
+            log.warning(
+                "enqueue of %d message(s) failed before commit: %s",
+                len(ids),
+                exc.message,
+                extra={"ids": ",".join(ids)},
+            )
             for fwd in batch:
                 self._answer(
                     fwd,

@@ -100,6 +100,17 @@ def test_disk_full_then_freed_mail_resumes_exactly_once(
     # Nothing may be told delivered that was not saved; the rest waits or was not sent.
     assert set(during.values()) <= {"delivered", "queued", "not_sent"}, during
 
+    # The recipient's relay says which message waits and why (the broker's own error).
+    wait_for(
+        lambda: any(
+            f"id={m}" in line and "error=" in line and "disk is full" in line
+            for m in during
+            for line in b.relay_log().splitlines()
+        ),
+        15,
+        "the relay to log a waiting message with its id and error",
+    )
+
     filler.unlink()
     wait_for(lambda: not warnings(b), 10, "the disk-full warning to clear")
     after = stream(remote, "worker@B", 5, "remote after", concurrency=2)
