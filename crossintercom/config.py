@@ -20,6 +20,8 @@ from crossintercom.errors import ConfigError
 
 ENV_HOME = "CROSSINTERCOM_HOME"
 ENV_STORE = "CROSSINTERCOM_STORE"
+# A file holding the store's password (docs/operations.md): never the password itself.
+ENV_STORE_PASSWORD_FILE = "CROSSINTERCOM_STORE_PASSWORD_FILE"
 ENV_HOST_ID = "CROSSINTERCOM_HOST_ID"
 ENV_GROUP = "CROSSINTERCOM_GROUP"
 ENV_AS = "CROSSINTERCOM_AS"
@@ -51,6 +53,7 @@ class Settings:
     home: Path
     host_id: str
     store_url: str | None = None
+    store_password_file: str | None = None
     group: str | None = None
     max_frame_bytes: int = 8 * 1024 * 1024
     max_message_bytes: int = 1024 * 1024
@@ -88,7 +91,7 @@ class Settings:
 _TUNABLES = {
     f.name: f.type
     for f in fields(Settings)
-    if f.name not in {"home", "host_id", "store_url", "group"}
+    if f.name not in {"home", "host_id", "store_url", "store_password_file", "group"}
 }
 
 
@@ -103,7 +106,12 @@ def load_settings(env: Mapping[str, str] | None = None, **overrides: Any) -> Set
     cfg_path = home / "config.json"
     if cfg_path.exists():
         values.update(_read_config(cfg_path))
-    for key, var in (("store_url", ENV_STORE), ("host_id", ENV_HOST_ID), ("group", ENV_GROUP)):
+    for key, var in (
+        ("store_url", ENV_STORE),
+        ("store_password_file", ENV_STORE_PASSWORD_FILE),
+        ("host_id", ENV_HOST_ID),
+        ("group", ENV_GROUP),
+    ):
         if env.get(var):
             values[key] = env[var]
     values.update({k: v for k, v in overrides.items() if v is not None})
@@ -128,7 +136,7 @@ def _read_config(path: Path) -> dict[str, Any]:
         raise ConfigError(f"{path}: must hold a JSON object")
     out: dict[str, Any] = {}
     for key, value in data.items():
-        if key in {"store_url", "host_id", "group"}:
+        if key in {"store_url", "store_password_file", "host_id", "group"}:
             if value is not None and not isinstance(value, str):
                 raise ConfigError(f"{path}: {key!r} must be a string")
             out[key] = value

@@ -22,7 +22,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 ENV_HELP = """
 Environment (only settings that are safe to inherit): CROSSINTERCOM_HOME (runtime dir,
 default ~/.crossintercom), CROSSINTERCOM_HOST_ID (default USER@HOSTNAME), CROSSINTERCOM_STORE
-(postgresql://... or sqlite:///path), CROSSINTERCOM_GROUP (group-shared runtime dir),
+(postgresql://... or sqlite:///path), CROSSINTERCOM_STORE_PASSWORD_FILE (a file holding the
+store's password), CROSSINTERCOM_GROUP (group-shared runtime dir),
 CROSSINTERCOM_AS (--as), CROSSINTERCOM_JSON (--json).
 """
 

@@ -29,6 +29,7 @@ from crossintercom.relay.inbound import POLL_BACKSTOP_S, Inbound
 from crossintercom.relay.outbound import Outbound
 from crossintercom.runtime import LockHeld, ensure_runtime_dir, hold_pid_lock
 from crossintercom.storage import LeaseTracker, MailboxStore, mask_url, open_store
+from crossintercom.storage.urls import with_password_file
 
 log = logging.getLogger(__name__)
 
@@ -229,7 +230,8 @@ def run_relay(settings: Settings, *, polling_observer: bool = False) -> None:
     ensure_runtime_dir(settings)
     lock_fd = hold_relay_lock(settings)
     try:
-        store = _open_store_patiently(settings.store_url, polling_observer)
+        url = with_password_file(settings.store_url, settings.store_password_file)
+        store = _open_store_patiently(url, polling_observer)
         try:
             asyncio.run(_serve(settings, store))
         finally:
