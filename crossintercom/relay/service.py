@@ -34,7 +34,6 @@ from crossintercom.storage.urls import with_password_file
 log = logging.getLogger(__name__)
 
 HEARTBEAT_S: Final = 1.0
-HOUSEKEEPING_S: Final = 60.0
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -214,13 +213,16 @@ class Relay(RelayCore):
             await asyncio.sleep(HEARTBEAT_S)
 
     async def _housekeeping_loop(self) -> None:
+        # Finished rows go ``purge_after_s`` after they finished (docs/operations.md): past the
+        # end of any sender's retry of the same id, and long before the queued-mail retention.
+        keep = self.settings.purge_after_s
         while not self.stopping.is_set():
-            await asyncio.sleep(HOUSEKEEPING_S)
+            await asyncio.sleep(self.settings.housekeeping_s)
             try:
                 await self.store_call(self.store.expire)
-                await self.store_call(self.store.purge)
+                await self.store_call(self.store.purge, older_than_s=keep)
             except StoreError as exc:
-                log.warning("housekeeping failed", extra={"error": exc.message})
+                log.warning("housekeeping failed: %s", exc.message, extra={"error": exc.message})
 
 
 def run_relay(settings: Settings, *, polling_observer: bool = False) -> None:
