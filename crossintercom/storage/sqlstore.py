@@ -46,12 +46,14 @@ class SqlMailboxStore:
     dialect: str
     skip_locked: bool
 
-    def __init__(self, parsed: StoreURL, engine: Engine) -> None:
+    def __init__(
+        self, parsed: StoreURL, engine: Engine, *, deadline_s: float | None = None
+    ) -> None:
         self.parsed = parsed
         self.url_masked = parsed.masked
         self.engine = engine
         # Every operation below is one call of this: one transaction, bounded reconnect.
-        self._run = TransactionRunner(parsed, engine)
+        self._run = TransactionRunner(parsed, engine, deadline_s=deadline_s)
         self._settings_lock = threading.Lock()
         self._settings_cache: tuple[float, StoreSettings] | None = None
 
