@@ -6,8 +6,10 @@ import fcntl
 import grp
 import logging
 import os
+import socket
 import sqlite3
 import stat
+import uuid
 from pathlib import Path
 
 from crossintercom.config import MAX_SOCKET_PATH, Settings
@@ -103,6 +105,31 @@ def secure_tree(settings: Settings) -> None:
         for entry in directory.iterdir():
             if not entry.is_symlink() and not entry.is_dir():
                 secure_file(settings, entry)
+
+
+MACHINE_FILE = "machine.id"
+
+
+def machine_identity(settings: Settings) -> str:
+    """This machine's identity for the host row: ``hostname/random``, kept in the runtime dir.
+
+    Two runtime dirs (two machines, a cloned VM with a fresh dir) get two identities, so a
+    host id configured on both is named as a collision (docs/operations.md). A clone that
+    copied the runtime dir copies this file too: delete it there.
+    """
+    path = settings.file(MACHINE_FILE)
+    try:
+        found = path.read_text().strip()
+    except FileNotFoundError:
+        found = ""
+    if found:
+        return found
+    ident = f"{socket.gethostname()}/{uuid.uuid4().hex[:12]}"[:255]
+    tmp = path.with_name(f"{MACHINE_FILE}.{os.getpid()}")
+    tmp.write_text(ident + "\n")
+    secure_file(settings, tmp)
+    os.replace(tmp, path)
+    return ident
 
 
 # Default bound on a WAL file in the runtime dir (setting ``wal_max_bytes``).

@@ -27,7 +27,7 @@ from crossintercom.models import SessionInfo, new_id
 from crossintercom.relay.core import RelayCore
 from crossintercom.relay.inbound import POLL_BACKSTOP_S, Inbound
 from crossintercom.relay.outbound import Outbound
-from crossintercom.runtime import LockHeld, ensure_runtime_dir, hold_pid_lock
+from crossintercom.runtime import LockHeld, ensure_runtime_dir, hold_pid_lock, machine_identity
 from crossintercom.storage import LeaseTracker, MailboxStore, mask_url, open_store
 from crossintercom.storage.urls import with_password_file
 
@@ -49,6 +49,12 @@ class RelayInUse(RelayError):
     """Another relay is already running for this host on this machine."""
 
     code = "relay_in_use"
+
+
+class HostIdCollision(RelayError):
+    """Another machine's relay is running with this host id."""
+
+    code = "host_id_collision"
 
 
 class Fenced(RelayError):
@@ -78,12 +84,14 @@ class Relay(RelayCore):
         self._published: list[SessionInfo] | None = None
         self._publish_lock = asyncio.Lock()
         self.failure: BaseException | None = None
+        self.machine = machine_identity(settings)
 
     # --- lifecycle ------------------------------------------------------------------------------
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
-        self.generation = await self.store_call(self.store.claim_host, self.host)
+        await self._check_collision()
+        self.generation = await self.store_call(self.store.claim_host, self.host, self.machine)
         log.info("relay started", extra={"host_id": self.host, "generation": self.generation})
         ident = Identity(id=new_id(), name="relay", purpose="control", status=self.store.url_masked)
         self.client = AsyncClient(self.settings, ident, mode="own", spawn=True, reconnect=True)
@@ -123,6 +131,40 @@ class Relay(RelayCore):
     def stop(self) -> None:
         self.stopping.set()
         self.inbound.wake.set()
+
+    async def _check_collision(self) -> None:
+        """Refuse a host id whose current holder is another machine with a live relay.
+
+        A holder whose heartbeat stays still for ``lease_s`` is gone (a machine replaced,
+        a relay frozen or dead): then this machine takes the host id over. A live one means
+        two machines are configured with one host id (a cloned VM, a copied env file); taking
+        over would make them fence each other in turn, so this relay stops, naming both.
+        """
+        held = await self.store_call(self.store.host_claim, self.host)
+        if held is None or held[0] in (None, self.machine):
+            return
+        other, beat = held
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settings.lease_s
+        while loop.time() < deadline:
+            await asyncio.sleep(min(0.5, HEARTBEAT_S))
+            now = await self.store_call(self.store.host_claim, self.host)
+            if now is None or now[0] != other:
+                return  # released or taken meanwhile: the claim below sorts it out
+            if now[1] != beat:
+                raise HostIdCollision(
+                    f"host id {self.host!r} is in use by another machine ({other}) whose "
+                    f"relay is running; this machine is {self.machine}. Two machines must "
+                    "not share a host id (a cloned VM or a copied env file?): give this one "
+                    f"its own CROSSINTERCOM_HOST_ID, or delete {self.settings.file('machine.id')} "
+                    "if this runtime dir was copied from the other machine"
+                )
+        log.warning(
+            "host id %s moves to this machine (%s) from %s, whose relay stopped",
+            self.host,
+            self.machine,
+            other,
+        )
 
     async def _say_goodbye(self) -> None:
         """Show our sessions offline at once rather than after the lease lapses."""
