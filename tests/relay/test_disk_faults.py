@@ -13,6 +13,7 @@ import errno
 import os
 import shutil
 import subprocess
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -112,6 +113,7 @@ def test_disk_full_then_freed_mail_resumes_exactly_once(
     )
 
     filler.unlink()
+    freed = time.monotonic()
     wait_for(lambda: not warnings(b), 10, "the disk-full warning to clear")
     after = stream(remote, "worker@B", 5, "remote after", concurrency=2)
     after |= stream(local, "worker", 5, "local after", concurrency=2)
@@ -120,7 +122,8 @@ def test_disk_full_then_freed_mail_resumes_exactly_once(
     outcomes = during | after
     acked = {m for m, o in outcomes.items() if o in ACKED}
     held = settle(b, "worker", acked, worker, timeout=RECOVERY_S)
-    lost, dups = report("disk full on the recipient host", outcomes, acked, held)
+    resumed = round(time.monotonic() - freed - 1.0, 1)  # settle waits 1 s for late copies
+    lost, dups = report("disk full on the recipient host", outcomes, acked, held, resumed_s=resumed)
     assert (lost, dups) == (0, 0)
     printed = worker.message_ids()
     assert all(printed[m] == 1 for m in acked), "a message was printed twice"
@@ -158,12 +161,16 @@ def test_immutable_inbox_then_writable_mail_resumes_exactly_once(cluster: Cluste
         assert worker.alive(), f"the listener died: {worker.stderr}"
     finally:
         chattr("-i", *inbox_files)
+    writable = time.monotonic()
 
     after = stream(remote, "worker@B", 5, "remote after", concurrency=2)
     outcomes = during | after
     acked = {m for m, o in outcomes.items() if o in ACKED}
     held = settle(b, "worker", acked, worker, timeout=RECOVERY_S)
-    lost, dups = report("immutable inbox on the recipient host", outcomes, acked, held)
+    resumed = round(time.monotonic() - writable - 1.0, 1)
+    lost, dups = report(
+        "immutable inbox on the recipient host", outcomes, acked, held, resumed_s=resumed
+    )
     assert (lost, dups) == (0, 0)
     assert all(worker.message_ids()[m] == 1 for m in acked), "a message was printed twice"
     assert "cannot save message" in worker.stderr
