@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import os
 import sys
@@ -102,6 +103,7 @@ for command in (
 
 
 def main() -> None:
+    faulthandler.enable()  # a fatal signal (SIGBUS, SIGSEGV) is reported on stderr
     cli(prog_name="crossintercom")
 
 

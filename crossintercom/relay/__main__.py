@@ -6,6 +6,7 @@ format, and an error ends the process with its exit code.
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import sys
 
@@ -16,6 +17,7 @@ from crossintercom.relay.service import run_relay
 
 
 def main() -> int:
+    faulthandler.enable()  # a fatal signal leaves a traceback on stderr, not a silent death
     logging.basicConfig(level=logging.WARNING)
     # Structured fields (the message id, the error) are part of what a line says.
     for handler in logging.getLogger().handlers:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -175,3 +176,12 @@ def test_immutable_inbox_then_writable_mail_resumes_exactly_once(cluster: Cluste
     assert all(worker.message_ids()[m] == 1 for m in acked), "a message was printed twice"
     assert "cannot save message" in worker.stderr
     wait_for(lambda: not warnings(b), 20, "the unwritable-inbox warning to clear")
+
+
+def test_fatal_signal_in_a_listener_is_reported(cli_env: dict[str, str]) -> None:
+    """Whatever else sends one (a mapped file that fails), a SIGBUS is never a silent death."""
+    worker = Listener(cli_env, "worker")
+    os.kill(worker.proc.pid, signal.SIGBUS)
+    worker.proc.wait(10)
+    wait_for(lambda: "Bus error" in worker.stderr, 5, "the listener to report the signal")
+    assert "Fatal Python error" in worker.stderr
