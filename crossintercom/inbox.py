@@ -21,7 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from crossintercom.config import Settings
 from crossintercom.models import Message, Receipt
+from crossintercom.runtime import modes
 
 log = logging.getLogger(__name__)
 
@@ -112,11 +114,28 @@ class Inbox:
         # SIGBUS; a journal write fails with an error the client turns into a refused ack
         # (docs/reliability.md). synchronous=OFF: a commit still survives a process crash (the
         # failure model), with no fsync per message.
-        self._db.execute("PRAGMA journal_mode=TRUNCATE")
+        try:
+            self._db.execute("PRAGMA journal_mode=TRUNCATE")
+        except sqlite3.OperationalError as exc:
+            # An inbox written in WAL mode by an older version, open elsewhere: switched by
+            # the next open that has it to itself.
+            log.info(
+                "inbox journal mode unchanged", extra={"path": str(self.path), "error": str(exc)}
+            )
         self._db.execute("PRAGMA synchronous=OFF")
         self._db.executescript(_SCHEMA)
         _tighten(self.path.with_name(self.path.name + "-journal"), file_mode)
         self.prune()
+
+    @classmethod
+    def of(cls, settings: Settings, session_id: str) -> Inbox:
+        """The session's inbox as its own client writes it: runtime file mode, bound set."""
+        return cls(
+            settings.inbox_dir,
+            session_id,
+            modes(settings)[1],
+            max_entries=settings.inbox_max_entries,
+        )
 
     @classmethod
     def view(cls, directory: Path, session_id: str) -> Inbox:

@@ -16,7 +16,7 @@ from crossintercom.client import MAX_ASK_TIMEOUT_S, Client, Identity, load_attac
 from crossintercom.config import Settings
 from crossintercom.inbox import Entry, Inbox
 from crossintercom.models import Attachment
-from crossintercom.runtime import ensure_runtime_dir, modes
+from crossintercom.runtime import ensure_runtime_dir
 
 ATTACH_HELP = (
     "Attach a UTF-8 text file. One over the message size limit is refused before anything is "
@@ -78,7 +78,7 @@ def listen(
         return
     as_json = as_json or fmt == "json"
     client = Client(cfg, ident, mode="own").connect()
-    display = Inbox(cfg.inbox_dir, ident.id, modes(cfg)[1], max_entries=cfg.inbox_max_entries)
+    display = Inbox.of(cfg, ident.id)
     stop = threading.Event()
 
     def on_signal(_sig: int, _frame: object) -> None:
@@ -247,7 +247,7 @@ def inbox(as_name: str, session_id: str | None, unseen: bool, as_json: bool) -> 
             else:
                 click.echo(f"no unseen messages for {as_name}")
         return
-    box = Inbox(cfg.inbox_dir, ident.id, modes(cfg)[1], max_entries=cfg.inbox_max_entries)
+    box = Inbox.of(cfg, ident.id)
     try:
         entries = box.transcript()
     finally:

@@ -39,7 +39,7 @@ from crossintercom.models import (
     SendResult,
     SessionInfo,
 )
-from crossintercom.runtime import modes, secure_file
+from crossintercom.runtime import secure_file
 from crossintercom.testhooks import crash_at
 
 log = logging.getLogger(__name__)
@@ -106,12 +106,7 @@ class AsyncClient:
         if self._inbox is None:
             if self.identity is None:
                 raise UsageError("this client has no session, so no inbox")
-            self._inbox = Inbox(
-                self.settings.inbox_dir,
-                self.identity.id,
-                modes(self.settings)[1],
-                max_entries=self.settings.inbox_max_entries,
-            )
+            self._inbox = Inbox.of(self.settings, self.identity.id)
             secure_file(self.settings, self._inbox.path)
         return self._inbox
 
@@ -166,8 +161,7 @@ class AsyncClient:
         chain = tenacity.wait_chain(*[tenacity.wait_fixed(w) for w in RECONNECT_WAITS_S])
 
         def waits(state: tenacity.RetryCallState) -> float:
-            # A broker that cannot write its files (a full disk) is up: try again soon, so
-            # that mail flows within seconds of the disk being freed.
+            # A broker that cannot write its files is up: retry soon, mail resumes in seconds.
             exc = state.outcome.exception() if state.outcome is not None else None
             if isinstance(exc, RemoteError) and exc.code == Code.LOCAL_STORAGE:
                 return SAVE_RETRY_S
@@ -225,11 +219,8 @@ class AsyncClient:
 
     def _save_failed(self, msg: Message, exc: BaseException) -> None:
         """The inbox cannot be written (full or read-only disk): not saved, so not delivered.
-
-        The broker keeps the message (queued for a durable session) and hands it over again
-        when this client registers anew, which it does after a pause while it reconnects by
-        itself: so mail flows again once the disk is writable (docs/delivery.md).
-        """
+        The broker keeps it queued and hands it over again when this client registers anew,
+        which it does after a pause: mail flows once the disk is writable (docs/delivery.md)."""
         log.error("cannot save message %s to the inbox: %s", msg.id, exc)
         self._ack(msg.id, refused=SAVE_FAILED)
         if self.reconnect and self._save_retry is None:

@@ -17,7 +17,6 @@ from crossintercom.config import Settings
 from crossintercom.errors import UsageError
 from crossintercom.inbox import Inbox
 from crossintercom.models import Attachment, Message, SendResult, SessionInfo
-from crossintercom.runtime import modes
 
 T = TypeVar("T")
 
@@ -58,12 +57,7 @@ class Client:
             aio = self._async
             if aio.identity is None:
                 raise UsageError("this client has no session, so no inbox")
-            box = self._views.inbox = Inbox(
-                aio.settings.inbox_dir,
-                aio.identity.id,
-                modes(aio.settings)[1],
-                max_entries=aio.settings.inbox_max_entries,
-            )
+            box = self._views.inbox = Inbox.of(aio.settings, aio.identity.id)
         return box
 
     def connect(self) -> Client:
