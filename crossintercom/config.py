@@ -75,6 +75,11 @@ class Settings:
     # finished; they answer a sender's retry of the same id, which ends within 11 minutes.
     purge_after_s: float = 3600.0
     housekeeping_s: float = 60.0
+    # Per-sender rate limit (docs/agents.md#policy): at most this many messages per sender in
+    # any window of rate_limit_window_s, checked by the sender's broker and again by the
+    # recipient's for mail from other hosts.
+    rate_limit_count: int = 300
+    rate_limit_window_s: float = 60.0
 
     @property
     def socket_path(self) -> Path:

@@ -52,6 +52,12 @@ class Code(StrEnum):
     ID_CONFLICT = "id_conflict"
     REFUSED = "refused"
     EXPIRED = "expired"
+    # A sender over its message rate (docs/agents.md#policy): loops between agents stop here.
+    RATE_LIMITED = "rate_limited"
+    # An ask to a session that is itself waiting on an ask to the asker: reply instead.
+    CROSSING_ASK = "crossing_ask"
+    # The expiry code of mail that was queued for a session `forget` dropped.
+    FORGOTTEN = "forgotten"
     # Why nothing was sent (not_sent) or why the outcome is not known (unknown).
     NO_RELAY = "no_relay"
     RECIPIENT_GONE = "recipient_gone"

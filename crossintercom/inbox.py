@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import tenacity
+
 from crossintercom.config import Settings
 from crossintercom.models import Message, Receipt
 from crossintercom.runtime import modes
@@ -84,6 +86,36 @@ DEFAULT_MAX_ENTRIES = 10_000
 _PRUNE_EVERY = 100
 
 
+def _busy(exc: BaseException) -> bool:
+    code = getattr(exc, "sqlite_errorcode", None)
+    return (
+        isinstance(exc, sqlite3.OperationalError)
+        and code is not None
+        and code & 0xFF == sqlite3.SQLITE_BUSY
+    )
+
+
+# Switching a file's journal mode takes an exclusive lock without waiting on the busy handler,
+# so two connections opening one fresh inbox at once (a listener's display and its client) can
+# see "database is locked" here: retry briefly instead of failing the first save.
+@tenacity.retry(
+    retry=tenacity.retry_if_exception(_busy),
+    wait=tenacity.wait_random(0.005, 0.05),
+    stop=tenacity.stop_after_delay(5),
+    reraise=True,
+)
+def _prepare(db: sqlite3.Connection) -> None:
+    # A rollback journal, not WAL: WAL maps its -shm index into memory, and a write to that
+    # mapping once the file is made immutable (or its disk is full) kills the process with
+    # SIGBUS; a journal write fails with an error the client turns into a refused ack
+    # (docs/reliability.md). synchronous=OFF: a commit still survives a process crash (the
+    # failure model), with no fsync per message.
+    if db.execute("PRAGMA journal_mode").fetchone()[0].lower() != "truncate":
+        db.execute("PRAGMA journal_mode=TRUNCATE")
+    db.execute("PRAGMA synchronous=OFF")
+    db.executescript(_SCHEMA)
+
+
 class Inbox:
     """Not shared between threads; each process or thread opens its own."""
 
@@ -109,21 +141,7 @@ class Inbox:
             self.path.chmod(file_mode)
         else:
             _tighten(self.path, file_mode)
-        # A rollback journal, not WAL: WAL maps its -shm index into memory, and a write to that
-        # mapping once the file is made immutable (or its disk is full) kills the process with
-        # SIGBUS; a journal write fails with an error the client turns into a refused ack
-        # (docs/reliability.md). synchronous=OFF: a commit still survives a process crash (the
-        # failure model), with no fsync per message.
-        try:
-            self._db.execute("PRAGMA journal_mode=TRUNCATE")
-        except sqlite3.OperationalError as exc:
-            # An inbox written in WAL mode by an older version, open elsewhere: switched by
-            # the next open that has it to itself.
-            log.info(
-                "inbox journal mode unchanged", extra={"path": str(self.path), "error": str(exc)}
-            )
-        self._db.execute("PRAGMA synchronous=OFF")
-        self._db.executescript(_SCHEMA)
+        _prepare(self._db)
         _tighten(self.path.with_name(self.path.name + "-journal"), file_mode)
         self.prune()
 
@@ -141,6 +159,15 @@ class Inbox:
     def view(cls, directory: Path, session_id: str) -> Inbox:
         """Read a session's inbox (another process may own it) without creating or writing it."""
         return cls(directory, session_id, read_only=True)
+
+    @classmethod
+    def remove(cls, directory: Path, session_id: str) -> bool:
+        """Delete a session's inbox file (``forget``); True if there was one."""
+        path = directory / f"{session_id}.sqlite"
+        existed = path.exists()
+        for p in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+            p.unlink(missing_ok=True)
+        return existed
 
     def close(self) -> None:
         self._db.close()

@@ -25,6 +25,9 @@ SESSION_NAMESPACE = uuid.UUID("6f1c2a4e-8d0b-5b7e-9a53-3c1d2e4f5a60")
 Purpose = Literal["agent", "control"]
 PURPOSES: Final[tuple[Purpose, ...]] = ("agent", "control")
 AttachmentKind = Literal["file", "snippet", "context"]
+# When a session's waiting surfaces (wait, hooks, line monitor) wake it (docs/agents.md).
+WakePolicy = Literal["every", "asks", "never"]
+WAKE_POLICIES: Final[tuple[WakePolicy, ...]] = ("every", "asks", "never")
 ATTACHMENT_KINDS: Final[tuple[AttachmentKind, ...]] = ("file", "snippet", "context")
 
 _NAME_RE = re.compile(NAME_PATTERN)
@@ -41,6 +44,8 @@ class Outcome(StrEnum):
     UNKNOWN = "unknown"
     # Receipts only: the message waited out the retention without being collected.
     EXPIRED = "expired"
+    # Receipts only, after ``delivered``: a surface showed it to the recipient's agent.
+    SHOWN = "shown"
 
     @property
     def strength(self) -> int:
@@ -49,6 +54,7 @@ class Outcome(StrEnum):
 
 
 _STRENGTH = {
+    Outcome.SHOWN: 6,
     Outcome.DELIVERED: 5,
     Outcome.QUEUED: 4,
     Outcome.UNKNOWN: 3,
@@ -62,6 +68,7 @@ UNKNOWN_ADVICE = (
     "check with the recipient first"
 )
 EXPIRED_ADVICE = "not collected within the retention"
+FORGOTTEN_ADVICE = "the recipient was forgotten (`crossintercom forget`) before collecting it"
 
 
 def weakest(outcomes: list[Outcome]) -> Outcome:
@@ -72,9 +79,12 @@ def outcome_for_state(state: str, code: str | None) -> tuple[Outcome, str | None
     """What a store row's delivery state means to its sender: (outcome, code, message).
 
     The one mapping from the shared store's states (``queued``, ``delivered``, ``refused``,
-    ``expired``) to outcomes. A row acknowledged with code ``queued`` was taken into the
-    recipient host's durable queue (its session is away): still ``queued`` for the sender.
+    ``expired``, and ``shown`` for receipts) to outcomes. A row acknowledged with code
+    ``queued`` was taken into the recipient host's durable queue (its session is away): still
+    ``queued`` for the sender. An expiry keeps its code when it has one (``forgotten``).
     """
+    if state == "shown":
+        return Outcome.SHOWN, None, None
     if state == "delivered":
         if code == "queued":
             return Outcome.QUEUED, "queued_at_host", None
@@ -82,6 +92,8 @@ def outcome_for_state(state: str, code: str | None) -> tuple[Outcome, str | None
     if state == "queued":
         return Outcome.QUEUED, None, None
     if state == "expired":
+        if code == "forgotten":
+            return Outcome.EXPIRED, code, FORGOTTEN_ADVICE
         return Outcome.EXPIRED, "expired", EXPIRED_ADVICE
     return Outcome.REFUSED, code or "refused", None
 
@@ -189,6 +201,7 @@ class SessionInfo(_Value, frozen=True):
     groups: tuple[str, ...] = ("default",)
     durable: bool = False
     online: bool = True
+    wake: WakePolicy = "every"
 
     def __post_init__(self) -> None:
         if not self.alias:

@@ -148,7 +148,10 @@ def render_line(m: Mapping[str, Any], as_name: str | None = None) -> str:
 # --- outcomes ---------------------------------------------------------------------------------
 
 _OUTCOME_WORDS = {
-    Outcome.DELIVERED: "delivered: saved in the recipient's inbox (not yet known to be read)",
+    Outcome.DELIVERED: (
+        "delivered: saved in the recipient's inbox (not yet known to be read; a `shown` "
+        "receipt follows when its agent is shown it: see the receipts tool)"
+    ),
     Outcome.QUEUED: (
         "queued: stored durably for the recipient, who is away; it will arrive without "
         "resending, so do not send it again"
@@ -156,6 +159,8 @@ _OUTCOME_WORDS = {
     Outcome.REFUSED: "refused: nothing was delivered",
     Outcome.NOT_SENT: "not sent: nothing was stored or forwarded; it is safe to send it again",
     Outcome.UNKNOWN: f"outcome unknown: {UNKNOWN_ADVICE}. Do NOT resend it",
+    Outcome.EXPIRED: "expired: it was never collected",
+    Outcome.SHOWN: "shown to the recipient's agent",
 }
 
 

@@ -18,6 +18,7 @@ from mcp.types import CallToolResult, InputRequiredResult, ToolAnnotations
 from pydantic import ValidationError
 
 from crossintercom.agents import mcp_results as res
+from crossintercom.agents.mcp_session_tools import SessionTools
 from crossintercom.agents.mcp_tools import Tools
 from crossintercom.agents.session import AgentSession
 from crossintercom.client import Identity
@@ -85,7 +86,7 @@ def build_server(session: AgentSession, supervisor: str | None) -> MailboxServer
         log_level="WARNING",
     )
     tools = Tools(session, supervisor)
-    for name, (fn, read_only) in tools.all().items():
+    for name, (fn, read_only) in {**tools.all(), **SessionTools(session).all()}.items():
         server.add_tool(
             fn,
             name=name,

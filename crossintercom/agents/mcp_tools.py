@@ -16,7 +16,7 @@ from crossintercom.agents import supervisor as sup
 from crossintercom.agents.escalation import Escalation, EscalationError
 from crossintercom.agents.framing import neutralise
 from crossintercom.agents.mail import render_mail
-from crossintercom.agents.session import AgentSession, show_lock, show_unseen, unseen
+from crossintercom.agents.session import AgentSession, show_lock, unseen
 from crossintercom.client import MAX_ASK_TIMEOUT_S, load_attachment
 from crossintercom.errors import BrokerUnavailable, CrossintercomError, Disconnected
 from crossintercom.inbox import Entry
@@ -94,6 +94,7 @@ class Tools:
             "supervisor": self.supervisor,
             "holds_session": self.session.owner,
             "status": info.status if info else None,
+            "wake": await self.session.wake_policy(),
             "unseen": len(unseen(self.session.inbox)),
             "pending_asks": waiting,
             "relay_connected": st.relay.connected,
@@ -173,7 +174,10 @@ class Tools:
         without the answer; a late answer arrives in your inbox."""
         async with self.session.operation() as client:
             result = await client.ask(to, message, timeout=timeout_s)
-        return res.ask_outcome(result, to, timeout_s, self.name)
+        answer = res.ask_outcome(result, to, timeout_s, self.name)
+        if result.reply is not None:  # the tool result shows the reply to the model
+            self.session.report_shown([result.reply])
+        return answer
 
     @guarded
     async def reply(
@@ -204,12 +208,14 @@ class Tools:
 
         if unseen_only:
             await self.session.sync()
-            show_unseen(settings, box, sid, build, limit=limit)
+            self.session.show(build, limit=limit)
             return result[0] if result else res.messages([], self.name, "No unseen messages.", {})
         with show_lock(settings, sid):
             entries = [e for e in box.transcript() if e.kind == "message"][-limit:]
             build(entries)
-            box.mark_shown([e.seq for e in entries if not e.shown])
+            fresh = [e for e in entries if not e.shown]
+            box.mark_shown([e.seq for e in fresh])
+        self.session.report_shown(fresh)
         return result[0]
 
     def _mail_result(self, entries: list[Entry]) -> CallToolResult:

@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable
 
 from crossintercom.agents.mail import render_mail_line
-from crossintercom.agents.session import AgentSession, show_unseen
+from crossintercom.agents.session import AgentSession
 from crossintercom.client import Identity
 from crossintercom.config import Settings
 from crossintercom.inbox import Entry
@@ -36,7 +36,8 @@ async def run_line_monitor(settings: Settings, identity: Identity) -> None:
     write = line_writer(identity.name or identity.id)
     async with AgentSession(settings, identity) as session:
         while not stop.is_set():
-            show_unseen(settings, session.inbox, identity.id, write)
+            if await session.woken():  # under its wake policy (docs/agents.md#wake-policy)
+                session.show(write)
             changed = loop.create_task(session.wait_changed(3600))
             stopped = loop.create_task(stop.wait())
             await asyncio.wait({changed, stopped}, return_when=asyncio.FIRST_COMPLETED)
@@ -49,4 +50,4 @@ async def show_unseen_once(
 ) -> list[Entry]:
     """Pull the queued mail into the inbox, then show what was never shown (oldest first)."""
     async with AgentSession(settings, identity, watch=False) as session:
-        return show_unseen(settings, session.inbox, identity.id, write)
+        return session.show(write)

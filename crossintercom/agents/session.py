@@ -28,10 +28,11 @@ from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
 
 from crossintercom import protocol as p
-from crossintercom.client import AsyncClient, Identity
+from crossintercom.client import AsyncClient, Identity, shown_frame
 from crossintercom.config import Settings
 from crossintercom.errors import CrossintercomError, RemoteError
 from crossintercom.inbox import Entry, Inbox
+from crossintercom.models import Message, WakePolicy
 from crossintercom.runtime import apply_mode, ensure_runtime_dir, modes, secure_file
 
 log = logging.getLogger(__name__)
@@ -40,6 +41,8 @@ log = logging.getLogger(__name__)
 TAKEOVER_EVERY_S = 2.0
 # Backstop for a missed file-change event (network filesystems, a dropped inotify event).
 POLL_BACKSTOP_S = 1.0
+# The wake policy is read from the broker at most this often (another process may change it).
+WAKE_POLICY_TTL_S = 1.0
 
 
 class Busy(CrossintercomError):
@@ -86,6 +89,16 @@ def unseen(box: Inbox) -> list[Entry]:
     return [e for e in box.unshown() if e.kind == "message"]
 
 
+def wakes(entries: list[Entry], policy: WakePolicy) -> bool:
+    """Whether unseen ``entries`` wake the session under ``policy`` (docs/agents.md#wake-policy):
+    ``every`` message, only ``asks`` (messages waiting for an answer), or ``never``."""
+    if policy == "every":
+        return bool(entries)
+    if policy == "asks":
+        return any(e.body.get("expects_reply") for e in entries)
+    return False
+
+
 def show_unseen(
     settings: Settings,
     box: Inbox,
@@ -93,17 +106,21 @@ def show_unseen(
     write: Callable[[list[Entry]], None],
     *,
     limit: int | None = None,
+    shown: Callable[[list[Entry]], object] | None = None,
 ) -> list[Entry]:
     """Hand unseen messages to ``write`` and mark them shown only after it returned.
 
     ``write`` must have written and flushed its output (or built its result) by then; if it
-    raises, nothing is marked and the messages stay unseen.
+    raises, nothing is marked and the messages stay unseen. ``shown`` then gets what was
+    shown (to send the senders their ``shown`` receipts).
     """
     with show_lock(settings, session_id):
         entries = unseen(box)[:limit] if limit is not None else unseen(box)
         if entries:
             write(entries)
             box.mark_shown([e.seq for e in entries])
+    if entries and shown is not None:
+        shown(entries)
     return entries
 
 
@@ -129,6 +146,7 @@ class AgentSession:
         self._tasks: list[asyncio.Task[Any]] = []
         self._observer: Any = None
         self._busy_ops = 0
+        self._wake: tuple[float, WakePolicy] | None = None
 
     def _new_client(self, mode: Literal["own", "auto"]) -> AsyncClient:
         return AsyncClient(self.settings, self.identity, mode=mode, reconnect=True)
@@ -161,6 +179,47 @@ class AgentSession:
     @property
     def owner(self) -> bool:
         return not self.client.attached
+
+    def report_shown(self, shown: list[Entry] | list[Message]) -> None:
+        """``shown`` receipts for their senders: a notice, skipped while the broker is away."""
+        frame = shown_frame(m.body if isinstance(m, Entry) else m.to_dict() for m in shown)
+        if frame is not None:
+            self.client.post(frame)
+
+    def show(
+        self, write: Callable[[list[Entry]], None], *, limit: int | None = None
+    ) -> list[Entry]:
+        """``show_unseen`` on this session's inbox, then the ``shown`` report."""
+        return show_unseen(
+            self.settings,
+            self.inbox,
+            self.identity.id,
+            write,
+            limit=limit,
+            shown=self.report_shown,
+        )
+
+    async def wake_policy(self) -> WakePolicy:
+        """The session's wake policy as the broker holds it (re-read at most every second)."""
+        loop = asyncio.get_running_loop()
+        if self._wake is not None and loop.time() - self._wake[0] < WAKE_POLICY_TTL_S:
+            return self._wake[1]
+        policy: WakePolicy = self.client.session.wake if self.client.session else "every"
+        with contextlib.suppress(CrossintercomError):
+            for s in await self.client.list_sessions():
+                if s.id == self.identity.id and s.host == self.settings.host_id:
+                    policy = s.wake
+        self._wake = (loop.time(), policy)
+        return policy
+
+    def note_wake(self, policy: WakePolicy) -> None:
+        """This process just set the policy: no need to ask the broker for it."""
+        self._wake = (asyncio.get_running_loop().time(), policy)
+
+    async def woken(self) -> bool:
+        """Unseen mail that wakes the session under its policy is there."""
+        pending = unseen(self.inbox)
+        return bool(pending) and wakes(pending, await self.wake_policy())
 
     def _watch_inbox(self, loop: asyncio.AbstractEventLoop) -> None:
         def notify() -> None:

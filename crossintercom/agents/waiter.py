@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from crossintercom.agents.session import AgentSession, Busy, agents_dir, show_unseen, unseen
+from crossintercom.agents.session import AgentSession, Busy, agents_dir, unseen
 from crossintercom.client import Identity
 from crossintercom.config import Settings
 from crossintercom.inbox import Entry
@@ -114,7 +114,7 @@ async def wait_for_mail(
         with waiter_lock(settings, identity.id, replace=replace):
             async with AgentSession(settings, identity) as session:
                 deadline = loop.time() + timeout
-                while not unseen(session.inbox):
+                while not await session.woken():
                     remaining = deadline - loop.time()
                     if remaining <= 0 or stop.is_set():
                         return []
@@ -128,7 +128,7 @@ async def wait_for_mail(
                 await _settle(session, quiet)
                 if stop.is_set():
                     return []
-                return show_unseen(settings, session.inbox, identity.id, write)
+                return session.show(write)
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)

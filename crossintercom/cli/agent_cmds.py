@@ -1,4 +1,4 @@
-"""wait, mcp, set-status: the commands agents' harnesses run (docs/agents.md)."""
+"""wait, mcp, set-status, set-wake, forget: the commands agents' harnesses run (docs/agents.md)."""
 
 from __future__ import annotations
 
@@ -18,9 +18,12 @@ from crossintercom.agents.hooks import (
 )
 from crossintercom.agents.session import Busy
 from crossintercom.cli.common import as_options, identity, json_option, one_shot, settings
-from crossintercom.cli.output import EXIT_REFUSED, emit_json
-from crossintercom.client import Identity
-from crossintercom.errors import UsageError
+from crossintercom.cli.output import emit_json, refused_exit
+from crossintercom.client import Client, Identity, forget, set_wake
+from crossintercom.errors import RemoteError, UsageError
+from crossintercom.inbox import Inbox
+from crossintercom.models import WAKE_POLICIES
+from crossintercom.runtime import ensure_runtime_dir
 
 DEFAULT_WAIT_S = 600.0
 MAX_WAIT_S = 86400.0
@@ -131,21 +134,66 @@ def set_status(
         if attached:
             client.set_status(None if clear else text)
     if not attached:
-        message = (
-            f"{as_name} is not online on this host; a status belongs to a live session (the MCP "
-            "server, `listen` or `wait` holding it), so nothing was changed"
+        refused_exit(
+            "not_online",
+            f"{as_name} is not online on this host; a status belongs to a live session (the "
+            "MCP server, `listen` or `wait` holding it), so nothing was changed",
+            as_json,
         )
-        if as_json:
-            emit_json(
-                {"error": {"code": "not_online", "message": message, "outcome": None, "id": None}}
-            )
-        else:
-            click.echo(f"error: {message}", err=True)
-        sys.exit(EXIT_REFUSED)
     if as_json:
         emit_json({"name": as_name, "status": None if clear else text})
     else:
         click.echo(f"{as_name}: status {'cleared' if clear else repr(text)}")
 
 
-COMMANDS = (wait, mcp, set_status)
+@click.command("set-wake")
+@as_options(required=True)
+@json_option
+@click.argument("policy", type=click.Choice(WAKE_POLICIES))
+def set_wake_cmd(as_name: str, session_id: str | None, as_json: bool, policy: str) -> None:
+    """Set which mail wakes NAME's waiting surfaces (wait, hooks, the line monitor): every
+    message, only asks, or never. Kept with NAME's durable session."""
+    cfg = settings()
+    wake = next(w for w in WAKE_POLICIES if w == policy)
+    with one_shot(cfg, identity(cfg, as_name, session_id)) as client:
+        info = client.run(lambda c: set_wake(c, wake))
+    if as_json:
+        emit_json({"name": as_name, "wake": info.wake})
+    else:
+        click.echo(f"{as_name}: wake policy {info.wake}")
+
+
+@click.command("forget")
+@click.option("--session-id", metavar="ID", help="Forget this session id instead of NAME's.")
+@json_option
+@click.argument("name")
+def forget_cmd(session_id: str | None, as_json: bool, name: str) -> None:
+    """Forget the durable session NAME on this host: its queued mail expires (the senders get
+    `expired` receipts), asks waiting for its reply are told, other hosts stop listing it,
+    and its inbox file is deleted. Refused while NAME is live."""
+    cfg = settings()
+    ensure_runtime_dir(cfg)
+    sid = Identity.named(cfg, name, session_id).id
+    try:
+        with Client(cfg, None, reconnect=False) as client:
+            done = client.run(lambda c: forget(c, sid))
+    except RemoteError as exc:
+        refused_exit(exc.code, exc.message, as_json)
+    removed = Inbox.remove(cfg.inbox_dir, sid)
+    out = {
+        "name": name,
+        "id": sid,
+        "expired": done.expired,
+        "dropped_asks": done.dropped_asks,
+        "inbox_removed": removed,
+    }
+    if as_json:
+        emit_json(out)
+    else:
+        click.echo(
+            f"forgot {name} ({sid}): {done.expired} queued message(s) expired, "
+            f"{done.dropped_asks} waiting ask(s) told" + ("; inbox deleted" if removed else "")
+        )
+
+
+COMMANDS = (wait, mcp, set_status, set_wake_cmd, forget_cmd)

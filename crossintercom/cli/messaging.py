@@ -3,16 +3,24 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import signal
 import sys
 import threading
+from typing import Any
 
 import click
 
 from crossintercom.agents.session import show_lock
 from crossintercom.cli.common import as_options, identity, json_option, one_shot, settings
 from crossintercom.cli.output import emit_json, format_message, result_exit
-from crossintercom.client import MAX_ASK_TIMEOUT_S, Client, Identity, load_attachment
+from crossintercom.client import (
+    MAX_ASK_TIMEOUT_S,
+    Client,
+    Identity,
+    load_attachment,
+    report_shown,
+)
 from crossintercom.config import Settings
 from crossintercom.inbox import Entry, Inbox
 from crossintercom.models import Attachment
@@ -60,9 +68,20 @@ def _message_arg(text: str | None) -> str:
     help="json: as --json. line: one framed line per message for a model's line monitor; it "
     "attaches to the session the MCP server holds (docs/agents.md).",
 )
+@click.option(
+    "--shown-receipts",
+    is_flag=True,
+    help="Also print `shown` receipts (another agent was shown a message NAME sent); they are "
+    "saved in the inbox either way.",
+)
 @json_option
 def listen(
-    as_name: str, session_id: str | None, fresh: bool, fmt: str | None, as_json: bool
+    as_name: str,
+    session_id: str | None,
+    fresh: bool,
+    fmt: str | None,
+    shown_receipts: bool,
+    as_json: bool,
 ) -> None:
     """Register NAME here (durable) and print each incoming message.
 
@@ -95,7 +114,11 @@ def listen(
         )
     try:
         while not stop.is_set():
-            _show_unshown(cfg, display, ident.id, as_json, skip_resumed=fresh)
+            printed = _show_unshown(
+                cfg, display, ident.id, as_json, skip_resumed=fresh, shown_receipts=shown_receipts
+            )
+            if printed:
+                client.run(functools.partial(report_shown, bodies=printed))
             client.next_incoming(timeout=0.5)
     finally:
         display.close()
@@ -103,13 +126,33 @@ def listen(
 
 
 def _show_unshown(
-    cfg: Settings, display: Inbox, session_id: str, as_json: bool, *, skip_resumed: bool
-) -> None:
+    cfg: Settings,
+    display: Inbox,
+    session_id: str,
+    as_json: bool,
+    *,
+    skip_resumed: bool,
+    shown_receipts: bool,
+) -> list[dict[str, Any]]:
+    """Print what was never shown; returns the messages printed (for their ``shown`` receipts)."""
+    printed: list[dict[str, Any]] = []
     with show_lock(cfg, session_id):  # shown once across every surface (docs/agents.md)
         for entry in display.unshown():
-            if not (skip_resumed and "resumed" in entry.body.get("flags", ())):
+            skipped = (_seen_notice(entry) and not shown_receipts) or (
+                skip_resumed and "resumed" in entry.body.get("flags", ())
+            )
+            if not skipped:
                 _print_entry(entry, as_json)
+                if entry.kind == "message":
+                    printed.append(entry.body)
             display.mark_shown([entry.seq])  # only after the output was flushed
+    return printed
+
+
+def _seen_notice(entry: Entry) -> bool:
+    """A `shown` receipt: one per message sent would drown a stream or transcript, so the
+    commands print them only when asked (docs/agents.md#shown-receipts)."""
+    return entry.kind == "receipt" and entry.body.get("outcome") == "shown"
 
 
 def _print_entry(entry: Entry, as_json: bool) -> None:
@@ -224,8 +267,16 @@ def pending(as_name: str, session_id: str | None, as_json: bool) -> None:
     help="Pull in mail queued while NAME was away, print only messages never shown, and mark "
     "them shown.",
 )
+@click.option(
+    "--shown-receipts",
+    is_flag=True,
+    help="Include the `shown` receipts for messages NAME sent (left out by default: one per "
+    "message sent).",
+)
 @json_option
-def inbox(as_name: str, session_id: str | None, unseen: bool, as_json: bool) -> None:
+def inbox(
+    as_name: str, session_id: str | None, unseen: bool, shown_receipts: bool, as_json: bool
+) -> None:
     """NAME's saved messages on this host, oldest first (a transcript)."""
     cfg = settings()
     ensure_runtime_dir(cfg)
@@ -249,7 +300,7 @@ def inbox(as_name: str, session_id: str | None, unseen: bool, as_json: bool) -> 
         return
     box = Inbox.of(cfg, ident.id)
     try:
-        entries = box.transcript()
+        entries = [e for e in box.transcript() if shown_receipts or not _seen_notice(e)]
     finally:
         box.close()
     if as_json:

@@ -27,6 +27,7 @@ OUTCOME_EXIT = {
     Outcome.NOT_SENT: EXIT_NOT_SENT,
     Outcome.UNKNOWN: EXIT_UNKNOWN,
     Outcome.EXPIRED: EXIT_REFUSED,
+    Outcome.SHOWN: EXIT_OK,
 }
 
 
@@ -51,6 +52,15 @@ def fail(exc: CrossintercomError, as_json: bool) -> NoReturn:
     else:
         click.echo(f"error: {exc.message}", err=True)
     sys.exit(exc.exit_code)
+
+
+def refused_exit(code: str, message: str, as_json: bool) -> NoReturn:
+    """A request the broker refused (not a message outcome): printed as an error, exit 3."""
+    if as_json:
+        emit_json({"error": {"code": code, "message": message, "outcome": None, "id": None}})
+    else:
+        click.echo(f"error: {message}", err=True)
+    sys.exit(EXIT_REFUSED)
 
 
 def result_exit(result: SendResult, as_json: bool, *, with_reply: bool = False) -> NoReturn:

@@ -1,5 +1,6 @@
 """The Python API: ``AsyncClient`` for asyncio services, ``Client`` for scripts."""
 
+from crossintercom.client.aftercare import forget, report_shown, set_wake, shown_frame
 from crossintercom.client.aio import (
     MAX_ASK_TIMEOUT_S,
     OPERATION_DEADLINE_S,
@@ -21,6 +22,10 @@ __all__ = [
     "Client",
     "Identity",
     "Incoming",
+    "forget",
     "load_attachment",
+    "report_shown",
+    "set_wake",
+    "shown_frame",
     "wait_until",
 ]

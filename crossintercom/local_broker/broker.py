@@ -20,6 +20,7 @@ from crossintercom import protocol as p
 from crossintercom.config import Settings
 from crossintercom.errors import Code, ProtocolError
 from crossintercom.local_broker import outcomes
+from crossintercom.local_broker.aftercare import Aftercare
 from crossintercom.local_broker.authority import DedupAuthority
 from crossintercom.local_broker.conn import Conn
 from crossintercom.local_broker.delivery import Delivery
@@ -36,7 +37,6 @@ from crossintercom.models import (
     Receipt,
     SendResult,
     SessionInfo,
-    outcome_for_state,
 )
 
 log = logging.getLogger(__name__)
@@ -58,6 +58,7 @@ class Broker:
             settings, self.registry, state, retire=self.retire, spawn=self.spawn
         )
         self.ops = Operations(settings, authority, state, self.registry, self.delivery, self.relay)
+        self.aftercare = Aftercare(self.host, self.registry, state, self.delivery, self.relay)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._stop = asyncio.Event()
         self.idle_since: float | None = time.monotonic()
@@ -203,6 +204,7 @@ class Broker:
                 purpose="agent",
                 groups=self.registry.initial_groups(s.id, s.groups, s.durable),
                 durable=s.durable,
+                wake=self.registry.initial_wake(s.id, s.durable),
             )
             # Remembered before it goes live: a write that fails (a full disk) must not leave
             # a session in the registry that no connection will ever retire.
@@ -255,6 +257,16 @@ class Broker:
             self._update_info(conn, status=f.status)
         conn.write(p.Ok(f.request_id))
 
+    async def _on_set_wake(self, conn: Conn, f: p.SetWake) -> None:
+        info = self.aftercare.set_wake(conn, f.wake)
+        conn.write(p.Sessions(f.request_id, [info]))
+
+    async def _on_shown(self, conn: Conn, f: p.Shown) -> None:
+        self.aftercare.shown(conn, f)
+
+    async def _on_forget(self, conn: Conn, f: p.Forget) -> None:
+        conn.write(self.aftercare.forget(f))
+
     # --- sending ---------------------------------------------------------------------------
 
     async def _on_send(self, conn: Conn, f: p.Send) -> None:
@@ -306,7 +318,13 @@ class Broker:
     async def _inbound(self, conn: Conn, f: p.Inbound) -> None:
         msg, recipient = f.message, f.recipient
         try:
-            if msg.reply_to is not None and self.state.ask_owner(msg.reply_to) == recipient:
+            if not self.ops.limiter.admit(f"{msg.sender.host}/{msg.sender.id}", msg.id):
+                # A sender on another host over the rate: refused here too, whatever its
+                # own host allowed (docs/agents.md#policy).
+                receipt = Receipt(
+                    msg.id, Outcome.REFUSED, recipient, Code.RATE_LIMITED, self.ops.limiter.why()
+                )
+            elif msg.reply_to is not None and self.state.ask_owner(msg.reply_to) == recipient:
                 receipt = await self.delivery.route_reply(msg, recipient)
             elif self.registry.is_local(recipient):
                 receipt = await self.delivery.deliver(msg, recipient, asker_host=msg.sender.host)
@@ -348,24 +366,14 @@ class Broker:
                 last_sweep = now
                 try:
                     self._sweep()
-                except sqlite3.Error as exc:
-                    # A full or read-only disk: the sweep runs again next interval, and the
-                    # broker keeps serving meanwhile.
+                except sqlite3.Error as exc:  # a full disk: try again next interval
                     log.error("housekeeping failed: %s", exc, extra={"error": str(exc)})
 
     def _sweep(self) -> None:
         self.authority.sweep()
         self.state.forget_old()
         self.state.checkpoint()
-        for item in self.state.take_expired():
-            if item.kind != "message":
-                continue
-            msg = Message.from_dict(item.body)
-            outcome, code, text = outcome_for_state("expired", None)
-            receipt = Receipt(msg.id, outcome, item.recipient, code, text)
-            if msg.sender.host == self.host:
-                self.delivery.notify_sender(msg.sender.id, receipt)
-            log.info("message expired", extra={"id": msg.id, "recipient": item.recipient})
+        self.aftercare.expired(self.state.take_expired())
 
     def stop(self) -> None:
         self._stop.set()
@@ -387,6 +395,9 @@ class Broker:
         p.SetStatus: _on_set_status,
         p.Pending: _on_pending,
         p.Ping: _on_ping,
+        p.SetWake: _on_set_wake,
+        p.Shown: _on_shown,
+        p.Forget: _on_forget,
         p.RemoteRoster: _on_remote_roster,
         p.Inbound: _on_inbound,
         p.ForwardResult: _on_forward_result,

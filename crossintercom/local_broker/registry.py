@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from crossintercom.local_broker.state import BrokerState
-from crossintercom.models import Peer, SessionInfo
+from crossintercom.local_broker.state import BrokerState, KnownSession
+from crossintercom.models import WAKE_POLICIES, Peer, SessionInfo, WakePolicy
 
 if TYPE_CHECKING:
     from crossintercom.local_broker.conn import Conn
@@ -47,16 +47,17 @@ class Registry:
 
     def local_sessions(self) -> list[SessionInfo]:
         out = [lv.info for lv in self.live.values() if lv.info.purpose == "agent"]
-        for sid, (name, groups) in self.known.items():
+        for sid, known in self.known.items():
             if sid not in self.live:
                 out.append(
                     SessionInfo(
                         id=sid,
                         host=self.host,
-                        name=name,
-                        groups=tuple(groups),
+                        name=known.name,
+                        groups=tuple(known.groups),
                         durable=True,
                         online=False,
+                        wake=_wake(known.wake),
                     )
                 )
         return out
@@ -74,17 +75,26 @@ class Registry:
         if given:
             return tuple(given)
         known = self.known.get(session_id)
-        if durable and known is not None and known[1]:
-            return tuple(known[1])
+        if durable and known is not None and known.groups:
+            return tuple(known.groups)
         return ("default",)
 
+    def initial_wake(self, session_id: str, durable: bool) -> WakePolicy:
+        """A durable session keeps the wake policy it had; any other starts at 'every'."""
+        known = self.known.get(session_id)
+        return _wake(known.wake) if durable and known is not None else "every"
+
     def remember(self, info: SessionInfo) -> None:
-        """Keep a durable session's name and groups across broker restarts."""
+        """Keep a durable session's name, groups and wake policy across broker restarts."""
         if info.durable:
-            if self.known.get(info.id) == (info.name, list(info.groups)):
+            known = KnownSession(info.name, list(info.groups), info.wake)
+            if self.known.get(info.id) == known:
                 return  # already on disk: a re-registration writes nothing (a full disk)
-            self.state.remember_session(info.id, info.name, list(info.groups))
-            self.known[info.id] = (info.name, list(info.groups))
+            self.state.remember_session(info.id, info.name, list(info.groups), info.wake)
+            self.known[info.id] = known
+
+    def forget(self, session_id: str) -> None:
+        self.known.pop(session_id, None)
 
     def update(self, session_id: str, **changes: object) -> SessionInfo:
         live = self.live[session_id]
@@ -113,3 +123,10 @@ class Registry:
             return sender.id in self.live
         s = self.remote.get(sender.id)
         return s is not None and s.online
+
+
+_WAKES: dict[str, WakePolicy] = {w: w for w in WAKE_POLICIES}
+
+
+def _wake(value: str) -> WakePolicy:
+    return _WAKES.get(value, "every")

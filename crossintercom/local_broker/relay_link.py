@@ -12,6 +12,8 @@ import contextlib
 import itertools
 from typing import Final
 
+import msgspec
+
 from crossintercom import protocol as p
 from crossintercom.config import Settings
 from crossintercom.errors import Code, ProtocolError
@@ -48,6 +50,11 @@ class RelayLink:
         self.conn = conn
         self.store_status = store_status
         self.send_local_roster()
+        for raw in self.registry.state.outbox_take():
+            frame = _kept.decode(raw)
+            if isinstance(frame, p.SessionForgotten) and self.registry.is_local(frame.session):
+                continue  # the name was used again since: its new mail must not expire
+            conn.write(frame)
 
     def detach(self, conn: Conn) -> None:
         if conn is not self.conn:
@@ -127,3 +134,21 @@ class RelayLink:
     def send_local_roster(self) -> None:
         if self.conn is not None:
             self.conn.write(p.LocalRoster(self.registry.local_sessions()))
+
+    def _post_or_keep(self, frame: p.ToRelayFrame) -> None:
+        """A frame for the relay that must not be lost while none is connected: kept in
+        ``broker.sqlite`` (for the retention) and handed to the next relay that attaches."""
+        if self.conn is None or not self.conn.write(frame):
+            encoded = msgspec.json.encode(frame).decode()
+            self.registry.state.outbox_put(encoded, self.settings.retention_s)
+
+    def send_receipts(self, receipts: list[p.ReceiptFor]) -> None:
+        """Receipts for senders on other hosts, written to the store by the relay."""
+        if receipts:
+            self._post_or_keep(p.SendReceipts(receipts))
+
+    def forgotten(self, session_id: str) -> None:
+        self._post_or_keep(p.SessionForgotten(session_id))
+
+
+_kept: msgspec.json.Decoder[p.ToRelayFrame] = msgspec.json.Decoder(p.ToRelayFrame)

@@ -10,8 +10,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import sqlite3
+import time
 from collections.abc import Coroutine
-from typing import Any
+from typing import Any, Final
 
 import msgspec
 
@@ -23,6 +24,7 @@ from crossintercom.local_broker.authority import AuthorityUnavailable, Decision,
 from crossintercom.local_broker.conn import Conn
 from crossintercom.local_broker.delivery import Delivery
 from crossintercom.local_broker.outcomes import Refusal
+from crossintercom.local_broker.ratelimit import RateLimiter
 from crossintercom.local_broker.registry import Registry
 from crossintercom.local_broker.relay_link import RelayLink
 from crossintercom.local_broker.resolve import Target, is_group, resolve, without_relay
@@ -40,6 +42,10 @@ from crossintercom.models import (
 from crossintercom.testhooks import crash_at
 
 log = logging.getLogger(__name__)
+
+# How long an asker may still be blocked on its ask: the longest ask wait plus the operation's
+# slack (docs/delivery.md: asks wait at most 10 min, an operation at most 11).
+ASK_BLOCKS_S: Final = 660.0
 
 
 class Operations:
@@ -59,6 +65,24 @@ class Operations:
         self.registry = registry
         self.delivery = delivery
         self.relay = relay
+        self.limiter = RateLimiter(settings.rate_limit_count, settings.rate_limit_window_s)
+
+    def _check_rate(self, sender_id: str, message_id: str) -> None:
+        if not self.limiter.admit(sender_id, message_id):
+            raise Refusal(Code.RATE_LIMITED, self.limiter.why())
+
+    def _check_crossing(self, asker_id: str, target: Target) -> None:
+        """An ask to a session that waits on an ask to this asker would block both: refused,
+        pointing at the ask to answer instead (docs/agents.md#policy)."""
+        waiting = self.state.open_ask_from(asker_id, target.session_id, time.time() - ASK_BLOCKS_S)
+        if waiting is not None:
+            raise Refusal(
+                Code.CROSSING_ASK,
+                f"{target.name or target.session_id}@{target.host} is waiting for your reply "
+                f"to its ask {waiting}; answer it (reply with reply_to={waiting}) instead of "
+                "asking back: two asks waiting on each other would both wait out their "
+                "timeouts. A send is not refused",
+            )
 
     def build_message(self, conn: Conn, body: p.OutgoingBody, to: str) -> Message:
         assert conn.session_id is not None
@@ -120,6 +144,9 @@ class Operations:
         group = is_group(body.to)
         if group and body.expects_reply:
             raise Refusal(Code.GROUP_ASK, "ask cannot target a group; ask one session")
+        if body.expects_reply:
+            self._check_crossing(conn.session_id, targets[0])
+        self._check_rate(conn.session_id, msg.id)
         remote = any(not t.local for t in targets)
         answer = outcomes.reserved(self._reserve(msg, remote), msg.id)
         if answer is not None:
@@ -172,6 +199,7 @@ class Operations:
         replier = conn.session_id
         # Identity covers the frame as sent, so a retry (same reply_to or none) matches.
         probe = self.build_message(conn, body, body.to or "")
+        self._check_rate(replier, body.id)
         answer = outcomes.reserved(self._reserve(probe, False), body.id)
         if answer is not None:
             return answer

@@ -21,7 +21,8 @@ CREATE TABLE IF NOT EXISTS known_sessions (
     id TEXT PRIMARY KEY,
     name TEXT,
     groups TEXT NOT NULL,
-    updated REAL NOT NULL
+    updated REAL NOT NULL,
+    wake TEXT                       -- the wake policy; NULL is 'every'
 );
 CREATE TABLE IF NOT EXISTS queue (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -46,6 +47,11 @@ CREATE TABLE IF NOT EXISTS pending_replies (
     PRIMARY KEY (ask_id, replier)
 );
 CREATE INDEX IF NOT EXISTS pending_open ON pending_replies (replier, state, created);
+CREATE TABLE IF NOT EXISTS relay_outbox (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    frame TEXT NOT NULL,            -- a broker -> relay frame, as JSON
+    expires REAL NOT NULL
+);
 CREATE TABLE IF NOT EXISTS asks_sent (
     ask_id TEXT PRIMARY KEY,
     asker_id TEXT NOT NULL,
@@ -77,6 +83,21 @@ class PendingEntry:
     state: str
 
 
+@dataclass(frozen=True, slots=True)
+class KnownSession:
+    name: str | None
+    groups: list[str]
+    wake: str
+
+
+@dataclass(frozen=True, slots=True)
+class Forgotten:
+    """What ``forget_session`` removed: queued items and asks still waiting for a reply."""
+
+    queued: list[QueuedItem]
+    open_asks: list[PendingEntry]
+
+
 class BrokerState:
     FILE = "broker.sqlite"
 
@@ -92,6 +113,9 @@ class BrokerState:
         self._db.execute("PRAGMA synchronous=NORMAL")
         bound_wal(self._db, wal_max_bytes)
         self._db.executescript(_SCHEMA)
+        columns = {r[1] for r in self._db.execute("PRAGMA table_info(known_sessions)")}
+        if "wake" not in columns:  # a file written before wake policies existed
+            self._db.execute("ALTER TABLE known_sessions ADD COLUMN wake TEXT")
 
     def checkpoint(self) -> None:
         """Empty the WAL (the broker's periodic sweep; docs/operations.md)."""
@@ -102,17 +126,43 @@ class BrokerState:
 
     # --- known durable sessions --------------------------------------------------------------
 
-    def remember_session(self, session_id: str, name: str | None, groups: list[str]) -> None:
+    def remember_session(
+        self, session_id: str, name: str | None, groups: list[str], wake: str = "every"
+    ) -> None:
         self._db.execute(
-            "INSERT INTO known_sessions (id, name, groups, updated) VALUES (?, ?, ?, ?) "
+            "INSERT INTO known_sessions (id, name, groups, updated, wake) VALUES (?, ?, ?, ?, ?) "
             "ON CONFLICT (id) DO UPDATE SET name = excluded.name, groups = excluded.groups, "
-            "updated = excluded.updated",
-            (session_id, name, json.dumps(groups), time.time()),
+            "updated = excluded.updated, wake = excluded.wake",
+            (session_id, name, json.dumps(groups), time.time(), wake),
         )
 
-    def known_sessions(self) -> dict[str, tuple[str | None, list[str]]]:
-        rows = self._db.execute("SELECT id, name, groups FROM known_sessions").fetchall()
-        return {r[0]: (r[1], json.loads(r[2])) for r in rows}
+    def known_sessions(self) -> dict[str, KnownSession]:
+        rows = self._db.execute("SELECT id, name, groups, wake FROM known_sessions").fetchall()
+        return {r[0]: KnownSession(r[1], json.loads(r[2]), r[3] or "every") for r in rows}
+
+    def forget_session(self, session_id: str) -> Forgotten:
+        """Drop a known session with everything kept for it, in one transaction: its queued
+        items (returned, so senders can be told) and the asks it was to answer."""
+        with self._db:
+            self._db.execute("BEGIN IMMEDIATE")
+            rows = self._db.execute(
+                "SELECT seq, recipient, kind, item_id, body FROM queue WHERE recipient = ? "
+                "ORDER BY seq",
+                (session_id,),
+            ).fetchall()
+            asks = self._db.execute(
+                "SELECT ask_id, replier, asker_id, asker_host, body, state FROM pending_replies "
+                "WHERE replier = ? AND state = 'open' ORDER BY created, rowid",
+                (session_id,),
+            ).fetchall()
+            self._db.execute("DELETE FROM queue WHERE recipient = ?", (session_id,))
+            self._db.execute("DELETE FROM pending_replies WHERE replier = ?", (session_id,))
+            self._db.execute("DELETE FROM asks_sent WHERE asker_id = ?", (session_id,))
+            self._db.execute("DELETE FROM known_sessions WHERE id = ?", (session_id,))
+        return Forgotten(
+            [QueuedItem(r[0], r[1], r[2], r[3], json.loads(r[4])) for r in rows],
+            [PendingEntry(r[0], r[1], r[2], r[3], json.loads(r[4]), r[5]) for r in asks],
+        )
 
     # --- offline queue -------------------------------------------------------------------------
 
@@ -220,6 +270,16 @@ class BrokerState:
             (ask_id, replier),
         )
 
+    def open_ask_from(self, replier: str, asker_id: str, since: float) -> str | None:
+        """The id of an ask ``asker_id`` made of ``replier`` after ``since`` that is still
+        unanswered: the asker is (or may still be) blocked on ``replier``."""
+        row = self._db.execute(
+            "SELECT ask_id FROM pending_replies WHERE replier = ? AND asker_id = ? "
+            "AND state = 'open' AND created >= ? ORDER BY created LIMIT 1",
+            (replier, asker_id, since),
+        ).fetchone()
+        return None if row is None else str(row[0])
+
     def record_ask(self, ask_id: str, asker_id: str) -> None:
         self._db.execute(
             "INSERT OR IGNORE INTO asks_sent (ask_id, asker_id, created) VALUES (?, ?, ?)",
@@ -232,7 +292,26 @@ class BrokerState:
         ).fetchone()
         return None if row is None else str(row[0])
 
+    # --- frames for a relay that is not connected ----------------------------------------------
+
+    def outbox_put(self, frame: str, retention_s: float) -> None:
+        self._db.execute(
+            "INSERT INTO relay_outbox (frame, expires) VALUES (?, ?)",
+            (frame, time.time() + retention_s),
+        )
+
+    def outbox_take(self) -> list[str]:
+        """Every frame kept for the relay, oldest first, removed as it is returned."""
+        with self._db:
+            self._db.execute("BEGIN IMMEDIATE")
+            rows = self._db.execute("SELECT frame FROM relay_outbox ORDER BY seq").fetchall()
+            self._db.execute("DELETE FROM relay_outbox")
+        return [str(r[0]) for r in rows]
+
     def forget_old(self, now: float | None = None) -> None:
+        self._db.execute(
+            "DELETE FROM relay_outbox WHERE expires <= ?", (time.time() if now is None else now,)
+        )
         cutoff = (time.time() if now is None else now) - _REPLY_MEMORY_S
         self._db.execute("DELETE FROM asks_sent WHERE created < ?", (cutoff,))
         self._db.execute(

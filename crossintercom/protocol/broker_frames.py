@@ -133,6 +133,16 @@ class Ok(msgspec.Struct, tag="ok", frozen=True, omit_defaults=True):
     groups: list[str] | None = None
 
 
+class Forgotten(msgspec.Struct, tag="forgotten", frozen=True):
+    """``forget`` done: how many queued messages expired and asks waiting on it were dropped."""
+
+    request_id: RequestId
+    id: str
+    name: str | None
+    expired: int
+    dropped_asks: int
+
+
 class Pong(msgspec.Struct, tag="pong", frozen=True):
     request_id: RequestId
     host: str
@@ -151,4 +161,5 @@ BrokerFrame = (
     | PendingList
     | Ok
     | Pong
+    | Forgotten
 )

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import msgspec
 
-from crossintercom.models import Name
+from crossintercom.models import Name, Peer, WakePolicy
 
 SessionId = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
 MessageId = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
@@ -115,6 +115,33 @@ class Ping(msgspec.Struct, tag="ping", frozen=True):
     request_id: RequestId
 
 
+class ShownItem(msgspec.Struct, frozen=True):
+    """One message a surface showed: its id and its sender, as the inbox holds them."""
+
+    id: MessageId
+    sender: Peer
+
+
+class Shown(msgspec.Struct, tag="shown", frozen=True):
+    """The session's agent was shown these messages; the broker tells their senders."""
+
+    messages: list[ShownItem]
+
+
+class SetWake(msgspec.Struct, tag="set_wake", frozen=True):
+    """The session's wake policy, kept with a durable session (docs/agents.md#wake-policy)."""
+
+    request_id: RequestId
+    wake: WakePolicy
+
+
+class Forget(msgspec.Struct, tag="forget", frozen=True):
+    """Drop a known (durable) session of this host: its queued mail expires (docs/agents.md)."""
+
+    request_id: RequestId
+    session: SessionId
+
+
 ClientFrame = (
     Register
     | Send
@@ -129,12 +156,17 @@ ClientFrame = (
     | SetStatus
     | Pending
     | Ping
+    | Shown
+    | SetWake
+    | Forget
 )
 
 # Frames a connection may send before it registers: queries that need no identity
 # (docs/protocol.md) and the acknowledgements that never act on anyone's behalf.
 ANONYMOUS_TYPES: frozenset[str] = frozenset(
-    {"register", "list", "status", "groups", "ping", "confirm"}
+    {"register", "list", "status", "groups", "ping", "confirm", "forget"}
 )
 # Frames that act as a mailbox; a control session (the relay) is not one.
-MAILBOX_TYPES: frozenset[str] = frozenset({"send", "reply", "join", "leave", "pending"})
+MAILBOX_TYPES: frozenset[str] = frozenset(
+    {"send", "reply", "join", "leave", "pending", "shown", "set_wake"}
+)

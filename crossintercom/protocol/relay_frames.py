@@ -7,10 +7,15 @@ broker sends it (messages to forward, the local roster, roster refresh requests)
 
 from __future__ import annotations
 
+from typing import Literal
+
 import msgspec
 
-from crossintercom.models import Message, Receipt, SessionInfo
+from crossintercom.models import Message, Peer, Receipt, SessionInfo
 from crossintercom.protocol.client_frames import RequestId, SessionId
+
+# What a recipient's host may report to a sender's host after the delivery was acknowledged.
+HostReceiptOutcome = Literal["shown", "expired"]
 
 # --- relay -> broker --------------------------------------------------------------------------
 
@@ -83,4 +88,26 @@ class RefreshRoster(msgspec.Struct, tag="refresh_roster", frozen=True):
     fid: int
 
 
-ToRelayFrame = Forward | LocalRoster | RefreshRoster
+class ReceiptFor(msgspec.Struct, frozen=True, omit_defaults=True):
+    """A receipt this host owes a sender on another host for a message it received."""
+
+    id: str
+    recipient: str
+    sender: Peer
+    outcome: HostReceiptOutcome
+    code: str | None = None
+
+
+class SendReceipts(msgspec.Struct, tag="send_receipts", frozen=True):
+    """Receipts for senders on other hosts (``shown``, and ``expired`` of mail held here)."""
+
+    receipts: list[ReceiptFor]
+
+
+class SessionForgotten(msgspec.Struct, tag="session_forgotten", frozen=True):
+    """``forget`` dropped a local session: expire what the store still queues for it."""
+
+    session: SessionId
+
+
+ToRelayFrame = Forward | LocalRoster | RefreshRoster | SendReceipts | SessionForgotten

@@ -162,10 +162,11 @@ class Inbound:
         late: list[p.SenderReceipt] = []
         for row in rows:
             fut = self.outbound.receipt_waits.get((row.message_id, row.recipient_session))
-            if fut is not None and not fut.done():
+            if fut is not None and not fut.done() and row.sender_session is None:
+                # A delivery receipt a forward still waits for (late ones name their sender).
                 fut.set_result(row)
                 continue
-            sender = self.outbound.senders.get(row.message_id)
+            sender = row.sender_session or self.outbound.senders.get(row.message_id)
             if sender is not None:
                 r = receipt_of(row)
                 late.append(

@@ -26,6 +26,7 @@ from crossintercom.errors import CrossintercomError, StoreError, StoreUnavailabl
 from crossintercom.models import SessionInfo, new_id
 from crossintercom.relay.core import RelayCore
 from crossintercom.relay.inbound import POLL_BACKSTOP_S, Inbound
+from crossintercom.relay.late import LateReceipts
 from crossintercom.relay.outbound import Outbound
 from crossintercom.runtime import LockHeld, ensure_runtime_dir, hold_pid_lock, machine_identity
 from crossintercom.storage import LeaseTracker, MailboxStore, mask_url, open_store
@@ -81,6 +82,7 @@ class Relay(RelayCore):
         self.leases = LeaseTracker(settings.lease_s)
         self.outbound = Outbound(self)
         self.inbound = Inbound(self, self.outbound)
+        self.late_receipts = LateReceipts(self)
         self._published: list[SessionInfo] | None = None
         self._publish_lock = asyncio.Lock()
         self.failure: BaseException | None = None
@@ -105,6 +107,7 @@ class Relay(RelayCore):
             self._heartbeat_loop(),
             self.outbound.loop(),
             self.inbound.loop(),
+            self.late_receipts.loop(),
             self._housekeeping_loop(),
         ]
         tasks = [loop.create_task(j) for j in jobs]
@@ -186,6 +189,10 @@ class Relay(RelayCore):
             # Sent on every (re)registration: the broker may be new, so give it the roster.
             self._post_remote_roster()
             self.inbound.wake.set()
+        elif isinstance(frame, p.SendReceipts):
+            self.late_receipts.put(frame.receipts)
+        elif isinstance(frame, p.SessionForgotten):
+            self.late_receipts.forget(frame.session)
         else:
             self.spawn(self._refresh_roster(frame.fid))
 

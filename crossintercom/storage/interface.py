@@ -17,8 +17,11 @@ from crossintercom.models import SessionInfo
 DeliveryState = Literal["queued", "delivered", "refused", "expired"]
 # What the recipient's relay may acknowledge a queued delivery as.
 AckOutcome = Literal["delivered", "refused"]
-# A receipt carries the state its delivery finished in.
-ReceiptOutcome = Literal["delivered", "refused", "expired"]
+# A receipt carries the state its delivery finished in, or, written by the recipient's host
+# after the ack, ``shown`` (its agent was shown the message) or a late ``expired``.
+ReceiptOutcome = Literal["delivered", "refused", "expired", "shown"]
+# What a recipient's host reports after its ack (``MailboxStore.add_receipts``).
+LateReceiptOutcome = Literal["shown", "expired"]
 # How reading back an enqueue whose COMMIT was in doubt can end without finding its row:
 # "absent" (no row: the commit did not land, nothing was written) or "in_doubt" (the store
 # stayed unreachable, so it is still unknown). A row that is found is an ``EnqueueResult``.
@@ -99,6 +102,21 @@ class ReceiptRow:
     recipient_host: str
     outcome: ReceiptOutcome
     code: str | None
+    # Whom to tell on the sender's host, when the writer knew (late receipts).
+    sender_session: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LateReceipt:
+    """A receipt a recipient's host owes a sender's host after its ack: the message was shown
+    to the recipient's agent, or expired in that host's own queue (or by ``forget``)."""
+
+    message_id: str
+    recipient_session: str
+    sender_host: str
+    sender_session: str
+    outcome: LateReceiptOutcome
+    code: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,6 +201,17 @@ class MailboxStore(Protocol):
     def consume_receipts(
         self, host_id: str, generation: int, receipt_ids: Sequence[int]
     ) -> None: ...
+
+    def add_receipts(self, host_id: str, generation: int, receipts: Sequence[LateReceipt]) -> int:
+        """Write receipts as ``host_id`` (the recipient's host) for the senders' hosts, and
+        wake them; nothing for a stale generation. Returns how many were written."""
+        ...
+
+    def forget_session(self, host_id: str, generation: int, session_id: str) -> int:
+        """``forget``: expire (code ``forgotten``) what is still queued for one of the host's
+        sessions, with receipts for the senders, and drop its roster row. Returns how many
+        deliveries expired; nothing for a stale generation."""
+        ...
 
     def expire(self) -> int: ...
 

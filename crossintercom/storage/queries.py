@@ -124,6 +124,11 @@ CURRENT_GENERATION: Select[int] = (
 # -- roster --------------------------------------------------------------------------------
 
 DELETE_ROSTER: Delete = delete(roster).where(roster.c.host_id == bindparam("host_id"))
+# `forget`: one session's row goes at once, before the relay's next publish. Params: host_id,
+# session_id.
+DELETE_ROSTER_SESSION: Delete = delete(roster).where(
+    roster.c.host_id == bindparam("host_id"), roster.c.session_id == bindparam("session_id")
+)
 INSERT_ROSTER = roster.insert()
 LIST_ROSTER: Select[Any] = select(roster).order_by(roster.c.host_id, roster.c.session_id)
 
@@ -271,7 +276,7 @@ def receipts_for_finished(dialect: str) -> Any:
 
 # Params: host_id, generation, limit. Fenced in the statement itself: nothing for a stale
 # generation.
-LIST_RECEIPTS: Select[int, str, str, str, ReceiptOutcome, str | None] = (
+LIST_RECEIPTS: Select[int, str, str, str, ReceiptOutcome, str | None, str | None] = (
     select(
         receipts.c.id,
         receipts.c.message_id,
@@ -279,10 +284,30 @@ LIST_RECEIPTS: Select[int, str, str, str, ReceiptOutcome, str | None] = (
         receipts.c.recipient_host,
         receipts.c.outcome,
         receipts.c.code,
+        receipts.c.sender_session,
     )
     .where(receipts.c.sender_host == bindparam("host_id"), _current())
     .order_by(receipts.c.id)
     .limit(bindparam("limit"))
+)
+
+# Receipts a recipient's host writes after its ack (``shown``, a late ``expired``), run with a
+# list of rows. The writer is always the recipient's host (``recipient_host``); the caller
+# checks its generation in the same transaction.
+INSERT_LATE_RECEIPTS = receipts.insert()
+
+# `forget`: what is still queued for one session of the host expires now, with the code
+# ``forgotten``. Returns the keys it changed (their receipts are written next). Params:
+# host_id, session_id, finished.
+FORGET_DELIVERIES = (
+    update(deliveries)
+    .where(
+        deliveries.c.recipient_host == bindparam("host_id"),
+        deliveries.c.recipient_session == bindparam("session_id"),
+        deliveries.c.state == "queued",
+    )
+    .values(state="expired", reason="forgotten", finished_at=bindparam("finished"))
+    .returning(deliveries.c.message_id, deliveries.c.recipient_session)
 )
 
 # Params: host_id, receipt_ids (a list).

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Collection, Sequence
+from dataclasses import asdict
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -20,6 +21,7 @@ from crossintercom.storage.interface import (
     EnqueueResult,
     HostRow,
     InboundRow,
+    LateReceipt,
     MessageRow,
     OutboundItem,
     ReceiptRow,
@@ -152,6 +154,7 @@ class SqlMailboxStore:
                 "groups": list(s.groups),
                 "durable": s.durable,
                 "online": s.online,
+                "wake": None if s.wake == "every" else s.wake,
             }
             for s in sessions
         ]
@@ -180,6 +183,7 @@ class SqlMailboxStore:
                     groups=tuple(r.groups),
                     durable=r.durable,
                     online=r.online,
+                    wake=r.wake if r.wake in ("asks", "never") else "every",
                 )
                 for r in conn.execute(q.LIST_ROSTER)
             ]
@@ -293,6 +297,38 @@ class SqlMailboxStore:
                 conn.execute(q.DELETE_RECEIPTS, params)
 
         self._run(write)
+
+    def add_receipts(self, host_id: str, generation: int, receipts: Sequence[LateReceipt]) -> int:
+        woken: set[str] = set()
+
+        def write(conn: Connection) -> int:
+            woken.clear()
+            if not receipts or not self._is_current(conn, host_id, generation):
+                return 0
+            extra = {"recipient_host": host_id, "created": utcnow()}
+            conn.execute(q.INSERT_LATE_RECEIPTS, [asdict(r) | extra for r in receipts])
+            woken.update(r.sender_host for r in receipts)
+            self._notify(conn, woken)
+            return len(receipts)
+
+        return self._run(write, after=lambda: self._after_commit(woken))
+
+    def forget_session(self, host_id: str, generation: int, session_id: str) -> int:
+        woken: set[str] = set()
+
+        def write(conn: Connection) -> int:
+            woken.clear()
+            if not self._is_current(conn, host_id, generation):
+                return 0
+            now = utcnow()
+            params = {"host_id": host_id, "session_id": session_id, "finished": now}
+            keys = [(mid, sid) for mid, sid in conn.execute(q.FORGET_DELIVERIES, params)]
+            conn.execute(q.DELETE_ROSTER_SESSION, {"host_id": host_id, "session_id": session_id})
+            if keys:
+                self._write_receipts(conn, keys, now, woken)
+            return len(keys)
+
+        return self._run(write, after=lambda: self._after_commit(woken))
 
     def expire(self) -> int:
         total = 0

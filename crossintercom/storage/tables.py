@@ -78,6 +78,8 @@ roster = Table(
     Column("groups", JSON, nullable=False),
     Column("durable", Boolean, nullable=False),
     Column("online", Boolean, nullable=False),
+    # The session's wake policy (every / asks / never); NULL is 'every'.
+    Column("wake", String(16)),
 )
 
 messages = Table(
@@ -130,6 +132,9 @@ receipts = Table(
     Column("outcome", String(16), nullable=False),
     Column("code", String(64)),
     Column("created", DateTime(timezone=True), nullable=False),
+    # Set by receipts a recipient's host writes after the ack (``shown``, a late ``expired``):
+    # the session on the sender's host to tell. NULL on delivery receipts.
+    Column("sender_session", SESSION_ID),
     Index("ix_receipts_sender", "sender_host", "id"),
     Index("ix_receipts_created", "created"),
 )

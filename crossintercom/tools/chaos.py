@@ -39,7 +39,7 @@ from crossintercom.client import AsyncClient
 from crossintercom.errors import CrossintercomError
 from crossintercom.models import new_id
 from crossintercom.tools.common import Store, prepare_store, scratch_dir, utc_now
-from crossintercom.tools.harness import Cluster, ListenerProcess, SimHost
+from crossintercom.tools.harness import BULK_SENDER, Cluster, ListenerProcess, SimHost
 
 SINK = "sink"
 SENDERS_PER_HOST = 2
@@ -323,7 +323,8 @@ def run_chaos(
         )
         token = secrets.token_hex(3)
         with Cluster(root, store.url, SimHost) as cluster:
-            sims = cluster.up(*(f"h{i}-{token}" for i in range(hosts)))
+            ids = [f"h{i}-{token}" for i in range(hosts)]
+            sims = cluster.up(*ids, **dict.fromkeys(ids, BULK_SENDER))
             chaos = Chaos(store, sims, duration, seed, token)
             report.drain_s = round(asyncio.run(chaos.run()), 2)
         chaos.tally(report)  # every listener has stopped: the inboxes are final

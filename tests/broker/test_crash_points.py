@@ -483,7 +483,7 @@ def test_queued_message_expires_with_receipt(
     receipts = [r for r in inbox_rows(home, sid("alice")) if r[1] == "receipt"]
     assert [(r[2]["id"], r[2]["outcome"]) for r in receipts] == [(sent.id, "expired")]
     # The receipt stays queued until alice's ack reaches the broker, then leaves the queue.
-    wait_for(lambda: queued_count(home) == 0, 10, "the acknowledged receipt to leave the queue")
+    wait_for(lambda: queued_count(home, "receipt") == 0, 10, "the acknowledged receipt to go")
     bob = clients(cfg, "bob")  # back: the expired message is not handed over
     assert incoming_ids(bob, 1.0) == []
     assert inbox_count(home, sid("bob"), sent.id) == 0

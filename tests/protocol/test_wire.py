@@ -80,6 +80,9 @@ SAMPLES: list[Any] = [
     p.SetStatus(request_id=9, status="busy"),
     p.Pending(request_id=10),
     p.Ping(request_id=11),
+    p.Shown(messages=[p.ShownItem(id=sid(), sender=Peer("s", "planner", "h2"))]),
+    p.SetWake(request_id=14, wake="asks"),
+    p.Forget(request_id=15, session=sid()),
     p.RemoteRoster(sessions=[SessionInfo(id="x", host="h2")], request_id=12),
     p.Inbound(
         request_id=13, message=Message(id="m", sender=Peer("s", None, "h2")), recipient=sid()

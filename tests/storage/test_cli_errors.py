@@ -18,6 +18,8 @@ from crossintercom.storage import mask_url, migrate, open_store
 from tests.pgharness import PgServer
 from tests.storage.conftest import run_python
 
+HEAD = migrate.head_revision()
+
 SECRET = "s3cr3t-Pa55"
 
 
@@ -50,9 +52,9 @@ def test_upgrade_and_current_on_a_fresh_sqlite_file(tmp_path: Path) -> None:
     assert (code, err) == (0, "") and "no schema" in out
     code, out, err = db_cli("upgrade", "--store", url)
     assert code == 0, err
-    assert migrate.head_revision() in out and "(head)" in out
+    assert HEAD in out and "(head)" in out
     code, out, _ = db_cli("current", "--store", url)
-    assert out.strip() == f"{migrate.head_revision()} (head)"
+    assert out.strip() == f"{HEAD} (head)"
     open_store(url).close()
 
 
@@ -61,7 +63,7 @@ def test_cli_runner_and_env_default(tmp_path: Path) -> None:
     result = CliRunner().invoke(db, ["upgrade"], env={"CROSSINTERCOM_STORE": url})
     assert result.exit_code == 0, result.output
     result = CliRunner().invoke(db, ["current"], env={"CROSSINTERCOM_STORE": url})
-    assert result.output.strip() == f"{migrate.head_revision()} (head)"
+    assert result.output.strip() == f"{HEAD} (head)"
     # Errors surface as StoreError for the root command to print.
     result = CliRunner().invoke(db, ["current", "--store", "mysql://x/y"])
     assert isinstance(result.exception, StoreURLError)
@@ -75,7 +77,7 @@ def test_upgrade_a_fresh_postgres_database(pg_empty_url: str) -> None:
     assert code == 0, err
     assert "(head)" in out
     code, out, _ = db_cli("current", "--store", pg_empty_url)
-    assert out.strip() == f"{migrate.head_revision()} (head)"
+    assert out.strip() == f"{HEAD} (head)"
 
 
 def test_usage_error_without_a_store() -> None:

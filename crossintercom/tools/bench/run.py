@@ -20,7 +20,7 @@ from crossintercom.tools.bench.report import (
 )
 from crossintercom.tools.bench.workload import Counts
 from crossintercom.tools.common import prepare_store, scratch_dir, utc_now
-from crossintercom.tools.harness import Cluster, SimHost
+from crossintercom.tools.harness import BULK_SENDER, Cluster, SimHost
 
 
 def run_bench(store_url: str | None = None, *, quick: bool = False) -> BenchReport:
@@ -53,7 +53,8 @@ def run_bench(store_url: str | None = None, *, quick: bool = False) -> BenchRepo
         token = secrets.token_hex(2)
         sinks = [f"sink{k}" for k in range(counts.receivers)]
         with Cluster(root, store.url, SimHost) as cluster:
-            alpha, beta = cluster.up(f"bench-alpha-{token}", f"bench-beta-{token}")
+            ids = (f"bench-alpha-{token}", f"bench-beta-{token}")
+            alpha, beta = cluster.up(*ids, **dict.fromkeys(ids, BULK_SENDER))
             for host in (alpha, beta):
                 for name in sinks:
                     host.listen(name)

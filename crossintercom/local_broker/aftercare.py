@@ -1,0 +1,123 @@
+"""What happens to a message after it was delivered, and to a session after it stops being
+used: ``shown`` receipts for senders, the wake policy, ``forget``, and expiry receipts
+(docs/agents.md). A receipt for a sender on this host is shown to it; one for a sender on
+another host goes through the relay (``send_receipts``), which writes it to the store; while
+no relay is connected it waits in ``broker.sqlite`` for the next one.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from crossintercom import protocol as p
+from crossintercom.errors import Code, ProtocolError
+from crossintercom.local_broker.conn import Conn
+from crossintercom.local_broker.delivery import Delivery
+from crossintercom.local_broker.registry import Registry
+from crossintercom.local_broker.relay_link import RelayLink
+from crossintercom.local_broker.state import BrokerState, QueuedItem
+from crossintercom.models import (
+    Message,
+    Outcome,
+    Peer,
+    Receipt,
+    SessionInfo,
+    WakePolicy,
+    outcome_for_state,
+)
+
+log = logging.getLogger(__name__)
+
+
+class Aftercare:
+    def __init__(
+        self,
+        host: str,
+        registry: Registry,
+        state: BrokerState,
+        delivery: Delivery,
+        relay: RelayLink,
+    ) -> None:
+        self.host = host
+        self.registry = registry
+        self.state = state
+        self.delivery = delivery
+        self.relay = relay
+
+    def _tell(self, receipts: list[tuple[Peer, Receipt]]) -> None:
+        """Receipts for messages' senders: shown here, or carried to their hosts together."""
+        remote: list[p.ReceiptFor] = []
+        for sender, receipt in receipts:
+            if sender.host == self.host:
+                self.delivery.notify_sender(sender.id, receipt)
+            elif receipt.recipient is not None:
+                outcome: p.HostReceiptOutcome = (
+                    "shown" if receipt.outcome is Outcome.SHOWN else "expired"
+                )
+                remote.append(
+                    p.ReceiptFor(receipt.id, receipt.recipient, sender, outcome, receipt.code)
+                )
+        self.relay.send_receipts(remote)
+
+    def shown(self, conn: Conn, frame: p.Shown) -> None:
+        """The session's agent was shown these messages: tell each sender (``shown``)."""
+        sid = conn.session_id
+        assert sid is not None
+        self._tell([(m.sender, Receipt(m.id, Outcome.SHOWN, sid)) for m in frame.messages])
+
+    def set_wake(self, conn: Conn, wake: WakePolicy) -> SessionInfo:
+        assert conn.session_id is not None
+        info = self.registry.update(conn.session_id, wake=wake)
+        self.relay.send_local_roster()
+        return info
+
+    def expired(self, items: list[QueuedItem], code: str = Code.EXPIRED) -> int:
+        """Queued messages that will never be collected: an ``expired`` receipt each."""
+        receipts: list[tuple[Peer, Receipt]] = []
+        for item in items:
+            if item.kind != "message":
+                continue
+            msg = Message.from_dict(item.body)
+            outcome, code_, text = outcome_for_state("expired", code)
+            receipts.append((msg.sender, Receipt(msg.id, outcome, item.recipient, code_, text)))
+            log.info("message expired", extra={"id": msg.id, "recipient": item.recipient})
+        self._tell(receipts)
+        return len(receipts)
+
+    def forget(self, frame: p.Forget) -> p.Forgotten:
+        """Drop a known session that is not live: its queued mail expires (code ``forgotten``),
+        asks waiting for its reply are told so, and other hosts stop seeing it."""
+        sid = frame.session
+        known = self.registry.known.get(sid)
+        if sid in self.registry.live:
+            name = self.registry.live[sid].info.display_name
+            raise ProtocolError(
+                f"{name} ({sid}) is live on this host; stop what holds it (listen, wait, the "
+                "MCP server) and forget it then",
+                code=Code.SESSION_IN_USE,
+            )
+        if known is None:
+            raise ProtocolError(
+                f"no known session {sid} on this host (only durable sessions are kept)",
+                code=Code.NOT_FOUND,
+            )
+        gone = self.state.forget_session(sid)
+        self.registry.forget(sid)
+        expired = self.expired(gone.queued, Code.FORGOTTEN)
+        queued_ids = {i.item_id for i in gone.queued}
+        _, code, text = outcome_for_state("expired", Code.FORGOTTEN)
+        asks = [e for e in gone.open_asks if e.ask_id not in queued_ids]
+        # An asker may still wait: it learns no reply will come from this session.
+        self._tell(
+            [
+                (
+                    Peer(e.asker_id, None, e.asker_host),
+                    Receipt(e.ask_id, Outcome.EXPIRED, sid, code, text),
+                )
+                for e in asks
+            ]
+        )
+        self.relay.forgotten(sid)
+        self.relay.send_local_roster()
+        log.info("session forgotten", extra={"session": sid, "expired": expired})
+        return p.Forgotten(frame.request_id, sid, known.name, expired, len(asks))
