@@ -20,6 +20,8 @@ from crossintercom.errors import ConfigError
 
 ENV_HOME = "CROSSINTERCOM_HOME"
 ENV_STORE = "CROSSINTERCOM_STORE"
+# A file holding the store's password (docs/operations.md): never the password itself.
+ENV_STORE_PASSWORD_FILE = "CROSSINTERCOM_STORE_PASSWORD_FILE"
 ENV_HOST_ID = "CROSSINTERCOM_HOST_ID"
 ENV_GROUP = "CROSSINTERCOM_GROUP"
 ENV_AS = "CROSSINTERCOM_AS"
@@ -63,6 +65,7 @@ class Settings:
     home: Path
     host_id: str
     store_url: str | None = None
+    store_password_file: str | None = None
     group: str | None = None
     max_frame_bytes: int = 8 * 1024 * 1024
     max_message_bytes: int = 1024 * 1024
@@ -77,6 +80,13 @@ class Settings:
     remote_ack_wait_s: float = 5.0
     lease_s: float = 15.0
     max_in_flight: int = 1000
+    # Bounds on files that would otherwise only grow (docs/operations.md, "Bounded files").
+    inbox_max_entries: int = 10_000
+    wal_max_bytes: int = 1024 * 1024
+    # Finished store rows (delivered, refused, expired) are purged this long after they
+    # finished; they answer a sender's retry of the same id, which ends within 11 minutes.
+    purge_after_s: float = 3600.0
+    housekeeping_s: float = 60.0
     # Per-sender rate limit (docs/agents.md#policy): at most this many messages per sender in
     # any window of rate_limit_window_s, checked by the sender's broker and again by the
     # recipient's for mail from other hosts.
@@ -104,7 +114,7 @@ class Settings:
 _TUNABLES = {
     f.name: f.type
     for f in fields(Settings)
-    if f.name not in {"home", "host_id", "store_url", "group", "durability"}
+    if f.name not in {"home", "host_id", "store_url", "store_password_file", "group", "durability"}
 }
 
 
@@ -124,6 +134,7 @@ def load_settings(env: Mapping[str, str] | None = None, **overrides: Any) -> Set
         values.update(_read_config(cfg_path))
     for key, var in (
         ("store_url", ENV_STORE),
+        ("store_password_file", ENV_STORE_PASSWORD_FILE),
         ("host_id", ENV_HOST_ID),
         ("group", ENV_GROUP),
         ("durability", ENV_DURABILITY),
@@ -157,7 +168,7 @@ def _read_config(path: Path) -> dict[str, Any]:
         raise ConfigError(f"{path}: must hold a JSON object")
     out: dict[str, Any] = {}
     for key, value in data.items():
-        if key in {"store_url", "host_id", "group"}:
+        if key in {"store_url", "store_password_file", "host_id", "group"}:
             if value is not None and not isinstance(value, str):
                 raise ConfigError(f"{path}: {key!r} must be a string")
             out[key] = value

@@ -2,7 +2,8 @@
 
 One SQLite file per session id under ``$CROSSINTERCOM_HOME/inbox/``. The message id is the key,
 so a message handed over twice (after a crash, a retry or a relay restart) is held once. The
-``shown`` mark is set only after the message was printed and flushed (docs/delivery.md).
+``shown`` mark is set only after the message was printed and flushed (docs/delivery.md). The file
+is bounded: past ``max_entries``, the oldest entries already shown are pruned (docs/operations.md).
 
 This module is the only one that knows where an inbox file lives and what it holds: every reader
 (the CLI, the tools, the tests) goes through ``Inbox``; ``Inbox.view`` reads another process's
@@ -88,6 +89,13 @@ def _open_read_only(path: Path) -> sqlite3.Connection:
     return db
 
 
+# Entries kept by default (docs/operations.md, setting ``inbox_max_entries``); entries never
+# shown are kept whatever the bound, since pruning them would lose mail.
+DEFAULT_MAX_ENTRIES = 10_000
+# Pruning runs at open and then once per this many saves: a bounded cost per save.
+_PRUNE_EVERY = 100
+
+
 def _busy(exc: BaseException) -> bool:
     code = getattr(exc, "sqlite_errorcode", None)
     return (
@@ -97,8 +105,8 @@ def _busy(exc: BaseException) -> bool:
     )
 
 
-# Switching a new file to WAL takes an exclusive lock without waiting on the busy handler, so
-# two connections opening one fresh inbox at once (a listener's display and its client) can
+# Switching a file's journal mode takes an exclusive lock without waiting on the busy handler,
+# so two connections opening one fresh inbox at once (a listener's display and its client) can
 # see "database is locked" here: retry briefly instead of failing the first save.
 @tenacity.retry(
     retry=tenacity.retry_if_exception(_busy),
@@ -107,11 +115,18 @@ def _busy(exc: BaseException) -> bool:
     reraise=True,
 )
 def _prepare(db: sqlite3.Connection, synchronous: str) -> None:
-    # WAL + NORMAL (the default): a commit survives a process crash (the failure model) with no
-    # fsync each; FULL adds one, so it survives a power cut too (docs/operations.md).
-    if db.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
-        db.execute("PRAGMA journal_mode=WAL")
-    db.execute(synchronous_pragma(synchronous))
+    # A rollback journal, not WAL: WAL maps its -shm index into memory, and a write to that
+    # mapping once the file is made immutable (or its disk is full) kills the process with
+    # SIGBUS; a journal write fails with an error the client turns into a refused ack
+    # (docs/reliability.md). At the default durability synchronous=OFF: a commit still
+    # survives a process crash (the failure model), with no fsync per message; durability
+    # `full` syncs each commit, so it survives a power cut too (docs/operations.md).
+    if db.execute("PRAGMA journal_mode").fetchone()[0].lower() != "truncate":
+        db.execute("PRAGMA journal_mode=TRUNCATE")
+    if synchronous == "NORMAL":
+        db.execute("PRAGMA synchronous=OFF")
+    else:
+        db.execute(synchronous_pragma(synchronous))
     db.executescript(_SCHEMA)
 
 
@@ -126,8 +141,11 @@ class Inbox:
         *,
         read_only: bool = False,
         synchronous: str = "NORMAL",
+        max_entries: int = DEFAULT_MAX_ENTRIES,
     ) -> None:
         self.path = directory / f"{session_id}.sqlite"
+        self.max_entries = max_entries
+        self._saves = 0
         if read_only:
             self._db = _open_read_only(self.path)
             return
@@ -139,17 +157,18 @@ class Inbox:
         else:
             _tighten(self.path, file_mode)
         _prepare(self._db, synchronous)
-        for suffix in ("-wal", "-shm"):  # SQLite gives them the mode the database file had
-            _tighten(self.path.with_name(self.path.name + suffix), file_mode)
+        _tighten(self.path.with_name(self.path.name + "-journal"), file_mode)
+        self.prune()
 
     @classmethod
     def of(cls, settings: Settings, session_id: str) -> Inbox:
-        """The session's own inbox on this host, with the host's file mode and durability."""
+        """The session's own inbox on this host: the host's file mode, durability and bound."""
         return cls(
             settings.inbox_dir,
             session_id,
             modes(settings)[1],
             synchronous=settings.sqlite_synchronous,
+            max_entries=settings.inbox_max_entries,
         )
 
     @classmethod
@@ -184,7 +203,26 @@ class Inbox:
             "VALUES (?, 'message', ?, ?, ?)",
             (message.id, json.dumps(message.to_dict()), time.time(), int(shown)),
         )
+        self._saved()
         return cur.rowcount == 1
+
+    def _saved(self) -> None:
+        self._saves += 1
+        if self._saves % _PRUNE_EVERY == 0:
+            self.prune()
+
+    def prune(self) -> int:
+        """Delete the oldest shown entries past ``max_entries``; returns how many went.
+
+        A message handed over again after its entry was pruned would be shown again; hand-overs
+        repeat within minutes (a crash, a retry), long before an entry is this old.
+        """
+        cur = self._db.execute(
+            "DELETE FROM entries WHERE shown = 1 AND seq <= ("
+            " SELECT seq FROM entries ORDER BY seq DESC LIMIT 1 OFFSET ?)",
+            (self.max_entries,),
+        )
+        return cur.rowcount
 
     def save_receipt(self, receipt: Receipt) -> bool:
         cur = self._db.execute(
@@ -192,6 +230,7 @@ class Inbox:
             "VALUES (?, 'receipt', ?, ?, 0)",
             (receipt.key, json.dumps({"type": "receipt", **receipt.to_dict()}), time.time()),
         )
+        self._saved()
         return cur.rowcount == 1
 
     def holds_other_payload(self, message: Message) -> bool:

@@ -6,7 +6,10 @@ import fcntl
 import grp
 import logging
 import os
+import socket
+import sqlite3
 import stat
+import uuid
 from pathlib import Path
 
 from crossintercom.config import MAX_SOCKET_PATH, Settings
@@ -102,6 +105,51 @@ def secure_tree(settings: Settings) -> None:
         for entry in directory.iterdir():
             if not entry.is_symlink() and not entry.is_dir():
                 secure_file(settings, entry)
+
+
+MACHINE_FILE = "machine.id"
+
+
+def machine_identity(settings: Settings) -> str:
+    """This machine's identity for the host row: ``hostname/random``, kept in the runtime dir.
+
+    Two runtime dirs (two machines, a cloned VM with a fresh dir) get two identities, so a
+    host id configured on both is named as a collision (docs/operations.md). A clone that
+    copied the runtime dir copies this file too: delete it there.
+    """
+    path = settings.file(MACHINE_FILE)
+    try:
+        found = path.read_text().strip()
+    except FileNotFoundError:
+        found = ""
+    if found:
+        return found
+    ident = f"{socket.gethostname()}/{uuid.uuid4().hex[:12]}"[:255]
+    tmp = path.with_name(f"{MACHINE_FILE}.{os.getpid()}")
+    tmp.write_text(ident + "\n")
+    secure_file(settings, tmp)
+    os.replace(tmp, path)
+    return ident
+
+
+# Default bound on a WAL file in the runtime dir (setting ``wal_max_bytes``).
+WAL_MAX_BYTES = 1024 * 1024
+
+
+def bound_wal(conn: sqlite3.Connection, max_bytes: int = WAL_MAX_BYTES) -> None:
+    """Checkpoint policy for a WAL-mode file of the runtime dir (docs/operations.md).
+
+    SQLite checkpoints once the WAL holds ``max_bytes`` of pages and then truncates the file
+    back to at most ``max_bytes``; left at its defaults the file stayed at its high-water mark.
+    """
+    page = int(conn.execute("PRAGMA page_size").fetchone()[0])
+    conn.execute(f"PRAGMA wal_autocheckpoint={max(1, max_bytes // page)}")
+    conn.execute(f"PRAGMA journal_size_limit={int(max_bytes)}")
+
+
+def truncate_wal(conn: sqlite3.Connection) -> None:
+    """Checkpoint now and empty the WAL (a periodic sweep's part of the policy above)."""
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
 
 
 class LockHeld(RuntimeDirError):

@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from crossintercom.config import ENV_STORE
+from crossintercom.config import ENV_STORE, ENV_STORE_PASSWORD_FILE
 from crossintercom.errors import CrossintercomError, UsageError
 
 store_option = click.option(
@@ -18,10 +18,22 @@ store_option = click.option(
 )
 
 
-def _require(store_url: str | None) -> str:
+password_file_option = click.option(
+    "--store-password-file",
+    "password_file",
+    envvar=ENV_STORE_PASSWORD_FILE,
+    metavar="PATH",
+    help=f"Read the store's password from PATH (env {ENV_STORE_PASSWORD_FILE}); "
+    "PGPASSWORD and ~/.pgpass work too.",
+)
+
+
+def _require(store_url: str | None, password_file: str | None = None) -> str:
+    from crossintercom.storage.urls import with_password_file
+
     if not store_url:
         raise click.UsageError(f"no store given: pass --store URL or set {ENV_STORE}")
-    return store_url
+    return with_password_file(store_url, password_file)
 
 
 @click.group("db")
@@ -31,24 +43,26 @@ def db() -> None:
 
 @db.command()
 @store_option
-def upgrade(store_url: str | None) -> None:
+@password_file_option
+def upgrade(store_url: str | None, password_file: str | None) -> None:
     """Create or upgrade the store's schema to this version (Alembic head)."""
     from crossintercom.storage import migrate
     from crossintercom.storage.urls import mask_url
 
-    url = _require(store_url)
+    url = _require(store_url, password_file)
     revision = migrate.upgrade(url)
     click.echo(f"store {mask_url(url)} is at schema revision {revision} (head)")
 
 
 @db.command()
 @store_option
-def current(store_url: str | None) -> None:
+@password_file_option
+def current(store_url: str | None, password_file: str | None) -> None:
     """Print the store's schema revision."""
     from crossintercom.storage import migrate
     from crossintercom.storage.urls import mask_url
 
-    url = _require(store_url)
+    url = _require(store_url, password_file)
     revision = migrate.current(url)
     head = migrate.head_revision()
     if revision is None:

@@ -87,6 +87,7 @@ def status(as_json: bool) -> None:
             "relay": msgspec.to_builtins(st.relay),
             "sessions": st.sessions,
             "remote_sessions": st.remote_sessions,
+            "warnings": st.warnings,
         }
     if as_json:
         emit_json(report)
@@ -110,6 +111,8 @@ def status(as_json: bool) -> None:
     )
     click.echo(f"store:     {report['store'] or '(none configured)'}")
     click.echo(f"sessions:  {report['sessions']}")
+    for warning in report.get("warnings", []):
+        click.echo(f"warning:   {warning}")
 
 
 @click.command()

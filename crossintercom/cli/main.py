@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import os
 import sys
@@ -24,13 +25,15 @@ from crossintercom.cli.db import db
 from crossintercom.cli.output import EXIT_ERROR, fail
 from crossintercom.config import ENV_JSON
 from crossintercom.errors import CrossintercomError, UsageError
+from crossintercom.local_broker.logcap import ExtraFormatter
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 ENV_HELP = """
 Environment (only settings that are safe to inherit): CROSSINTERCOM_HOME (runtime dir,
 default ~/.crossintercom), CROSSINTERCOM_HOST_ID (default USER@HOSTNAME), CROSSINTERCOM_STORE
-(postgresql://... or sqlite:///path), CROSSINTERCOM_GROUP (group-shared runtime dir),
+(postgresql://... or sqlite:///path), CROSSINTERCOM_STORE_PASSWORD_FILE (a file holding the
+store's password), CROSSINTERCOM_GROUP (group-shared runtime dir),
 CROSSINTERCOM_AS (--as), CROSSINTERCOM_JSON (--json).
 """
 
@@ -90,10 +93,10 @@ def cli(ctx: click.Context, verbose: bool, as_json: bool) -> None:
     ctx.ensure_object(dict)
     ctx.obj["verbose"] = verbose
     ctx.obj["json"] = as_json
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.WARNING,
-        format="%(levelname)s %(name)s: %(message)s",
-    )
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING)
+    # Structured fields (a message id, the error) are part of what a line says.
+    for handler in logging.getLogger().handlers:
+        handler.setFormatter(ExtraFormatter("%(levelname)s %(name)s: %(message)s"))
 
 
 for command in (
@@ -111,6 +114,7 @@ for command in (
 
 
 def main() -> None:
+    faulthandler.enable()  # a fatal signal (SIGBUS, SIGSEGV) is reported on stderr
     cli(prog_name="crossintercom")
 
 

@@ -158,7 +158,15 @@ class AsyncClient:
 
     async def _reconnect_forever(self) -> None:
         """1, 2, 5, 10, then every 30 s, until it works or the client closes."""
-        waits = tenacity.wait_chain(*[tenacity.wait_fixed(w) for w in RECONNECT_WAITS_S])
+        chain = tenacity.wait_chain(*[tenacity.wait_fixed(w) for w in RECONNECT_WAITS_S])
+
+        def waits(state: tenacity.RetryCallState) -> float:
+            # A broker that cannot write its files is up: retry soon, mail resumes in seconds.
+            exc = state.outcome.exception() if state.outcome is not None else None
+            if isinstance(exc, RemoteError) and exc.code == Code.LOCAL_STORAGE:
+                return SAVE_RETRY_S
+            return float(chain(state))
+
         # Any error is retried, a refusal by the broker too (it may come from a fault that
         # passes, such as a full disk): a client that gave up would never receive again.
         retrying = tenacity.AsyncRetrying(
@@ -211,11 +219,8 @@ class AsyncClient:
 
     def _save_failed(self, msg: Message, exc: BaseException) -> None:
         """The inbox cannot be written (full or read-only disk): not saved, so not delivered.
-
-        The broker keeps the message (queued for a durable session) and hands it over again
-        when this client registers anew, which it does after a pause while it reconnects by
-        itself: so mail flows again once the disk is writable (docs/delivery.md).
-        """
+        The broker keeps it queued and hands it over again when this client registers anew,
+        which it does after a pause: mail flows once the disk is writable (docs/delivery.md)."""
         log.error("cannot save message %s to the inbox: %s", msg.id, exc)
         self._ack(msg.id, refused=SAVE_FAILED)
         if self.reconnect and self._save_retry is None:

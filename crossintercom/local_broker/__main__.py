@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import faulthandler
 import sys
 
 from crossintercom.config import load_settings
@@ -10,6 +11,9 @@ from crossintercom.local_broker.run import run_broker
 
 
 def main() -> int:
+    # A fatal signal (SIGBUS from a mapped file, SIGSEGV) leaves a traceback in broker.log
+    # (its stderr) instead of a silent death.
+    faulthandler.enable()
     try:
         run_broker(load_settings())
     except CrossintercomError as exc:

@@ -52,6 +52,7 @@ from crossintercom.config import synchronous_pragma
 from crossintercom.errors import CrossintercomError
 from crossintercom.local_broker import authority_files as files
 from crossintercom.local_broker.authority_files import HMAC_HEX_LEN, MAX_OP_ID_LEN
+from crossintercom.runtime import WAL_MAX_BYTES, bound_wal
 
 __all__ = ["AuthorityUnavailable", "Decision", "DecisionKind", "DedupAuthority"]
 
@@ -143,6 +144,7 @@ class DedupAuthority:
         wall: Callable[[], float] = time.time,
         file_mode: int = 0o600,
         synchronous: str = "NORMAL",
+        wal_max_bytes: int = WAL_MAX_BYTES,
     ) -> None:
         """Open the authority in ``runtime_dir``, creating both files if both are absent.
 
@@ -182,6 +184,7 @@ class DedupAuthority:
             conn.close()
             raise
         self._conn = conn
+        bound_wal(conn, wal_max_bytes)
 
     # -- public API ------------------------------------------------------------------------
 

@@ -37,6 +37,7 @@ from typing import Any, NamedTuple
 from urllib.parse import quote
 
 from crossintercom.errors import AuthorityError
+from crossintercom.runtime import bound_wal
 
 # Logs under the authority's name: operators see one component, not how its code is laid out.
 log = logging.getLogger("crossintercom.local_broker.authority")
@@ -315,7 +316,7 @@ def _validate(conn: sqlite3.Connection, path: Path, key_path: Path, key: bytes) 
     if str(journal).lower() != "wal":
         raise corrupt(path, f"cannot be switched to WAL mode (got {journal})")
     conn.execute("PRAGMA synchronous=NORMAL")
-    conn.execute("PRAGMA journal_size_limit=4194304")
+    bound_wal(conn)
 
 
 def _load(

@@ -25,6 +25,7 @@ from crossintercom.local_broker.aftercare import Aftercare
 from crossintercom.local_broker.authority import AuthorityUnavailable, DedupAuthority
 from crossintercom.local_broker.conn import Conn
 from crossintercom.local_broker.delivery import Delivery
+from crossintercom.local_broker.health import Health
 from crossintercom.local_broker.outcomes import Refusal
 from crossintercom.local_broker.registry import Live, Registry
 from crossintercom.local_broker.relay_link import RelayLink
@@ -52,6 +53,7 @@ class Broker:
         self.state = state
         self.conns: set[Conn] = set()
         self.registry = Registry(self.host, state)
+        self.health = Health(settings.home)
         self.relay = RelayLink(settings, self.registry)
         self.delivery = Delivery(
             settings, self.registry, state, retire=self.retire, spawn=self.spawn
@@ -137,6 +139,7 @@ class Broker:
                 relay=p.RelayState(self.relay.connected, self.relay.store_status),
                 queued=self.state.queue_size(),
                 dedup=p.DedupStats(records, nbytes),
+                warnings=self.health.warnings({s.id: s.display_name for s in reg.local_sessions()}),
             )
         )
 
@@ -206,7 +209,14 @@ class Broker:
             )
             # Remembered before it goes live: a write that fails (a full disk) must not leave
             # a session in the registry that no connection will ever retire.
-            self.registry.remember(info)
+            try:
+                self.registry.remember(info)
+            except sqlite3.Error as exc:
+                raise ProtocolError(
+                    f"this host's broker cannot write its files ({exc}); try again once "
+                    "the disk is writable",
+                    code=Code.LOCAL_STORAGE,
+                ) from None
             if live is None:
                 live = self.registry.live[s.id] = Live(info, conn)
             else:
@@ -285,6 +295,7 @@ class Broker:
             return
         if not fut.done():
             fut.set_result(f.refused)
+        self.health.acked(conn.session_id, f.refused)
 
     async def _on_confirm(self, conn: Conn, f: p.Confirm) -> None:
         self.authority.release_many(f.ids)
@@ -378,11 +389,15 @@ class Broker:
                 self.authority.flush_released()
             if now - last_sweep >= self.settings.sweep_interval_s:
                 last_sweep = now
-                self._sweep()
+                try:
+                    self._sweep()
+                except sqlite3.Error as exc:  # a full disk: try again next interval
+                    log.error("housekeeping failed: %s", exc, extra={"error": str(exc)})
 
     def _sweep(self) -> None:
         self.authority.sweep()
         self.state.forget_old()
+        self.state.checkpoint()
         self.aftercare.expired(self.state.take_expired())
 
     def stop(self) -> None:

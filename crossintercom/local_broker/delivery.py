@@ -147,7 +147,9 @@ class Delivery:
                 code = await asyncio.wait_for(fut, self.settings.ack_timeout_s * 3)
             except TimeoutError:
                 return  # left queued; the next registration hands it over again
-            if code == outcomes.CONNECTION_LOST:
+            if code in (outcomes.CONNECTION_LOST, outcomes.SAVE_FAILED):
+                # Not saved (the inbox cannot be written): it stays queued, and the client's
+                # next registration is handed it again.
                 return
             self.state.dequeue(seq)
 

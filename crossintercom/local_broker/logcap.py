@@ -22,20 +22,27 @@ class CappedFileHandler(logging.Handler):
             line = (self.format(record) + "\n").encode("utf-8", "replace")[: self.cap // 2]
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
             try:
-                size = os.fstat(fd).st_size
-                if size + len(line) > self.cap:
-                    os.lseek(fd, max(0, size - self.cap // 2), os.SEEK_SET)
-                    tail = os.read(fd, self.cap)
-                    # Start at a line boundary so the kept half reads cleanly.
-                    cut = tail.find(b"\n")
-                    tail = tail[cut + 1 :] if cut >= 0 else b""
-                    os.ftruncate(fd, 0)
-                    os.write(fd, b"[log truncated to stay under 8 KiB]\n" + tail)
+                trim_fd(fd, self.cap, len(line))
                 os.write(fd, line)
             finally:
                 os.close(fd)
         except Exception:
             self.handleError(record)
+
+
+def trim_fd(fd: int, cap: int = LOG_CAP_BYTES, incoming: int = 0) -> None:
+    """Keep the newest half of an append-mode log when ``incoming`` more bytes would pass
+    ``cap``: the file stays bounded and its most recent lines (the failure) stay."""
+    size = os.fstat(fd).st_size
+    if size + incoming <= cap:
+        return
+    os.lseek(fd, max(0, size - cap // 2), os.SEEK_SET)
+    tail = os.read(fd, cap)
+    # Start at a line boundary so the kept half reads cleanly.
+    cut = tail.find(b"\n")
+    tail = tail[cut + 1 :] if cut >= 0 else b""
+    os.ftruncate(fd, 0)
+    os.write(fd, b"[log truncated to stay under 8 KiB]\n" + tail)
 
 
 class ExtraFormatter(logging.Formatter):

@@ -87,8 +87,11 @@ class Registry:
     def remember(self, info: SessionInfo) -> None:
         """Keep a durable session's name, groups and wake policy across broker restarts."""
         if info.durable:
+            known = KnownSession(info.name, list(info.groups), info.wake)
+            if self.known.get(info.id) == known:
+                return  # already on disk: a re-registration writes nothing (a full disk)
             self.state.remember_session(info.id, info.name, list(info.groups), info.wake)
-            self.known[info.id] = KnownSession(info.name, list(info.groups), info.wake)
+            self.known[info.id] = known
 
     def forget(self, session_id: str) -> None:
         self.known.pop(session_id, None)

@@ -48,8 +48,14 @@ def run_broker(settings: Settings, *, verbose: bool = False) -> None:
             ttl_s=settings.dedup_ttl_s,
             file_mode=file_mode,
             synchronous=settings.sqlite_synchronous,
+            wal_max_bytes=settings.wal_max_bytes,
         )
-        state = BrokerState(settings.home, file_mode, synchronous=settings.sqlite_synchronous)
+        state = BrokerState(
+            settings.home,
+            file_mode,
+            synchronous=settings.sqlite_synchronous,
+            wal_max_bytes=settings.wal_max_bytes,
+        )
         try:
             asyncio.run(serve(settings, authority, state))
         finally:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from crossintercom.config import ENV_GROUP, ENV_HOME, ENV_HOST_ID, Settings
 from crossintercom.errors import BrokerUnavailable
+from crossintercom.local_broker.logcap import LOG_CAP_BYTES, trim_fd
 from crossintercom.runtime import ensure_runtime_dir, modes, secure_file
 
 _STALE_LOCK_S = 60.0
@@ -104,9 +105,12 @@ def _spawn_and_wait(settings: Settings, deadline: float) -> None:
     env[ENV_HOST_ID] = settings.host_id
     if settings.group:
         env[ENV_GROUP] = settings.group
-    # The log is truncated at each spawn; the broker keeps it under its cap afterwards.
-    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, modes(settings)[1])
+    # Appended to, not truncated, at each spawn: the lines of an earlier failed start are what
+    # an operator needs. Trimmed to its cap here as the broker trims it while it runs.
+    fd = os.open(log_path, os.O_RDWR | os.O_CREAT | os.O_APPEND, modes(settings)[1])
     secure_file(settings, log_path)
+    trim_fd(fd, LOG_CAP_BYTES, LOG_CAP_BYTES // 4)
+    os.write(fd, f"--- spawn by pid {os.getpid()} at {time.strftime('%FT%T%z')}\n".encode())
     try:
         # A short-lived launcher starts the broker in its own session and exits, so the broker
         # is never this client's child (no zombie, no Popen left running in the client).
@@ -145,9 +149,24 @@ _LAUNCHER = (
 )
 
 
+# Lines that say nothing about why a start failed (the logging module's own noise when it
+# could not open its file, and the markers above).
+_NOISE = ("--- Logging error ---", "--- spawn by pid", "Traceback", "  File ", "Call stack:")
+
+
 def _tail(path: Path) -> str:
+    """Why the last start failed, from broker.log: its last telling line."""
     try:
         text = path.read_text(errors="replace").strip().splitlines()
     except OSError as exc:
         return os.strerror(exc.errno or errno.EIO)
-    return text[-1] if text else "(broker.log is empty)"
+    start = max(
+        (i for i, line in enumerate(text) if line.startswith("--- spawn by pid")), default=-1
+    )
+    lines = [line for line in text[start + 1 :] if line.strip() and not line.startswith(_NOISE)]
+    if any("Too many open files" in line for line in lines):
+        return (
+            "too many open files (EMFILE): this process or the broker ran out of file "
+            "descriptors; raise the limit (ulimit -n) or close other connections"
+        )
+    return lines[-1] if lines else "(broker.log says nothing about this start)"

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from crossintercom.config import synchronous_pragma
+from crossintercom.runtime import WAL_MAX_BYTES, bound_wal, truncate_wal
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS known_sessions (
@@ -108,7 +109,14 @@ class Forgotten:
 class BrokerState:
     FILE = "broker.sqlite"
 
-    def __init__(self, home: Path, file_mode: int = 0o600, *, synchronous: str = "NORMAL") -> None:
+    def __init__(
+        self,
+        home: Path,
+        file_mode: int = 0o600,
+        *,
+        synchronous: str = "NORMAL",
+        wal_max_bytes: int = WAL_MAX_BYTES,
+    ) -> None:
         path = home / self.FILE
         fresh = not path.exists()
         self._db = sqlite3.connect(path, isolation_level=None, timeout=30.0)
@@ -116,10 +124,15 @@ class BrokerState:
             path.chmod(file_mode)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute(synchronous_pragma(synchronous))
+        bound_wal(self._db, wal_max_bytes)
         self._db.executescript(_SCHEMA)
         columns = {r[1] for r in self._db.execute("PRAGMA table_info(known_sessions)")}
         if "wake" not in columns:  # a file written before wake policies existed
             self._db.execute("ALTER TABLE known_sessions ADD COLUMN wake TEXT")
+
+    def checkpoint(self) -> None:
+        """Empty the WAL (the broker's periodic sweep; docs/operations.md)."""
+        truncate_wal(self._db)
 
     def close(self) -> None:
         self._db.close()

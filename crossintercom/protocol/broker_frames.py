@@ -99,6 +99,8 @@ class StatusReport(msgspec.Struct, tag="status", frozen=True):
     relay: RelayState
     queued: int
     dedup: DedupStats
+    # Degraded states (disk full, inbox unwritable), one readable line each; empty when healthy.
+    warnings: list[str] = []
 
 
 class GroupMember(msgspec.Struct, frozen=True):

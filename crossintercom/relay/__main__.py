@@ -6,16 +6,22 @@ format, and an error ends the process with its exit code.
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import sys
 
 from crossintercom.config import load_settings
 from crossintercom.errors import CrossintercomError
+from crossintercom.local_broker.logcap import ExtraFormatter
 from crossintercom.relay.service import run_relay
 
 
 def main() -> int:
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    faulthandler.enable()  # a fatal signal leaves a traceback on stderr, not a silent death
+    logging.basicConfig(level=logging.WARNING)
+    # Structured fields (the message id, the error) are part of what a line says.
+    for handler in logging.getLogger().handlers:
+        handler.setFormatter(ExtraFormatter("%(levelname)s %(name)s: %(message)s"))
     try:
         run_relay(load_settings())
     except CrossintercomError as exc:

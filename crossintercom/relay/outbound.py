@@ -92,7 +92,13 @@ class Outbound:
             relay.fenced()
             return
         except StoreError as exc:
-            log.warning("enqueue failed before commit", extra={"error": exc.message})
+            ids = [fwd.frame.message.id for fwd in batch]
+            log.warning(
+                "enqueue of %d message(s) failed before commit: %s",
+                len(ids),
+                exc.message,
+                extra={"ids": ",".join(ids)},
+            )
             self._refuse_all(batch, "the shared store is unreachable; nothing was sent")
             return
         by_key = {(r.message_id, r.recipient_session): r for r in results}

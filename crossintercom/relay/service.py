@@ -29,7 +29,7 @@ from crossintercom.relay.core import RelayCore
 from crossintercom.relay.inbound import POLL_BACKSTOP_S, Inbound
 from crossintercom.relay.late import LateReceipts
 from crossintercom.relay.outbound import Outbound
-from crossintercom.runtime import LockHeld, ensure_runtime_dir, hold_pid_lock
+from crossintercom.runtime import LockHeld, ensure_runtime_dir, hold_pid_lock, machine_identity
 from crossintercom.storage import (
     ArchiveStore,
     LeaseTracker,
@@ -38,11 +38,11 @@ from crossintercom.storage import (
     open_archive,
     open_store,
 )
+from crossintercom.storage.urls import with_password_file
 
 log = logging.getLogger(__name__)
 
 HEARTBEAT_S: Final = 1.0
-HOUSEKEEPING_S: Final = 60.0
 STALL_REPORT_S: Final = 5.0
 
 P = ParamSpec("P")
@@ -59,6 +59,12 @@ class RelayInUse(RelayError):
     """Another relay is already running for this host on this machine."""
 
     code = "relay_in_use"
+
+
+class HostIdCollision(RelayError):
+    """Another machine's relay is running with this host id."""
+
+    code = "host_id_collision"
 
 
 class Fenced(RelayError):
@@ -91,12 +97,14 @@ class Relay(RelayCore):
         self._published: list[SessionInfo] | None = None
         self._publish_lock = asyncio.Lock()
         self.failure: BaseException | None = None
+        self.machine = machine_identity(settings)
 
     # --- lifecycle ------------------------------------------------------------------------------
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
-        self.generation = await self.store_call(self.store.claim_host, self.host)
+        await self._check_collision()
+        self.generation = await self.store_call(self.store.claim_host, self.host, self.machine)
         log.info("relay started", extra={"host_id": self.host, "generation": self.generation})
         ident = Identity(id=new_id(), name="relay", purpose="control", status=self.store.url_masked)
         self.client = AsyncClient(self.settings, ident, mode="own", spawn=True, reconnect=True)
@@ -141,6 +149,40 @@ class Relay(RelayCore):
     def stop(self) -> None:
         self.stopping.set()
         self.inbound.wake.set()
+
+    async def _check_collision(self) -> None:
+        """Refuse a host id whose current holder is another machine with a live relay.
+
+        A holder whose heartbeat stays still for ``lease_s`` is gone (a machine replaced,
+        a relay frozen or dead): then this machine takes the host id over. A live one means
+        two machines are configured with one host id (a cloned VM, a copied env file); taking
+        over would make them fence each other in turn, so this relay stops, naming both.
+        """
+        held = await self.store_call(self.store.host_claim, self.host)
+        if held is None or held[0] in (None, self.machine):
+            return
+        other, beat = held
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settings.lease_s
+        while loop.time() < deadline:
+            await asyncio.sleep(min(0.5, HEARTBEAT_S))
+            now = await self.store_call(self.store.host_claim, self.host)
+            if now is None or now[0] != other:
+                return  # released or taken meanwhile: the claim below sorts it out
+            if now[1] != beat:
+                raise HostIdCollision(
+                    f"host id {self.host!r} is in use by another machine ({other}) whose "
+                    f"relay is running; this machine is {self.machine}. Two machines must "
+                    "not share a host id (a cloned VM or a copied env file?): give this one "
+                    f"its own CROSSINTERCOM_HOST_ID, or delete {self.settings.file('machine.id')} "
+                    "if this runtime dir was copied from the other machine"
+                )
+        log.warning(
+            "host id %s moves to this machine (%s) from %s, whose relay stopped",
+            self.host,
+            self.machine,
+            other,
+        )
 
     async def _say_goodbye(self) -> None:
         """Show our sessions offline at once rather than after the lease lapses."""
@@ -266,8 +308,11 @@ class Relay(RelayCore):
             await asyncio.sleep(HEARTBEAT_S)
 
     async def _housekeeping_loop(self) -> None:
+        # Finished rows go ``purge_after_s`` after they finished (docs/operations.md): past the
+        # end of any sender's retry of the same id, and long before the queued-mail retention.
+        keep = self.settings.purge_after_s
         while not self.stopping.is_set():
-            await asyncio.sleep(HOUSEKEEPING_S)
+            await asyncio.sleep(self.settings.housekeeping_s)
             try:
                 # Expiry and purge are not per host; a relay fenced out (frozen past a takeover)
                 # must not run them either, so it proves it is current first.
@@ -275,9 +320,9 @@ class Relay(RelayCore):
                     self.fenced()
                     return
                 await self.store_call(self.store.expire)
-                await self.store_call(self.store.purge)
+                await self.store_call(self.store.purge, older_than_s=keep)
             except StoreError as exc:
-                log.warning("housekeeping failed", extra={"error": exc.message})
+                log.warning("housekeeping failed: %s", exc.message, extra={"error": exc.message})
 
 
 def run_relay(settings: Settings, *, polling_observer: bool = False) -> None:
@@ -287,7 +332,8 @@ def run_relay(settings: Settings, *, polling_observer: bool = False) -> None:
     ensure_runtime_dir(settings)
     lock_fd = hold_relay_lock(settings)
     try:
-        store = _open_store_patiently(settings.store_url, polling_observer)
+        url = with_password_file(settings.store_url, settings.store_password_file)
+        store = _open_store_patiently(url, polling_observer)
         try:
             asyncio.run(_serve(settings, store, open_archive(settings.store_url)))
         finally:

@@ -37,13 +37,21 @@ POOL_SIZE = 2
 
 PG_CONNECT_TIMEOUT_S = 5
 PG_IDLE_IN_TXN_MS = 30_000
+# A store's statements are short; one the server has not finished in this time is cancelled
+# by the server (a lock held by a frozen peer, an overloaded database). Not for migrations.
+PG_STATEMENT_TIMEOUT_MS = 10_000
+# Past this, an operation whose server never answers (a blackholed connection: no error, no
+# reply) has its socket cut by the client and the connection replaced (transaction.py).
+PG_OPERATION_DEADLINE_S = 15.0
 # Idle keepalives notice a dead peer (NAT drop, cable pull) that would otherwise leave a
-# connection, the listener's above all, waiting forever on a half-open socket.
+# connection, the listener's above all, waiting forever on a half-open socket; the TCP user
+# timeout does the same for data sent and never acknowledged.
 PG_KEEPALIVES: dict[str, Any] = {
     "keepalives": 1,
     "keepalives_idle": 10,
     "keepalives_interval": 5,
     "keepalives_count": 3,
+    "tcp_user_timeout": 15_000,
 }
 
 SQLITE_BUSY_TIMEOUT_S = 30
@@ -55,18 +63,27 @@ SQLITE_AUTOCOMMIT = "crossintercom_autocommit"
 
 
 def store_engine(
-    parsed: StoreURL, *, must_exist: bool = True, pool_size: int = POOL_SIZE
+    parsed: StoreURL,
+    *,
+    must_exist: bool = True,
+    pool_size: int = POOL_SIZE,
+    statement_timeout_ms: int | None = None,
 ) -> Engine:
     """The engine for ``parsed``. A SQLite file is checked first (``check_writable``), so an
     unusable path fails with its reason; ``must_exist=False`` lets a migration create it."""
     if parsed.kind == "postgres":
-        return postgres_engine(parsed, pool_size)
+        return postgres_engine(parsed, pool_size, statement_timeout_ms)
     assert parsed.path is not None
     check_writable(parsed.path, parsed.masked, must_exist=must_exist)
     return sqlite_engine(parsed, pool_size)
 
 
-def postgres_engine(parsed: StoreURL, pool_size: int = POOL_SIZE) -> Engine:
+def postgres_engine(
+    parsed: StoreURL, pool_size: int = POOL_SIZE, statement_timeout_ms: int | None = None
+) -> Engine:
+    options = f"-c idle_in_transaction_session_timeout={PG_IDLE_IN_TXN_MS}"
+    if statement_timeout_ms:
+        options += f" -c statement_timeout={statement_timeout_ms}"
     return create_engine(
         parsed.url,
         pool_size=pool_size,
@@ -77,7 +94,7 @@ def postgres_engine(parsed: StoreURL, pool_size: int = POOL_SIZE) -> Engine:
             "connect_timeout": PG_CONNECT_TIMEOUT_S,
             # A relay frozen inside a transaction (SIGSTOP, a paused VM) must not hold its
             # locks forever: the server ends such a session, so a successor can take over.
-            "options": f"-c idle_in_transaction_session_timeout={PG_IDLE_IN_TXN_MS}",
+            "options": options,
             **PG_KEEPALIVES,
         },
     )

@@ -21,7 +21,8 @@ class PostgresStore(SqlMailboxStore):
     skip_locked = True
 
     def __init__(self, parsed: StoreURL) -> None:
-        super().__init__(parsed, db.store_engine(parsed))
+        engine = db.store_engine(parsed, statement_timeout_ms=db.PG_STATEMENT_TIMEOUT_MS)
+        super().__init__(parsed, engine, deadline_s=db.PG_OPERATION_DEADLINE_S)
 
     def _notify_in_txn(self, conn: Connection, host_ids: Collection[str]) -> None:
         # Delivered at commit, once per channel per transaction (Postgres folds duplicates).

@@ -116,6 +116,19 @@ HEARTBEAT: Update = (
     .values(heartbeat=hosts.c.heartbeat + 1)
 )
 
+# The machine holding a host id, and its heartbeat (a collision check before a claim).
+# Params: host_id.
+HOST_CLAIM: Select[str | None, int] = select(hosts.c.machine, hosts.c.heartbeat).where(
+    hosts.c.host_id == bindparam("host_id")
+)
+
+# Recorded with the claim, in its transaction. Params: host, gen, machine.
+SET_HOST_MACHINE: Update = (
+    update(hosts)
+    .where(hosts.c.host_id == bindparam("host"), hosts.c.generation == bindparam("gen"))
+    .values(machine=bindparam("machine"))
+)
+
 LIST_HOSTS: Select[str, int, int] = select(
     hosts.c.host_id, hosts.c.generation, hosts.c.heartbeat
 ).order_by(hosts.c.host_id)

@@ -74,12 +74,14 @@ class SqlMailboxStore:
     dialect: str
     skip_locked: bool
 
-    def __init__(self, parsed: StoreURL, engine: Engine) -> None:
+    def __init__(
+        self, parsed: StoreURL, engine: Engine, *, deadline_s: float | None = None
+    ) -> None:
         self.parsed = parsed
         self.url_masked = parsed.masked
         self.engine = engine
         # Every operation below is one call of this: one transaction, bounded reconnect.
-        self._run = TransactionRunner(parsed, engine)
+        self._run = TransactionRunner(parsed, engine, deadline_s=deadline_s)
         self._settings_lock = threading.Lock()
         self._settings_cache: tuple[float, StoreSettings] | None = None
 
@@ -122,9 +124,24 @@ class SqlMailboxStore:
 
     # -- hosts ----------------------------------------------------------------------------
 
-    def claim_host(self, host_id: str) -> int:
+    def claim_host(self, host_id: str, machine: str | None = None) -> int:
         stmt = q.claim_host(self.dialect)
-        return self._run(lambda c: int(c.execute(stmt, {"host_id": host_id}).scalar_one()))
+
+        def write(conn: Connection) -> int:
+            generation = int(conn.execute(stmt, {"host_id": host_id}).scalar_one())
+            if machine is not None:
+                params = {"host": host_id, "gen": generation, "machine": machine}
+                conn.execute(q.SET_HOST_MACHINE, params)
+            return generation
+
+        return self._run(write)
+
+    def host_claim(self, host_id: str) -> tuple[str | None, int] | None:
+        def read(conn: Connection) -> tuple[str | None, int] | None:
+            row = conn.execute(q.HOST_CLAIM, {"host_id": host_id}).one_or_none()
+            return (row[0], int(row[1])) if row is not None else None
+
+        return self._run(read, single_statement=True)
 
     def heartbeat(self, host_id: str, generation: int) -> bool:
         # A counter bump fenced by generation: repeating it after a lost connection is harmless.

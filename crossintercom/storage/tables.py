@@ -60,6 +60,9 @@ hosts = Table(
     Column("generation", BigInteger, nullable=False),
     # A counter, not a timestamp: observers judge liveness on their own monotonic clock.
     Column("heartbeat", BigInteger, nullable=False),
+    # Which machine's relay holds the current generation, so that two machines configured
+    # with one host id are told so instead of fencing each other in turn.
+    Column("machine", String(255)),
 )
 
 roster = Table(

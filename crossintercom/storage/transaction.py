@@ -8,8 +8,13 @@ PostgreSQL, for the caller to resolve by reading back by id (see ``engine.commit
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TypeVar
+import contextlib
+import logging
+import os
+import socket
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import SQLAlchemyError
@@ -20,12 +25,17 @@ from crossintercom.storage import engine as db
 from crossintercom.storage.urls import StoreURL
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 
 class TransactionRunner:
-    def __init__(self, parsed: StoreURL, engine: Engine) -> None:
+    def __init__(
+        self, parsed: StoreURL, engine: Engine, *, deadline_s: float | None = None
+    ) -> None:
         self.parsed = parsed
         self.engine = engine
+        # A network store's operation that has not answered in this time is cut (see _guard).
+        self.deadline_s = deadline_s
         # Short, bounded reconnect: a longer outage is the caller's to handle (not_sent).
         self._retry = Retrying(
             retry=retry_if_exception_type(StoreUnavailable),
@@ -66,7 +76,7 @@ class TransactionRunner:
                 conn = db.autocommit(conn)
         except SQLAlchemyError as exc:
             raise db.unavailable(self.parsed, exc) from exc
-        with conn:
+        with conn, self._guard(conn):
             try:
                 trans = conn.begin()
                 result = fn(conn)
@@ -85,3 +95,57 @@ class TransactionRunner:
         if after is not None:
             after()
         return result
+
+    @contextlib.contextmanager
+    def _guard(self, conn: Connection) -> Iterator[None]:
+        """Cut the connection's socket if the operation outlives ``deadline_s``.
+
+        A blackholed connection gives neither an answer nor an error (keepalives and the TCP
+        user timeout see a peer that acknowledges): the operation would wait for the network
+        to return. Shutting the socket down makes the driver fail now, as a connection lost
+        before COMMIT (retried on a new connection) or during it (in doubt, read back by id);
+        docs/operations.md lists the timeout.
+        """
+        if self.deadline_s is None:
+            yield
+            return
+        fd = _socket_fd(conn)
+        if fd is None:
+            yield
+            return
+        cut = threading.Event()
+
+        def on_deadline() -> None:
+            cut.set()
+            log.error(
+                "store %s did not answer within %.0f s; cutting the connection and using a new one",
+                self.parsed.masked,
+                self.deadline_s,
+            )
+            with contextlib.suppress(OSError):
+                # A duplicate of the driver's fd: shutdown acts on the shared socket and closing
+                # the duplicate leaves the driver's own fd for it to close.
+                sock = socket.socket(fileno=os.dup(fd))
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                finally:
+                    sock.close()
+
+        timer = threading.Timer(self.deadline_s, on_deadline)
+        timer.daemon = True
+        timer.start()
+        try:
+            yield
+        finally:
+            timer.cancel()
+            if cut.is_set() and not conn.invalidated:
+                with contextlib.suppress(Exception):
+                    conn.invalidate()
+
+
+def _socket_fd(conn: Connection) -> int | None:
+    dbapi: Any = conn.connection.dbapi_connection
+    try:
+        return int(dbapi.pgconn.socket)
+    except Exception:  # not a psycopg connection (SQLite), or already closed
+        return None

@@ -76,3 +76,29 @@ def parse_store_url(raw: str) -> StoreURL:
         f"unsupported store URL scheme {url.drivername!r} in {masked}; "
         "use postgresql://USER@HOST/DB or sqlite:///PATH"
     )
+
+
+def with_password_file(raw: str, password_file: str | None) -> str:
+    """``raw`` with the password read from ``password_file`` (when given), kept in memory only.
+
+    So a relay or ``db upgrade`` needs no password on its command line, where other users can
+    read it (docs/operations.md). Without a file, libpq's own ``PGPASSWORD`` and ``~/.pgpass``
+    still apply to a URL that has no password.
+    """
+    if not password_file:
+        return raw
+    try:
+        password = Path(password_file).expanduser().read_text().rstrip("\r\n")
+    except OSError as exc:
+        raise StoreURLError(
+            f"cannot read the store password file {password_file}: {exc.strerror}"
+        ) from None
+    if not password:
+        raise StoreURLError(f"the store password file {password_file} is empty")
+    parsed = parse_store_url(raw)
+    if parsed.kind != "postgres":
+        raise StoreURLError(
+            f"a password file applies to a postgresql:// store, not {parsed.masked}"
+        )
+    url = make_url(raw).set(password=password)
+    return url.render_as_string(hide_password=False)

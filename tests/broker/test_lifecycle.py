@@ -231,12 +231,31 @@ def test_default_idle_exit_is_five_seconds(runtime_home: Path) -> None:
     wait_for(lambda: not pid_alive(pid), 12, "broker to exit on the default idle timeout")
 
 
-def test_broker_log_truncated_at_spawn(runtime_home: Path) -> None:
-    (runtime_home / "broker.log").write_text("OLD-RUN-MARKER\n" * 2000)
+def test_broker_log_kept_across_spawns_and_bounded(runtime_home: Path) -> None:
+    """A spawn appends (the failed start before it stays readable) and trims to the cap."""
+    log_path = runtime_home / "broker.log"
+    log_path.write_text("OLD-RUN-MARKER\n" * 2000 + "error: the start that failed\n")
     start_broker(make_env(runtime_home))
-    log = (runtime_home / "broker.log").read_text()
-    assert "OLD-RUN-MARKER" not in log
-    assert "broker ready" in log
+    wait_for(lambda: "broker ready" in log_path.read_text(), 10, "broker ready in the log")
+    log = log_path.read_text()
+    assert "error: the start that failed" in log
+    assert log.index("the start that failed") < log.index("broker ready")
+    assert log_path.stat().st_size <= 8 * 1024
+
+
+def test_spawn_failure_reason_skips_logging_noise(tmp_path: Path) -> None:
+    from crossintercom.local_broker.spawn import _tail
+
+    log = tmp_path / "broker.log"
+    log.write_text(
+        "--- spawn by pid 1 at then\nerror: an older failure\n"
+        "--- spawn by pid 2 at now\n--- Logging error ---\nTraceback (most recent call last):\n"
+        '  File "x.py", line 1\nOSError: [Errno 24] Too many open files\n'
+    )
+    assert "too many open files" in _tail(log)
+    assert "ulimit -n" in _tail(log)
+    log.write_text("--- spawn by pid 1 at then\nerror: an older failure\n--- spawn by pid 2\n")
+    assert "older failure" not in _tail(log)
 
 
 def run_foreground_broker(env: dict[str, str], home: Path) -> None:

@@ -392,7 +392,9 @@ def test_second_relay_refused_and_other_machine_fences_old(cluster: Cluster) -> 
     assert old.relay is not None
     pause_between_transactions(old.relay, cluster.store_url, "B")
     try:
-        new = cluster.host("B", dirname="B2")
+        # Another machine (its own runtime dir): it waits out the stalled relay's lease
+        # (lease_s, shortened here) before taking the host id over.
+        new = cluster.host("B", dirname="B2", lease_s=3)
         worker_new = new.listen("worker")
         a.wait_sees("worker", "B", online=True)
         part2 = stream(planner, "worker@B", 30, "p2")

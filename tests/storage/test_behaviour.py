@@ -146,7 +146,7 @@ def test_purge_in_batches_keeps_queued_rows(store: MailboxStore) -> None:
     store.enqueue([item("m0", "s2")])  # m0 keeps a queued delivery
     store.ack(RECIPIENT, gen, [Ack(f"m{i}", "s1", "delivered") for i in range(25)])
     assert store.purge(batch=1000) == 0  # finished rows stay for the retention period
-    purged = store.purge(batch=7, older_than_s=0)  # type: ignore[call-arg]
+    purged = store.purge(batch=7, older_than_s=0)
     assert purged == 50  # 25 deliveries + 25 unconsumed receipts
     assert store.get_message("m1") is None
     assert store.get_message("m0").states == {"s2": "queued"}  # type: ignore[union-attr]
