@@ -1,15 +1,9 @@
 """The Python API: ``AsyncClient`` for asyncio services, ``Client`` for scripts."""
 
 from crossintercom.client.aftercare import forget, report_shown, set_wake, shown_frame
-from crossintercom.client.aio import (
-    MAX_ASK_TIMEOUT_S,
-    OPERATION_DEADLINE_S,
-    RECONNECT_WAITS_S,
-    RETRY_WAITS_S,
-    AsyncClient,
-    Incoming,
-)
+from crossintercom.client.aio import MAX_ASK_TIMEOUT_S, AsyncClient, Incoming
 from crossintercom.client.identity import AttachmentTooLarge, Identity, load_attachment
+from crossintercom.client.retries import OPERATION_DEADLINE_S, RECONNECT_WAITS_S, RETRY_WAITS_S
 from crossintercom.client.sync import Client, wait_until
 
 __all__ = [

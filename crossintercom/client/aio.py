@@ -16,14 +16,13 @@ from dataclasses import dataclass
 from typing import Literal
 
 import msgspec
-import tenacity
 
 from crossintercom import protocol as p
 from crossintercom.client.connection import BrokerConnection, expect
 from crossintercom.client.identity import Identity, outgoing_body
+from crossintercom.client.retries import SAVE_RETRY_S, reconnect_forever, with_retries
 from crossintercom.config import Settings
 from crossintercom.errors import (
-    BrokerUnavailable,
     Code,
     CrossintercomError,
     Disconnected,
@@ -45,19 +44,8 @@ from crossintercom.testhooks import crash_at
 log = logging.getLogger(__name__)
 
 MAX_ASK_TIMEOUT_S = 600.0
-OPERATION_DEADLINE_S = 660.0
-RETRY_WAITS_S = (1.0, 2.0, 5.0)
-RECONNECT_WAITS_S = (1.0, 2.0, 5.0, 10.0, 30.0)
-_RECOVERABLE = (Disconnected, BrokerUnavailable)
-# After an inbox write failed, register again this long after, to be handed the message again.
-SAVE_RETRY_S = 5.0
 # The ack code for a message the inbox could not save (the broker treats it as not delivered).
 SAVE_FAILED = "save_failed"
-
-
-def _log_reconnect(state: tenacity.RetryCallState) -> None:
-    exc = state.outcome.exception() if state.outcome is not None else None
-    log.warning("reconnect attempt %d failed: %s", state.attempt_number, exc)
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,31 +145,7 @@ class AsyncClient:
             self._reconnect_task = asyncio.get_running_loop().create_task(self._reconnect_forever())
 
     async def _reconnect_forever(self) -> None:
-        """1, 2, 5, 10, then every 30 s, until it works or the client closes."""
-        chain = tenacity.wait_chain(*[tenacity.wait_fixed(w) for w in RECONNECT_WAITS_S])
-
-        def waits(state: tenacity.RetryCallState) -> float:
-            # A broker that cannot write its files is up: retry soon, mail resumes in seconds.
-            exc = state.outcome.exception() if state.outcome is not None else None
-            if isinstance(exc, RemoteError) and exc.code == Code.LOCAL_STORAGE:
-                return SAVE_RETRY_S
-            return float(chain(state))
-
-        # Any error is retried, a refusal by the broker too (it may come from a fault that
-        # passes, such as a full disk): a client that gave up would never receive again.
-        retrying = tenacity.AsyncRetrying(
-            wait=waits,
-            retry=tenacity.retry_if_exception(
-                lambda e: isinstance(e, CrossintercomError) and not self._closed
-            ),
-            stop=tenacity.stop_never,
-            before_sleep=_log_reconnect,
-            reraise=True,
-        )
-        with contextlib.suppress(CrossintercomError):  # only once the client was closed
-            async for attempt in retrying:
-                with attempt:
-                    await self._ensure_connected()
+        await reconnect_forever(self._ensure_connected, lambda: self._closed)
 
     def _on_frame(self, frame: p.FromBroker) -> None:
         if isinstance(frame, p.Deliver):
@@ -275,39 +239,14 @@ class AsyncClient:
                 f"more than {self.settings.max_in_flight} operations in flight on this client",
             )
         self._in_flight += 1
-        maybe_sent = False
         try:
-            retrying = tenacity.AsyncRetrying(
-                stop=tenacity.stop_after_attempt(1 + len(RETRY_WAITS_S))
-                | tenacity.stop_after_delay(OPERATION_DEADLINE_S),
-                wait=tenacity.wait_chain(*[tenacity.wait_fixed(w) for w in RETRY_WAITS_S]),
-                retry=tenacity.retry_if_exception_type(_RECOVERABLE),
-                reraise=True,
+            resp = await with_retries(
+                msg_id, self._ensure_connected, lambda: self._conn.request(frame)
             )
-            try:
-                async for attempt in retrying:
-                    with attempt:
-                        await self._ensure_connected()
-                        try:
-                            resp = await asyncio.wait_for(
-                                self._conn.request(frame), OPERATION_DEADLINE_S
-                            )
-                        except Disconnected as exc:
-                            # Lost before the frame was written: that attempt sent nothing.
-                            maybe_sent = maybe_sent or exc.details.get("written", True)
-                            raise
-            except _RECOVERABLE as exc:
-                if maybe_sent:
-                    return SendResult(msg_id, Outcome.UNKNOWN, Code.DISCONNECTED, str(exc))
-                return SendResult(msg_id, Outcome.NOT_SENT, Code.BROKER_UNAVAILABLE, exc.message)
-            except TimeoutError:
-                return SendResult(
-                    msg_id, Outcome.UNKNOWN, Code.DEADLINE, "no outcome within 11 min"
-                )
-            except RemoteError as exc:
-                return SendResult.refused(msg_id, exc.code, exc.message)
         finally:
             self._in_flight -= 1
+        if isinstance(resp, SendResult):  # no answer: nothing to confirm
+            return resp
         result = expect(resp, p.Result).send_result()
         self._confirm(result.id)
         return result

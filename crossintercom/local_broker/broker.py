@@ -1,9 +1,10 @@
 """The broker's orchestration: one handler per frame type over the rooms that do the work.
 
-Rooms: ``registry`` (sessions), ``resolve`` (targets, pure), ``outcomes`` (rules, pure),
-``delivery`` (push, ack, queue, backlog, receipts), ``relay_link`` (the relay). It knows
-nothing about SQL or other hosts: the relay carries messages for remote targets and hands in
-messages from them (docs/architecture.md).
+Rooms: ``registry`` (sessions), ``registration`` (register), ``resolve`` (targets, pure),
+``outcomes`` (rules, pure), ``delivery`` (push, ack, queue, backlog, receipts), ``handover``
+(messages from other hosts), ``relay_link`` (the relay). It knows nothing about SQL or other
+hosts: the relay carries messages for remote targets and hands in messages from them
+(docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -25,14 +26,15 @@ from crossintercom.local_broker.aftercare import Aftercare
 from crossintercom.local_broker.authority import AuthorityUnavailable, DedupAuthority
 from crossintercom.local_broker.conn import Conn
 from crossintercom.local_broker.delivery import Delivery
+from crossintercom.local_broker.handover import Handover
 from crossintercom.local_broker.health import Health
 from crossintercom.local_broker.outcomes import Refusal
-from crossintercom.local_broker.registry import Live, Registry
+from crossintercom.local_broker.registration import Registration
+from crossintercom.local_broker.registry import Registry
 from crossintercom.local_broker.relay_link import RelayLink
 from crossintercom.local_broker.sending import Operations
 from crossintercom.local_broker.state import BrokerState
 from crossintercom.models import (
-    PURPOSES,
     Message,
     Outcome,
     Receipt,
@@ -60,6 +62,8 @@ class Broker:
         )
         self.ops = Operations(settings, authority, state, self.registry, self.delivery, self.relay)
         self.aftercare = Aftercare(self.host, self.registry, state, self.delivery, self.relay)
+        self.registration = Registration(self.host, self.registry, state, self.delivery, self.relay)
+        self.handover = Handover(self.registry, state, self.delivery, self.ops.limiter)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._stop = asyncio.Event()
         self.idle_since: float | None = time.monotonic()
@@ -160,76 +164,7 @@ class Broker:
     # --- registration and membership -----------------------------------------------------------
 
     async def _on_register(self, conn: Conn, f: p.Register) -> None:
-        s = f.session
-        if f.protocol != p.PROTOCOL_VERSION:
-            raise ProtocolError(
-                f"protocol version {f.protocol} is not supported; this broker speaks "
-                f"{p.PROTOCOL_VERSION}. Upgrade the older side",
-                code=Code.PROTOCOL_MISMATCH,
-            )
-        if conn.session_id is not None:
-            raise ProtocolError(
-                "this connection is already registered", code=Code.ALREADY_REGISTERED
-            )
-        if s.purpose not in PURPOSES:
-            raise ProtocolError(
-                f"purpose must be one of {', '.join(PURPOSES)}, got {s.purpose!r}",
-                code=Code.INVALID_PURPOSE,
-            )
-        if f.mode not in ("own", "auto"):
-            raise ProtocolError("mode must be 'own' or 'auto'", code=Code.BAD_FIELD)
-        if s.purpose == "control":
-            self.relay.attach(conn, s.status)
-            conn.session_id = s.id
-            conn.write(p.Registered(f.request_id, attached=False))
-            return
-        live = self.registry.live.get(s.id)
-        attached = False
-        if live is not None and live.owner is not None:
-            if f.mode == "own":
-                raise ProtocolError(
-                    f"session {live.info.display_name} ({s.id}) is already live on another "
-                    "connection",
-                    code=Code.SESSION_IN_USE,
-                )
-            attached = True
-            live.attached.add(conn)
-        else:
-            info = SessionInfo(
-                id=s.id,
-                host=self.host,
-                name=s.name,
-                cwd=s.cwd,
-                model=s.model,
-                status=s.status,
-                purpose="agent",
-                groups=self.registry.initial_groups(s.id, s.groups, s.durable),
-                durable=s.durable,
-                wake=self.registry.initial_wake(s.id, s.durable),
-            )
-            # Remembered before it goes live: a write that fails (a full disk) must not leave
-            # a session in the registry that no connection will ever retire.
-            try:
-                self.registry.remember(info)
-            except sqlite3.Error as exc:
-                raise ProtocolError(
-                    f"this host's broker cannot write its files ({exc}); try again once "
-                    "the disk is writable",
-                    code=Code.LOCAL_STORAGE,
-                ) from None
-            if live is None:
-                live = self.registry.live[s.id] = Live(info, conn)
-            else:
-                live.owner, live.info = conn, info
-            conn.owner = True
-        conn.session_id = s.id
-        for ask_id in f.awaiting:
-            if self.state.ask_owner(ask_id) == s.id:
-                self.delivery.ask_waiters[ask_id] = conn
-        conn.write(p.Registered(f.request_id, attached=attached, session=live.info))
-        if conn.owner:
-            self.delivery.drain_backlog(conn, s.id)
-            self.relay.send_local_roster()
+        self.registration.register(conn, f)
 
     def _update_info(self, conn: Conn, **changes: Any) -> SessionInfo:
         assert conn.session_id is not None
@@ -317,51 +252,9 @@ class Broker:
         self.spawn(self._inbound(conn, f))
 
     async def _inbound(self, conn: Conn, f: p.Inbound) -> None:
-        msg, recipient = f.message, f.recipient
-        try:
-            if not self.ops.limiter.admit(f"{msg.sender.host}/{msg.sender.id}", msg.id):
-                # A sender on another host over the rate: refused here too, whatever its
-                # own host allowed (docs/agents.md#policy).
-                receipt = Receipt(
-                    msg.id, Outcome.REFUSED, recipient, Code.RATE_LIMITED, self.ops.limiter.why()
-                )
-            elif msg.reply_to is not None and self.state.ask_owner(msg.reply_to) == recipient:
-                if self.state.may_answer(msg.reply_to, msg.sender.id):
-                    receipt = await self.delivery.route_reply(msg, recipient)
-                else:
-                    log.warning(
-                        "reply %s from %s@%s refused: ask %s did not go to that session",
-                        msg.id,
-                        msg.sender.id,
-                        msg.sender.host,
-                        msg.reply_to,
-                    )
-                    receipt = Receipt(
-                        msg.id,
-                        Outcome.REFUSED,
-                        recipient,
-                        Code.REPLY_NOT_AUTHORISED,
-                        "that ask was not sent to this sender",
-                    )
-            elif self.registry.is_local(recipient):
-                receipt = await self.delivery.deliver(msg, recipient, asker_host=msg.sender.host)
-            else:
-                receipt = Receipt(
-                    msg.id,
-                    Outcome.REFUSED,
-                    recipient,
-                    Code.NOT_FOUND,
-                    "no such session on this host",
-                )
-        except sqlite3.Error as exc:
-            # The relay keeps the row queued and hands it over again later.
-            log.error("inbound hand-over failed", extra={"id": msg.id, "error": str(exc)})
-            receipt = outcomes.storage_failed(msg.id, recipient, exc)
-        except Exception as exc:
-            log.exception("inbound hand-over failed", extra={"id": msg.id})
-            receipt = Receipt(msg.id, Outcome.UNKNOWN, recipient, Code.INTERNAL, str(exc))
+        receipt = await self.handover.receive(f.message, f.recipient)
         conn.write(p.Result.of_receipt(f.request_id, receipt))
-        self.relay.archive(msg, [receipt])  # the recipient's host saw it too
+        self.relay.archive(f.message, [receipt])  # the recipient's host saw it too
 
     async def _on_archive_state(self, conn: Conn, f: p.ArchiveState) -> None:
         self.relay.archive_enabled = f.enabled

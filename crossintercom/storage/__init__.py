@@ -6,9 +6,10 @@ store whose schema is missing or from another version.
 Inside the package, imports run one way (no cycle): ``interface`` (the protocol and its rows)
 and ``urls`` at the bottom; ``tables``, then ``queries``; ``engine`` (engines and error
 translation); over it ``migrate`` (Alembic), ``transaction`` (one operation, one transaction)
-and ``wakeup``; ``batches`` (batch writes over one connection); ``sqlstore`` (the logic both
-backends share); the backends ``postgres`` and ``sqlite`` on top; ``liveness`` apart, over
-``interface``.
+and ``wakeup``; ``batches`` (batch writes over one connection); ``hosts`` (host claims and
+rosters, and the plumbing both halves run on), under ``sqlstore`` (messages, receipts and
+settings: together, the logic both backends share); the backends ``postgres`` and
+``sqlite`` on top; ``liveness`` apart, over ``interface``.
 """
 
 from __future__ import annotations

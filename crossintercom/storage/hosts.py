@@ -1,0 +1,168 @@
+"""The host half of the store and the plumbing both halves run on: one transaction per
+operation, the backends' wake-up hooks, the schema check, host claims, heartbeats and rosters.
+Messages, receipts and settings are ``sqlstore``'s."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+
+from sqlalchemy import Connection, Engine, inspect
+
+from crossintercom.errors import SchemaMissing, SchemaOutdated, SchemaTooNew
+from crossintercom.models import SessionInfo
+from crossintercom.storage import migrate
+from crossintercom.storage import queries as q
+from crossintercom.storage.interface import HostRow, Waiter
+from crossintercom.storage.transaction import TransactionRunner
+from crossintercom.storage.urls import StoreURL
+
+
+class SqlHostStore:
+    """Hosts and rosters over a SQLAlchemy engine (made by ``storage.engine``), each operation
+    one transaction (``storage.transaction``). Subclasses supply locking and wake-ups."""
+
+    dialect: str
+    skip_locked: bool
+
+    def __init__(
+        self, parsed: StoreURL, engine: Engine, *, deadline_s: float | None = None
+    ) -> None:
+        self.parsed = parsed
+        self.url_masked = parsed.masked
+        self.engine = engine
+        # Every operation below is one call of this: one transaction, bounded reconnect.
+        self._run = TransactionRunner(parsed, engine, deadline_s=deadline_s)
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    # Backend hooks: how wake-ups are sent.
+    def _notify_in_txn(self, conn: Connection, host_ids: Collection[str]) -> None:
+        """Queue wake-ups that are sent on commit (Postgres NOTIFY)."""
+
+    def _after_commit(self, host_ids: Collection[str]) -> None:
+        """Send wake-ups that need the commit to have happened (SQLite doorbells)."""
+
+    # -- schema ---------------------------------------------------------------------------
+
+    def check_schema(self) -> None:
+        def read(conn: Connection) -> str | None:
+            if not inspect(conn).has_table("alembic_version"):
+                return None
+            return conn.execute(q.SCHEMA_VERSION).scalar()
+
+        version = self._run(read, retry=False)
+        if version is None:
+            raise SchemaMissing(
+                f"the store {self.url_masked} has no crossintercom schema; "
+                f"run `crossintercom db upgrade --store {self.url_masked}`"
+            )
+        head = migrate.head_revision()
+        if version == head:
+            return
+        if version not in migrate.known_revisions():
+            raise SchemaTooNew(
+                f"the store {self.url_masked} has schema revision {version}, newer than this "
+                f"crossintercom knows (head {head}); upgrade crossintercom on this host"
+            )
+        raise SchemaOutdated(
+            f"the store {self.url_masked} has schema revision {version}, older than {head}; "
+            f"run `crossintercom db upgrade --store {self.url_masked}`"
+        )
+
+    # -- hosts ----------------------------------------------------------------------------
+
+    def claim_host(self, host_id: str, machine: str | None = None) -> int:
+        stmt = q.claim_host(self.dialect)
+
+        def write(conn: Connection) -> int:
+            generation = int(conn.execute(stmt, {"host_id": host_id}).scalar_one())
+            if machine is not None:
+                params = {"host": host_id, "gen": generation, "machine": machine}
+                conn.execute(q.SET_HOST_MACHINE, params)
+            return generation
+
+        return self._run(write)
+
+    def host_claim(self, host_id: str) -> tuple[str | None, int] | None:
+        def read(conn: Connection) -> tuple[str | None, int] | None:
+            row = conn.execute(q.HOST_CLAIM, {"host_id": host_id}).one_or_none()
+            return (row[0], int(row[1])) if row is not None else None
+
+        return self._run(read, single_statement=True)
+
+    def heartbeat(self, host_id: str, generation: int) -> bool:
+        # A counter bump fenced by generation: repeating it after a lost connection is harmless.
+        params = {"host": host_id, "gen": generation}
+        return self._run(
+            lambda c: c.execute(q.HEARTBEAT, params).rowcount == 1, single_statement=True
+        )
+
+    def hosts(self) -> list[HostRow]:
+        return self._run(
+            lambda c: [HostRow(*row) for row in c.execute(q.LIST_HOSTS)], single_statement=True
+        )
+
+    @staticmethod
+    def _is_current(conn: Connection, host_id: str, generation: int) -> bool:
+        return conn.execute(q.CURRENT_GENERATION, {"host_id": host_id}).scalar() == generation
+
+    def _notify(self, conn: Connection, host_ids: Collection[str]) -> None:
+        if host_ids:
+            self._notify_in_txn(conn, host_ids)
+
+    # -- roster ---------------------------------------------------------------------------
+
+    def publish_sessions(
+        self, host_id: str, generation: int, sessions: Sequence[SessionInfo]
+    ) -> bool:
+        rows = [
+            {
+                "host_id": host_id,
+                "session_id": s.id,
+                "name": s.name,
+                "cwd": s.cwd,
+                "model": s.model,
+                "status": s.status,
+                "purpose": s.purpose,
+                "groups": list(s.groups),
+                "durable": s.durable,
+                "online": s.online,
+                "wake": None if s.wake == "every" else s.wake,
+            }
+            for s in sessions
+        ]
+
+        def write(conn: Connection) -> bool:
+            if not self._is_current(conn, host_id, generation):
+                return False
+            conn.execute(q.DELETE_ROSTER, {"host_id": host_id})
+            if rows:
+                conn.execute(q.INSERT_ROSTER, rows)
+            return True
+
+        return self._run(write)
+
+    def roster(self) -> list[SessionInfo]:
+        def read(conn: Connection) -> list[SessionInfo]:
+            return [
+                SessionInfo(
+                    id=r.session_id,
+                    host=r.host_id,
+                    name=r.name,
+                    cwd=r.cwd,
+                    model=r.model,
+                    status=r.status,
+                    purpose=r.purpose,
+                    groups=tuple(r.groups),
+                    durable=r.durable,
+                    online=r.online,
+                    wake=r.wake if r.wake in ("asks", "never") else "every",
+                )
+                for r in conn.execute(q.LIST_ROSTER)
+            ]
+
+        return self._run(read, single_statement=True)
+
+    def waiter(self, host_id: str) -> Waiter:
+        raise NotImplementedError
