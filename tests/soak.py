@@ -459,7 +459,8 @@ def run_soak(
 def _check_workers(workers: list[subprocess.Popen[bytes]], deadline: float) -> None:
     for w in workers:
         if w.poll() is not None and w.returncode != 0:
-            raise RuntimeError(f"a soak worker exited with {w.returncode}")
+            err = w.stderr.read()[-2000:].decode(errors="replace") if w.stderr else ""
+            raise RuntimeError(f"a soak worker exited with {w.returncode}: {err}")
     if time.monotonic() > deadline:
         raise TimeoutError("the soak did not finish in time")
 
