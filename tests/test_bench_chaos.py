@@ -177,3 +177,34 @@ def test_chaos_loses_and_duplicates_nothing(store_args: list[str], short_tmp: Pa
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert list(short_tmp.iterdir()) == []
     assert leftovers(short_tmp) == []
+
+
+# The fault kinds with their own machinery (a proxy of the run's own, a rogue host's rows), in a
+# short run of their own so each is sure to be hit.
+NEW_KINDS = {"sqlite": ["hostile_rows"], "postgres": ["pg_blackhole", "pg_cut", "hostile_rows"]}
+
+
+def test_chaos_proxy_faults_and_hostile_rows(store_args: list[str], short_tmp: Path) -> None:
+    kinds = NEW_KINDS["postgres" if store_args else "sqlite"]
+    args = ["chaos", "--hosts", "3", "--duration", "8", "--seed", "3", "--json"]
+    proc = run_cli([*args, "--faults", ",".join(kinds), *store_args], short_tmp, timeout=120)
+    report = json.loads(proc.stdout)
+    assert set(report["faults"]) == set(kinds), report["faults"]
+    assert report["acknowledged"] > 0
+    assert report["lost"] == 0, report
+    assert report["duplicated"] == 0, report
+    # every injected bad row refused once with its reason, none handed to a listener
+    assert report["injected"] > 0
+    assert report["quarantined"] == report["injected"], report
+    assert report["hostile_in_inboxes"] == 0
+    assert set(report["quarantine_reasons"]) == {"bad_message", "forged_sender"}
+    by_fault = report["by_fault"]
+    assert set(kinds) <= set(by_fault)
+    assert all(c["lost"] == 0 and c["duplicated"] == 0 for c in by_fault.values()), by_fault
+    assert by_fault["hostile_rows"]["quarantined"] == report["injected"]
+    if store_args:  # the proxy carried the relays' connections: a cut reset some
+        cuts = [e for e in report["fault_log"] if e["fault"] == "pg_cut"]
+        assert any(e["terminated"] > 0 for e in cuts), cuts
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert list(short_tmp.iterdir()) == []
+    assert leftovers(short_tmp) == []
