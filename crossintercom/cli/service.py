@@ -129,7 +129,14 @@ def bench(
     "--faults",
     metavar="KIND,...",
     help="Inject only these fault kinds (relay_kill, relay_pause, broker_kill, listener_kill, "
-    "pg_terminate, pg_blackhole, pg_cut, hostile_rows); default: every kind the backend allows.",
+    "pg_terminate, pg_blackhole, pg_cut, pg_restart, hostile_rows); default: every kind the "
+    "store allows.",
+)
+@click.option(
+    "--own-postgres",
+    is_flag=True,
+    help="Start a throwaway PostgreSQL cluster (initdb + pg_ctl in a temporary dir, own port) "
+    "as the store, so the pg_restart fault can restart it; not with --store.",
 )
 @json_option
 def chaos(
@@ -138,6 +145,7 @@ def chaos(
     duration: float,
     seed: int,
     faults: str | None,
+    own_postgres: bool,
     as_json: bool,
 ) -> None:
     """Simulated hosts under injected faults; exits 1 if anything acknowledged was lost or
@@ -148,7 +156,14 @@ def chaos(
 
     kinds = [k.strip() for k in faults.split(",") if k.strip()] if faults else None
     try:
-        report = run_chaos(store_url, hosts=hosts, duration=duration, seed=seed, faults=kinds)
+        report = run_chaos(
+            store_url,
+            hosts=hosts,
+            duration=duration,
+            seed=seed,
+            faults=kinds,
+            own_postgres=own_postgres,
+        )
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     if as_json:

@@ -15,6 +15,8 @@ host:
 * ``pg_blackhole`` (PostgreSQL only): the relays reach the store through a TCP proxy of the run's
   own (``proxy.TcpProxy``); it holds all traffic both ways, released a moment later;
 * ``pg_cut`` (PostgreSQL only): the proxy resets every relay connection at once;
+* ``pg_restart`` (only with ``own_postgres``: a throwaway cluster the run started itself, never a
+  server anybody else uses): a fast restart of the PostgreSQL server;
 * ``hostile_rows``: a rogue host writes malformed or forged rows straight into the store,
   addressed to a host's sink; each must be refused (quarantined) with its reason, once, and
   never reach an inbox.
@@ -59,6 +61,7 @@ from crossintercom.storage.rogue import (
 )
 from crossintercom.tools.common import Store, prepare_store, scratch_dir, utc_now
 from crossintercom.tools.harness import BULK_SENDER, Cluster, ListenerProcess, SimHost
+from crossintercom.tools.pgcluster import ThrowawayPostgres
 from crossintercom.tools.proxy import TcpProxy
 
 SINK = "sink"
@@ -79,9 +82,12 @@ FAULT_KINDS = (
     "pg_terminate",
     "pg_blackhole",
     "pg_cut",
+    "pg_restart",
     "hostile_rows",
 )
-PG_ONLY = frozenset({"pg_terminate", "pg_blackhole", "pg_cut"})
+PG_ONLY = frozenset({"pg_terminate", "pg_blackhole", "pg_cut", "pg_restart"})
+# Only against a server the run started itself.
+OWN_SERVER_ONLY = frozenset({"pg_restart"})
 _SEQ = re.compile(r"\bseq=(\d+)\b")
 
 
@@ -172,10 +178,12 @@ class Chaos:
         *,
         kinds: list[str],
         proxy: TcpProxy | None = None,
+        server: ThrowawayPostgres | None = None,
     ) -> None:
         self.store = store
         self.kinds = kinds
         self.proxy = proxy
+        self.server = server
         self.hosts = hosts
         self.listeners: list[ListenerProcess] = []  # one per host, started by ``run``
         self.duration = duration
@@ -288,6 +296,11 @@ class Chaos:
             elif kind == "pg_cut":
                 assert self.proxy is not None
                 detail = self.proxy.cut()
+            elif kind == "pg_restart":
+                assert self.server is not None
+                started = time.monotonic()
+                await asyncio.to_thread(self.server.restart)
+                detail = round(time.monotonic() - started, 2)
             elif kind == "hostile_rows":
                 claimed = self.hosts[(i + 1) % len(self.hosts)]
                 detail = await asyncio.to_thread(self._inject_hostile, host, claimed)
@@ -295,7 +308,7 @@ class Chaos:
                 detail = await asyncio.to_thread(_pg_terminate, self.store)
             self.faults[kind] += 1
             entry: dict[str, Any] = {"t": self._now(), "fault": kind, "host": host.host_id}
-            if kind in ("pg_blackhole", "pg_cut"):
+            if kind in ("pg_blackhole", "pg_cut", "pg_restart"):
                 entry["host"] = "all"  # every relay's store connections go through the proxy
             if kind in ("relay_kill", "relay_pause", "listener_kill", "pg_blackhole"):
                 entry["restart_after_s"] = round(delay, 2)
@@ -303,6 +316,8 @@ class Chaos:
                 entry["terminated"] = detail
             elif kind == "hostile_rows":
                 entry["injected"] = detail
+            elif kind == "pg_restart":
+                entry["restart_took_s"] = detail
             self.fault_log.append(entry)
 
     # -- the run ------------------------------------------------------------------------
@@ -455,14 +470,20 @@ class Chaos:
         report.fault_log = self.fault_log
 
 
-def fault_kinds(backend: str, wanted: list[str] | None = None) -> list[str]:
+def fault_kinds(
+    backend: str, wanted: list[str] | None = None, *, own_server: bool = False
+) -> list[str]:
     """The fault kinds a run on ``backend`` injects: ``wanted`` (default all) less those that do
     not apply to it."""
     kinds = wanted or list(FAULT_KINDS)
     unknown = set(kinds) - set(FAULT_KINDS)
     if unknown:
         raise ValueError(f"unknown fault kinds: {', '.join(sorted(unknown))}")
-    return [k for k in kinds if backend == "postgres" or k not in PG_ONLY]
+    return [
+        k
+        for k in kinds
+        if (backend == "postgres" or k not in PG_ONLY) and (own_server or k not in OWN_SERVER_ONLY)
+    ]
 
 
 def _proxied(store: Store, proxy: TcpProxy) -> str:
@@ -478,11 +499,22 @@ def run_chaos(
     duration: float = 30.0,
     seed: int = 1,
     faults: list[str] | None = None,
+    own_postgres: bool = False,
 ) -> ChaosReport:
+    """``own_postgres``: the store is a throwaway PostgreSQL cluster started for this run (and
+    removed after it), which the ``pg_restart`` fault may restart; not with ``store_url``."""
+    if own_postgres and store_url:
+        raise ValueError("own_postgres starts its own server: give no store URL with it")
     started = time.monotonic()
     with scratch_dir("ci-chaos-") as root, contextlib.ExitStack() as stack:
+        server: ThrowawayPostgres | None = None
+        if own_postgres:
+            server = stack.enter_context(ThrowawayPostgres())
+            store_url = server.url
         store = prepare_store(store_url, root)
-        kinds = fault_kinds(store.kind, faults)
+        if server is not None:
+            store = Store(store.url, store.parsed, "throwaway PostgreSQL cluster")
+        kinds = fault_kinds(store.kind, faults, own_server=server is not None)
         if not kinds:
             raise ValueError(f"none of the fault kinds asked for applies to {store.kind}")
         proxy: TcpProxy | None = None
@@ -503,7 +535,9 @@ def run_chaos(
         with Cluster(root, relay_url, SimHost) as cluster:
             ids = [f"h{i}-{token}" for i in range(hosts)]
             sims = cluster.up(*ids, **dict.fromkeys(ids, BULK_SENDER))
-            chaos = Chaos(store, sims, duration, seed, token, kinds=kinds, proxy=proxy)
+            chaos = Chaos(
+                store, sims, duration, seed, token, kinds=kinds, proxy=proxy, server=server
+            )
             report.drain_s = round(asyncio.run(chaos.run()), 2)
         chaos.tally(report)  # every listener has stopped: the inboxes are final
     report.elapsed_s = round(time.monotonic() - started, 1)
