@@ -28,6 +28,8 @@ class _Pair:
     closed: threading.Event = field(default_factory=threading.Event)
     # The client wrote the ``after`` pattern of an armed ``cut_after`` on this connection.
     primed: bool = False
+    # Bytes were thrown away by a dropping blackhole: the stream is broken for good.
+    dropped: bool = False
 
     def close(self, *, reset: bool = True) -> None:
         self.closed.set()
@@ -58,6 +60,7 @@ class TcpProxy:
         self._lock = threading.Lock()
         self._flowing = threading.Event()
         self._flowing.set()
+        self._dropping = False
         self._stopping = threading.Event()
         # One-shot: (pattern, the pattern that must come first on the same connection, how long
         # the matching write is held, whether it reaches the server at all).
@@ -74,12 +77,26 @@ class TcpProxy:
 
     # --- controls --------------------------------------------------------------------------------
 
-    def blackhole(self) -> None:
-        """Hold all traffic, both ways, on every connection (nothing is dropped or closed)."""
-        self._flowing.clear()
+    def blackhole(self, *, drop: bool = False) -> None:
+        """Hold all traffic, both ways, on every connection (nothing is dropped or closed).
+        ``drop``: throw it away instead; bytes are still accepted (the kernel acknowledges
+        them, so keepalives and the TCP user timeout see a live peer) but never forwarded."""
+        if drop:
+            self._dropping = True
+        else:
+            self._flowing.clear()
 
-    def resume(self) -> None:
+    def resume(self) -> int:
+        """Forward again. Connections that lost bytes to a dropping blackhole are broken
+        streams: they are reset (returns how many)."""
+        self._dropping = False
         self._flowing.set()
+        with self._lock:
+            broken = [p for p in self._pairs if p.dropped]
+            self._pairs = [p for p in self._pairs if not p.dropped]
+        for pair in broken:
+            pair.close()
+        return len(broken)
 
     def cut(self) -> int:
         """Reset every open connection; returns how many were cut. New ones are accepted."""
@@ -142,6 +159,9 @@ class TcpProxy:
                 break
             if not data:
                 break
+            if self._dropping:
+                pair.dropped = True
+                continue
             while not self._flowing.wait(0.1):
                 if pair.closed.is_set() or self._stopping.is_set():
                     return
