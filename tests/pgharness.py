@@ -13,15 +13,10 @@ Each test gets its own database, created from a template that ``db upgrade`` mig
 from __future__ import annotations
 
 import atexit
-import contextlib
 import functools
-import glob
 import os
-import pwd
 import shutil
-import socket
 import subprocess
-import tempfile
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -31,6 +26,12 @@ import psycopg
 import pytest
 from psycopg import sql
 from sqlalchemy.engine import make_url
+
+from crossintercom.tools.pgcluster import (
+    UNPRIVILEGED_USERS,
+    ThrowawayPostgres,
+    existing_unprivileged_user,
+)
 
 REQUIRE_ENV = "CROSSINTERCOM_REQUIRE_PG"
 DSN_ENV = "CROSSINTERCOM_TEST_PG_DSN"
@@ -99,74 +100,23 @@ def _from_container() -> PgServer | None:
     return PgServer(container.get_connection_url(), "testcontainers", container.stop)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _pg_bin(name: str) -> str | None:
-    found = shutil.which(name)
-    if found:
-        return found
-    candidates = sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"), reverse=True)
-    return candidates[0] if candidates else None
-
-
 def _unprivileged_user() -> str:
-    for name in ("crossintercom-test", "nobody"):
-        with contextlib.suppress(KeyError):
-            pwd.getpwnam(name)
-            return name
-    subprocess.run(["useradd", "--system", "--no-create-home", "crossintercom-test"], check=True)
-    return "crossintercom-test"
+    found = existing_unprivileged_user()
+    if found is not None:
+        return found
+    subprocess.run(["useradd", "--system", "--no-create-home", UNPRIVILEGED_USERS[0]], check=True)
+    return UNPRIVILEGED_USERS[0]
 
 
 def _from_local_binaries() -> PgServer | None:
-    initdb, pg_ctl = _pg_bin("initdb"), _pg_bin("pg_ctl")
-    if not initdb or not pg_ctl:
-        return None
-    root = Path(tempfile.mkdtemp(prefix="ci-pg-"))
-    data, sock = root / "data", root / "sock"
-    sock.mkdir()
-    prefix: list[str] = []
-    if os.geteuid() == 0:
-        # initdb refuses to run as root.
-        user = _unprivileged_user()
-        entry = pwd.getpwnam(user)
-        os.chown(root, entry.pw_uid, entry.pw_gid)
-        os.chown(sock, entry.pw_uid, entry.pw_gid)
-        prefix = ["setpriv", f"--reuid={entry.pw_uid}", f"--regid={entry.pw_gid}", "--clear-groups"]
-    port = _free_port()
     try:
-        subprocess.run(
-            [*prefix, initdb, "-D", str(data), "-U", "postgres", "-A", "trust", "--no-sync"],
-            check=True,
-            capture_output=True,
-            timeout=120,
-        )
-        opts = f"-p {port} -k {sock} -c listen_addresses=127.0.0.1 -c fsync=off"
-        subprocess.run(
-            [*prefix, pg_ctl, "-D", str(data), "-o", opts, "-l", str(root / "log"), "-w", "start"],
-            check=True,
-            capture_output=True,
-            timeout=120,
-        )
-    except (OSError, subprocess.SubprocessError):
-        shutil.rmtree(root, ignore_errors=True)
+        cluster = ThrowawayPostgres(
+            run_as=_unprivileged_user() if os.geteuid() == 0 else None
+        ).start()
+    except (RuntimeError, OSError, subprocess.SubprocessError):
         return None
-
-    def stop() -> None:
-        subprocess.run(
-            [*prefix, pg_ctl, "-D", str(data), "-m", "immediate", "stop"],
-            capture_output=True,
-            check=False,
-            timeout=60,
-        )
-        shutil.rmtree(root, ignore_errors=True)
-
-    atexit.register(stop)
-    return PgServer(f"postgresql://postgres@127.0.0.1:{port}/postgres", "local binaries", stop)
+    atexit.register(cluster.stop)
+    return PgServer(cluster.url, "local binaries", cluster.stop)
 
 
 @functools.cache

@@ -24,6 +24,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from crossintercom.tools.harness import CLI  # noqa: E402
+from crossintercom.tools.pgcluster import pg_bin  # noqa: E402
 from tests.conftest import pids_using_home  # noqa: E402
 from tests.pgharness import (  # noqa: E402, F401  (fixtures are found by name)
     PgServer,
@@ -174,6 +175,55 @@ def test_chaos_loses_and_duplicates_nothing(store_args: list[str], short_tmp: Pa
     assert report["lost"] == 0, report
     assert report["duplicated"] == 0, report
     assert sum(report["faults"].values()) > 0
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert list(short_tmp.iterdir()) == []
+    assert leftovers(short_tmp) == []
+
+
+# The fault kinds with their own machinery (a proxy of the run's own, a rogue host's rows), in a
+# short run of their own so each is sure to be hit.
+NEW_KINDS = {"sqlite": ["hostile_rows"], "postgres": ["pg_blackhole", "pg_cut", "hostile_rows"]}
+
+
+def test_chaos_proxy_faults_and_hostile_rows(store_args: list[str], short_tmp: Path) -> None:
+    kinds = NEW_KINDS["postgres" if store_args else "sqlite"]
+    args = ["chaos", "--hosts", "3", "--duration", "8", "--seed", "3", "--json"]
+    proc = run_cli([*args, "--faults", ",".join(kinds), *store_args], short_tmp, timeout=120)
+    check_new_kinds(proc, kinds, short_tmp, proxied=bool(store_args))
+
+
+@pytest.mark.pg
+@pytest.mark.skipif(pg_bin("initdb") is None, reason="no initdb: PostgreSQL server not installed")
+def test_chaos_restarts_a_postgres_of_its_own(short_tmp: Path) -> None:
+    kinds = ["pg_restart", "pg_cut", "hostile_rows"]
+    args = ["chaos", "--hosts", "3", "--duration", "8", "--seed", "3", "--json", "--own-postgres"]
+    proc = run_cli([*args, "--faults", ",".join(kinds)], short_tmp, timeout=120)
+    check_new_kinds(proc, kinds, short_tmp, proxied=True)
+    restarts = [e for e in json.loads(proc.stdout)["fault_log"] if e["fault"] == "pg_restart"]
+    assert all(e["restart_took_s"] > 0 for e in restarts), restarts
+
+
+def check_new_kinds(
+    proc: subprocess.CompletedProcess[str], kinds: list[str], short_tmp: Path, *, proxied: bool
+) -> None:
+    report = json.loads(proc.stdout)
+    assert set(report["faults"]) == set(kinds), report["faults"]
+    assert report["acknowledged"] > 0
+    assert report["lost"] == 0, report
+    assert report["duplicated"] == 0, report
+    # every injected bad row refused once with its reason, none handed to a listener
+    assert report["injected"] > 0
+    assert report["quarantined"] == report["injected"], report
+    assert report["hostile_in_inboxes"] == 0
+    assert set(report["quarantine_reasons"]) == {"bad_message", "forged_sender"}
+    by_fault = report["by_fault"]
+    # a fault followed at once by another may have no send of its own
+    assert set(by_fault) <= {*kinds, "none"}, by_fault
+    assert all(c["lost"] == 0 and c["duplicated"] == 0 for c in by_fault.values()), by_fault
+    assert by_fault["hostile_rows"]["quarantined"] == report["injected"]
+    if proxied:  # the proxy carried the relays' connections: a cut reset some
+        cuts = [e for e in report["fault_log"] if e["fault"] == "pg_cut"]
+        assert any(e["terminated"] > 0 for e in cuts), cuts
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert list(short_tmp.iterdir()) == []
     assert leftovers(short_tmp) == []

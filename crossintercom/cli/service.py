@@ -125,15 +125,47 @@ def bench(
     "--duration", type=click.FloatRange(1, 3600), default=30.0, show_default=True, metavar="S"
 )
 @click.option("--seed", type=int, default=1, show_default=True, help="Seeds the fault schedule.")
+@click.option(
+    "--faults",
+    metavar="KIND,...",
+    help="Inject only these fault kinds (relay_kill, relay_pause, broker_kill, listener_kill, "
+    "pg_terminate, pg_blackhole, pg_cut, pg_restart, hostile_rows); default: every kind the "
+    "store allows.",
+)
+@click.option(
+    "--own-postgres",
+    is_flag=True,
+    help="Start a throwaway PostgreSQL cluster (initdb + pg_ctl in a temporary dir, own port) "
+    "as the store, so the pg_restart fault can restart it; not with --store.",
+)
 @json_option
-def chaos(store_url: str | None, hosts: int, duration: float, seed: int, as_json: bool) -> None:
+def chaos(
+    store_url: str | None,
+    hosts: int,
+    duration: float,
+    seed: int,
+    faults: str | None,
+    own_postgres: bool,
+    as_json: bool,
+) -> None:
     """Simulated hosts under injected faults; exits 1 if anything acknowledged was lost or
-    duplicated."""
+    duplicated, or a hostile row was not quarantined."""
     import json
 
     from crossintercom.tools.chaos import render, run_chaos
 
-    report = run_chaos(store_url, hosts=hosts, duration=duration, seed=seed)
+    kinds = [k.strip() for k in faults.split(",") if k.strip()] if faults else None
+    try:
+        report = run_chaos(
+            store_url,
+            hosts=hosts,
+            duration=duration,
+            seed=seed,
+            faults=kinds,
+            own_postgres=own_postgres,
+        )
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
     if as_json:
         click.echo(json.dumps(report.to_dict()))
     else:

@@ -9,7 +9,8 @@ translation); over it ``migrate`` (Alembic), ``transaction`` (one operation, one
 and ``wakeup``; ``batches`` (batch writes over one connection); ``hosts`` (host claims and
 rosters, and the plumbing both halves run on), under ``sqlstore`` (messages, receipts and
 settings: together, the logic both backends share); the backends ``postgres`` and
-``sqlite`` on top; ``liveness`` apart, over ``interface``.
+``sqlite`` on top; ``liveness`` apart, over ``interface``; ``rogue`` (rows a rogue host writes,
+for the chaos run and the tests) over ``engine`` and ``queries``.
 """
 
 from __future__ import annotations

@@ -664,3 +664,15 @@ def archive_search(dialect: str, query: SearchQuery) -> tuple[Select[Any], dict[
         )
         order = [literal_column("score").desc(), archive_messages.c.seq.desc()]
     return stmt.order_by(*order).limit(bindparam("limit")), params
+
+
+# -- rows a rogue writes (the chaos run's hostile-row fault) ------------------------------------
+
+# Straight into the tables, past every check a relay makes on its way out. Params: the columns.
+ROGUE_INSERT_MESSAGE = messages.insert()
+ROGUE_INSERT_DELIVERY = deliveries.insert()
+
+# Params: message_ids (a list).
+DELIVERY_REASONS: Select[str, DeliveryState, str | None] = select(
+    deliveries.c.message_id, deliveries.c.state, deliveries.c.reason
+).where(deliveries.c.message_id.in_(bindparam("message_ids", expanding=True)))

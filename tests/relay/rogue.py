@@ -4,14 +4,13 @@ a stray writer of the SQLite file) could, bypassing every check a relay makes on
 from __future__ import annotations
 
 import sqlite3
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import create_engine, select
 from sqlalchemy.engine import make_url
 
-from crossintercom.models import new_id
-from crossintercom.storage.tables import deliveries, messages
+from crossintercom.storage.rogue import inject_rows, rogue_message
+from crossintercom.storage.tables import deliveries
 
 
 class Rogue:
@@ -31,28 +30,13 @@ class Rogue:
         recipient_session: str,
     ) -> None:
         """(message id, payload) pairs, one message and one queued delivery each, in order."""
-        now = datetime.now(UTC)
-        with self.engine.begin() as conn:
-            for mid, payload in rows:
-                conn.execute(
-                    messages.insert().values(
-                        message_id=mid,
-                        sender_host=sender_host,
-                        digest="0" * 64,
-                        payload=payload,
-                        size=1,
-                        created=now,
-                    )
-                )
-                conn.execute(
-                    deliveries.insert().values(
-                        message_id=mid,
-                        recipient_host=recipient_host,
-                        recipient_session=recipient_session,
-                        state="queued",
-                        expires_at=now + timedelta(days=1),
-                    )
-                )
+        inject_rows(
+            self.url,
+            rows,
+            sender_host=sender_host,
+            recipient_host=recipient_host,
+            recipient_session=recipient_session,
+        )
 
     def insert_raw_sqlite_payload(
         self, mid: str, text: str, *, sender_host: str, recipient_host: str, session: str
@@ -79,21 +63,5 @@ class Rogue:
             return {mid: (state, reason) for mid, state, reason in conn.execute(q)}
 
 
-def message(
-    sender_id: str, sender_host: str, *, mid: str | None = None, **fields: Any
-) -> dict[str, Any]:
-    """A well-formed message payload (what a relay would write), fields overridable."""
-    out: dict[str, Any] = {
-        "type": "message",
-        "id": mid or new_id(),
-        "from": {"id": sender_id, "name": "rogue", "host": sender_host},
-        "to": "worker",
-        "message": "hello",
-        "attachments": [],
-        "reply_to": None,
-        "expects_reply": False,
-        "sent_at": "2026-01-01T00:00:00.000Z",
-        "flags": [],
-    }
-    out.update(fields)
-    return out
+# A well-formed message payload (what a relay would write), fields overridable.
+message = rogue_message

@@ -11,15 +11,15 @@ from sqlalchemy.engine import make_url
 
 from crossintercom.config import ENV_STORE
 from crossintercom.storage.engine import PG_CONNECT_TIMEOUT_S, PG_OPERATION_DEADLINE_S
+from tests.proxy import TcpProxy
 from tests.relay.conftest import Cluster, wait_for
-from tests.relay.tcpproxy import BlackholeProxy
 from tests.relay.test_relay_faults import ACKED, report, settle, stream
 
 
 @pytest.mark.pg
 def test_blackholed_store_connection_cut_and_replaced(pg_url: str) -> None:
     url = make_url(pg_url)
-    proxy = BlackholeProxy((url.host or "127.0.0.1", url.port or 5432))
+    proxy = TcpProxy(url.host or "127.0.0.1", url.port or 5432)
     try:
         with Cluster(pg_url) as cluster:
             a = cluster.host("A", remote_ack_wait_s=1)
@@ -33,7 +33,7 @@ def test_blackholed_store_connection_cut_and_replaced(pg_url: str) -> None:
             sender = a.client("boss")
             assert sender.send("worker@B", "before").outcome.value == "delivered"
 
-            proxy.blackhole()
+            proxy.blackhole(drop=True)
             started = time.monotonic()
             during = stream(sender, "worker@B", 10, "while blackholed", concurrency=2)
             # The relay notices by itself: its in-flight operation is cut at the deadline.
@@ -45,7 +45,7 @@ def test_blackholed_store_connection_cut_and_replaced(pg_url: str) -> None:
             detected = time.monotonic() - started
             assert b.relay is not None and b.relay.poll() is None, b.relay_log()[-2000:]
 
-            proxy.restore()
+            proxy.resume()
             restored = time.monotonic()
             after = stream(sender, "worker@B", 5, "after", concurrency=2)
             outcomes = during | after

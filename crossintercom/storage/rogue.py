@@ -1,0 +1,114 @@
+"""Rows a rogue with database access writes straight into the shared store, for `crossintercom
+chaos`: the receiving relay must refuse each once, with a reason, without blocking the rows
+behind it."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from crossintercom.models import new_id
+from crossintercom.storage import queries as q
+from crossintercom.storage.engine import store_engine
+from crossintercom.storage.urls import parse_store_url
+
+
+def inject_rows(
+    url: str,
+    rows: list[tuple[str, Any]],
+    *,
+    sender_host: str,
+    recipient_host: str,
+    recipient_session: str,
+) -> None:
+    """(message id, payload) pairs, one message and one queued delivery each, in one
+    transaction."""
+    now = datetime.now(UTC)
+    engine = store_engine(parse_store_url(url), pool_size=1)
+    try:
+        with engine.begin() as conn:
+            for mid, payload in rows:
+                conn.execute(
+                    q.ROGUE_INSERT_MESSAGE,
+                    {
+                        "message_id": mid,
+                        "sender_host": sender_host,
+                        "digest": "0" * 64,
+                        "payload": payload,
+                        "size": 1,
+                        "created": now,
+                    },
+                )
+                conn.execute(
+                    q.ROGUE_INSERT_DELIVERY,
+                    {
+                        "message_id": mid,
+                        "recipient_host": recipient_host,
+                        "recipient_session": recipient_session,
+                        "state": "queued",
+                        "expires_at": now + timedelta(days=1),
+                    },
+                )
+    finally:
+        engine.dispose()
+
+
+def delivery_reasons(url: str, ids: list[str]) -> dict[str, tuple[str, str | None]]:
+    """message id -> (delivery state, reason) of the given rows."""
+    if not ids:
+        return {}
+    engine = store_engine(parse_store_url(url), pool_size=1)
+    try:
+        with engine.connect() as conn:
+            rows = conn.execute(q.DELIVERY_REASONS, {"message_ids": ids})
+            return {mid: (str(state), reason) for mid, state, reason in rows}
+    finally:
+        engine.dispose()
+
+
+def rogue_message(
+    sender_id: str, sender_host: str, *, mid: str | None = None, **fields: Any
+) -> dict[str, Any]:
+    """A well-formed message payload (what a relay would write), fields overridable."""
+    out: dict[str, Any] = {
+        "type": "message",
+        "id": mid or new_id(),
+        "from": {"id": sender_id, "name": "rogue", "host": sender_host},
+        "to": "worker",
+        "message": "hello",
+        "attachments": [],
+        "reply_to": None,
+        "expects_reply": False,
+        "sent_at": "2026-01-01T00:00:00.000Z",
+        "flags": [],
+    }
+    out.update(fields)
+    return out
+
+
+# What each kind of bad row is refused with.
+HOSTILE_KINDS = {
+    "string": "bad_message",
+    "null": "bad_message",
+    "array": "bad_message",
+    "id_object": "bad_message",
+    "text_number": "bad_message",
+    "forged_host": "forged_sender",
+}
+
+
+def hostile_payload(kind: str, mid: str, *, rogue_host: str, claimed_host: str) -> Any:
+    """A payload of one of ``HOSTILE_KINDS``, written by ``rogue_host``; ``forged_host`` claims
+    to come from ``claimed_host``."""
+    if kind == "string":
+        return "just a string"
+    if kind == "null":
+        return None
+    if kind == "array":
+        return [1, 2, 3]
+    if kind == "id_object":
+        return rogue_message(new_id(), rogue_host, mid=mid, id={"x": 1})
+    if kind == "text_number":
+        return rogue_message(new_id(), rogue_host, mid=mid, message=12345)
+    assert kind == "forged_host", kind
+    return rogue_message(new_id(), claimed_host, mid=mid)

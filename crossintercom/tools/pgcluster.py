@@ -1,0 +1,136 @@
+"""A throwaway PostgreSQL cluster (initdb + pg_ctl in a temporary directory, on a port of its
+own): a server a run may restart, because nobody else uses it. Never the shared server."""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import os
+import pwd
+import shutil
+import socket
+import stat
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Self
+
+# initdb refuses to run as root: a cluster started by root runs as the first of these that exists.
+UNPRIVILEGED_USERS = ("crossintercom-test", "nobody")
+
+
+def pg_bin(name: str) -> str | None:
+    """A PostgreSQL server program: on PATH, else the newest under Debian's versioned dirs."""
+    found = shutil.which(name)
+    if found:
+        return found
+    candidates = sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"), reverse=True)
+    return candidates[0] if candidates else None
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def existing_unprivileged_user() -> str | None:
+    for name in UNPRIVILEGED_USERS:
+        with contextlib.suppress(KeyError):
+            pwd.getpwnam(name)
+            return name
+    return None
+
+
+def _others_can_enter(path: Path) -> bool:
+    """Every directory down to ``path`` lets other users through (the server runs as one)."""
+    return all(p.stat().st_mode & stat.S_IXOTH for p in (path, *path.parents))
+
+
+def _cluster_parent() -> str | None:
+    """Where the cluster dir goes: the usual temp dir, unless a user the server runs as could
+    not reach it (a private TMPDIR), then the system-wide one."""
+    usual = Path(tempfile.gettempdir())
+    if os.geteuid() != 0 or _others_can_enter(usual):
+        return None
+    return "/tmp"
+
+
+class ThrowawayPostgres:
+    """``start()`` runs initdb and the server; ``url`` is its ``postgres`` database (trust
+    authentication, loopback only); ``restart()`` restarts it; ``stop()`` removes it all."""
+
+    def __init__(self, *, run_as: str | None = None) -> None:
+        initdb, pg_ctl = pg_bin("initdb"), pg_bin("pg_ctl")
+        if not initdb or not pg_ctl:
+            raise RuntimeError("initdb and pg_ctl not found (install the PostgreSQL server)")
+        self._initdb, self._pg_ctl = initdb, pg_ctl
+        self.root = Path(tempfile.mkdtemp(prefix="ci-pg-", dir=_cluster_parent()))
+        self.data = self.root / "data"
+        self.port = free_port()
+        self.restarts = 0
+        self._prefix: list[str] = []
+        if os.geteuid() == 0:
+            user = run_as or existing_unprivileged_user()
+            if user is None:
+                shutil.rmtree(self.root, ignore_errors=True)
+                raise RuntimeError(
+                    f"running as root, initdb needs one of the users {UNPRIVILEGED_USERS}"
+                )
+            entry = pwd.getpwnam(user)
+            os.chown(self.root, entry.pw_uid, entry.pw_gid)
+            self._prefix = [
+                "setpriv",
+                f"--reuid={entry.pw_uid}",
+                f"--regid={entry.pw_gid}",
+                "--clear-groups",
+            ]
+
+    @property
+    def url(self) -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+
+    def _ctl(self, *args: str, timeout: float = 120) -> None:
+        subprocess.run(
+            [*self._prefix, self._pg_ctl, "-D", str(self.data), *args],
+            check=True,
+            capture_output=True,
+            timeout=timeout,
+        )
+
+    def start(self) -> Self:
+        try:
+            subprocess.run(
+                [
+                    *self._prefix,
+                    *(self._initdb, "-D", str(self.data), "-U", "postgres", "-A", "trust"),
+                    "--no-sync",
+                ],
+                check=True,
+                capture_output=True,
+                timeout=120,
+            )
+            # The socket dir inside the cluster's own dir: the default one may not be writable.
+            opts = f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off"
+            self._ctl("-o", opts, "-l", str(self.root / "log"), "-w", "start")
+        except (OSError, subprocess.SubprocessError):
+            self.stop()
+            raise
+        return self
+
+    def restart(self, mode: str = "fast") -> None:
+        """Stop (``fast``: clients are disconnected, as by an operator's restart) and start
+        again with the same options; returns once it accepts connections."""
+        self._ctl("-m", mode, "-l", str(self.root / "log"), "-w", "restart")
+        self.restarts += 1
+
+    def stop(self) -> None:
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            self._ctl("-m", "immediate", "stop", timeout=60)
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
