@@ -152,6 +152,49 @@ def run_cli(
     )
 
 
+def start_cli(env: dict[str, str], *args: str) -> subprocess.Popen[str]:
+    """One `crossintercom` command in the background (an `ask` waiting for its reply), its
+    output piped for the test to read."""
+    return subprocess.Popen(
+        [*CLI, *args],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+@contextlib.contextmanager
+def background_cli(env: dict[str, str], *args: str) -> Iterator[subprocess.Popen[str]]:
+    """``start_cli`` for the length of a block: killed and reaped if the block (a failed
+    assertion included) leaves it running."""
+    proc = start_cli(env, *args)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
+# The keys of a message object as `--json` prints it (docs/protocol.md).
+MESSAGE_KEYS = {
+    "type",
+    "id",
+    "from",
+    "to",
+    "message",
+    "attachments",
+    "reply_to",
+    "expects_reply",
+    "sent_at",
+    "flags",
+    "subject",
+    "thread_id",
+}
+
+
 def cli_json(env: dict[str, str], *args: str, expect_rc: int = 0, **kw: Any) -> Any:
     """Run a command with --json, check its exit code and return the parsed stdout."""
     out = run_cli(env, *args, "--json", **kw)

@@ -32,6 +32,7 @@ from tests.conftest import (
     kill_broker,
     run_cli,
     settings_for,
+    start_cli,
     wait_for,
 )
 from tests.soak import (
@@ -96,14 +97,7 @@ def incoming_ids(client: Client, wait: float) -> list[str]:
 
 def start_ask(env: dict[str, str], text: str) -> subprocess.Popen[str]:
     """`crossintercom ask --as alice --to bob` in the background, waiting up to 40 s."""
-    return subprocess.Popen(
-        [*CLI, "ask", "--as", "alice", "--to", "bob", "--timeout", "40", "--json", text],
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    return start_cli(env, "ask", "--as", "alice", "--to", "bob", "--timeout", "40", "--json", text)
 
 
 def asker_confirmed(home: Path) -> bool:

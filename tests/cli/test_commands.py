@@ -11,22 +11,17 @@ from pathlib import Path
 from typing import Any
 
 from crossintercom.models import durable_session_id
-from tests.conftest import CLI, HOST_ID, Listener, cli_json, kill_broker, run_cli
+from tests.conftest import (
+    CLI,
+    HOST_ID,
+    MESSAGE_KEYS,
+    Listener,
+    cli_json,
+    kill_broker,
+    run_cli,
+    start_cli,
+)
 
-MESSAGE_KEYS = {
-    "type",
-    "id",
-    "from",
-    "to",
-    "message",
-    "attachments",
-    "reply_to",
-    "expects_reply",
-    "sent_at",
-    "flags",
-    "subject",
-    "thread_id",
-}
 LIST_KEYS = {"id", "name", "host", "cwd", "model", "status", "purpose", "groups", "online"}
 
 
@@ -47,14 +42,7 @@ def check_message(m: dict[str, Any], *, sender: str, text: str) -> None:
 
 
 def start_ask(env: dict[str, str], *args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [*CLI, "ask", *args, "--json"],
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    return start_cli(env, "ask", *args, "--json")
 
 
 def finish(proc: subprocess.Popen[str], timeout: float = 30) -> tuple[int, Any]:

@@ -8,7 +8,6 @@ fails a delivery.
 from __future__ import annotations
 
 import json
-import subprocess
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -21,7 +20,8 @@ from sqlalchemy import text
 from crossintercom.storage import engine as db
 from crossintercom.storage import open_archive
 from crossintercom.storage.urls import parse_store_url
-from tests.relay.conftest import CLI, Cluster, Host, wait_for
+from tests.conftest import background_cli
+from tests.relay.conftest import Cluster, Host, wait_for
 
 
 def archived_ids(store_url: str) -> set[str]:
@@ -60,27 +60,25 @@ def test_subjects_and_threads_across_hosts_and_inbox_by_thread(cluster: Cluster)
     a.wait_sees("worker", "B")
     b.wait_sees("planner", "A")
 
-    ask = subprocess.Popen(
-        [
-            *(*CLI, "ask", "--as", "planner", "--to", "worker", "--subject", "release 1.2"),
-            *("--timeout", "60", "--json", "ready to ship?"),
-        ],
-        env=a.env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
+    with background_cli(
+        a.env,
+        "ask",
+        "--as",
+        "planner",
+        "--to",
+        "worker",
+        "--subject",
+        "release 1.2",
+        "--timeout",
+        "60",
+        "--json",
+        "ready to ship?",
+    ) as ask:
         question = worker.next_message()
         assert question["subject"] == "release 1.2"
         assert question["thread_id"] == question["id"]  # a new message is its thread's root
         assert b.cli_json("reply", "--as", "worker", "yes")["outcome"] == "delivered"
         out, err = ask.communicate(timeout=60)
-    finally:
-        if ask.poll() is None:
-            ask.kill()
-            ask.communicate()
     assert ask.returncode == 0, (out, err)
     reply = json.loads(out)["reply"]
     # The reply joins the ask's thread and keeps its subject.

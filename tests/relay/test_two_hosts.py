@@ -4,28 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import json
-import subprocess
 import time
 import uuid
 
 from crossintercom.client import Client
 from crossintercom.models import Receipt
-from tests.relay.conftest import CLI, Cluster, wait_for
-
-MESSAGE_KEYS = {
-    "type",
-    "id",
-    "from",
-    "to",
-    "message",
-    "attachments",
-    "reply_to",
-    "expects_reply",
-    "sent_at",
-    "flags",
-    "subject",
-    "thread_id",
-}
+from tests.conftest import MESSAGE_KEYS, background_cli
+from tests.relay.conftest import Cluster, wait_for
 
 
 def test_send_ask_reply_list_across_two_hosts(cluster: Cluster) -> None:
@@ -51,15 +36,9 @@ def test_send_ask_reply_list_across_two_hosts(cluster: Cluster) -> None:
     assert got["attachments"] == []
 
     # ask on A, reply on B: the ask prints the reply
-    ask = subprocess.Popen(
-        [*CLI, "ask", "--as", "planner", "--to", "worker", "--timeout", "60", "--json", "ok?"],
-        env=a.env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
+    with background_cli(
+        a.env, "ask", "--as", "planner", "--to", "worker", "--timeout", "60", "--json", "ok?"
+    ) as ask:
         question = worker.next_message()
         assert question["expects_reply"] is True
         assert question["message"] == "ok?"
@@ -68,10 +47,6 @@ def test_send_ask_reply_list_across_two_hosts(cluster: Cluster) -> None:
         replied = b.cli_json("reply", "--as", "worker", "yes, all green")
         assert replied["outcome"] == "delivered"
         out, err = ask.communicate(timeout=60)
-    finally:
-        if ask.poll() is None:
-            ask.kill()
-            ask.communicate()
     assert ask.returncode == 0, (out, err)
     answer = json.loads(out)
     assert answer["id"] == question["id"]

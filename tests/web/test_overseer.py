@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import background_cli
 from tests.relay.conftest import Cluster, Host
 from tests.web.conftest import WebServer, start_web
 
@@ -130,29 +131,15 @@ def test_the_page_shows_both_hosts_live_messages_compose_and_escapes_text(
     assert page.evaluate("window.__pwned") is None
 
     # An ask to the human session: pending on the page, answered from compose.
-    import subprocess
-
-    from tests.relay.conftest import CLI
-
-    ask = subprocess.Popen(
-        [*CLI, "ask", "--as", "alice", "--to", "boss@B", "--timeout", "60", "--json", "go on?"],
-        env=a.env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
+    with background_cli(
+        a.env, "ask", "--as", "alice", "--to", "boss@B", "--timeout", "60", "--json", "go on?"
+    ) as ask:
         pending = page.wait_for_selector("#pending li button", timeout=30_000)
         pending.click()
         assert page.input_value('#compose-form [name="mode"]') == "reply"
         page.fill('#compose-form [name="message"]', "yes, go on")
         page.click('#compose-form button[type="submit"]')
         out, err = ask.communicate(timeout=60)
-    finally:
-        if ask.poll() is None:
-            ask.kill()
-            ask.communicate()
     assert ask.returncode == 0, (out, err)
     assert json.loads(out)["reply"]["message"] == "yes, go on"
     page.close()
