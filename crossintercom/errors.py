@@ -68,6 +68,9 @@ class Code(StrEnum):
     # A host's own files (broker state, dedup records, an inbox) could not be written: a full or
     # read-only disk. Nothing was stored there; the message stays where it was (docs/delivery.md).
     LOCAL_STORAGE = "local_storage"
+    # An ack's refusal: the client could not save the message to its inbox, so it was not
+    # delivered; the broker keeps it queued (docs/delivery.md).
+    SAVE_FAILED = "save_failed"
     STORE_UNAVAILABLE = "store_unavailable"
     STORE_IN_DOUBT = "store_in_doubt"
     BROKER_UNAVAILABLE = "broker_unavailable"

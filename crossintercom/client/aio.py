@@ -44,8 +44,6 @@ from crossintercom.testhooks import crash_at
 log = logging.getLogger(__name__)
 
 MAX_ASK_TIMEOUT_S = 600.0
-# The ack code for a message the inbox could not save (the broker treats it as not delivered).
-SAVE_FAILED = "save_failed"
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,7 +184,7 @@ class AsyncClient:
         The broker keeps it queued and hands it over again when this client registers anew,
         which it does after a pause: mail flows once the disk is writable (docs/delivery.md)."""
         log.error("cannot save message %s to the inbox: %s", msg.id, exc)
-        self._ack(msg.id, refused=SAVE_FAILED)
+        self._ack(msg.id, refused=Code.SAVE_FAILED)
         if self.reconnect and self._save_retry is None:
             self._save_retry = asyncio.get_running_loop().call_later(SAVE_RETRY_S, self._reregister)
 

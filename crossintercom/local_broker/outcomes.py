@@ -20,7 +20,7 @@ OFFLINE: Final = "offline"  # no live owner: nothing was pushed
 CONNECTION_LOST: Final = "connection_lost"
 TIMEOUT: Final = "timeout"  # written, but not acknowledged in time
 # The client could not save it (full or read-only inbox): as if never pushed.
-SAVE_FAILED: Final = "save_failed"
+SAVE_FAILED: Final = Code.SAVE_FAILED
 _UNREACHED: Final = frozenset({OFFLINE, CONNECTION_LOST, TIMEOUT, SAVE_FAILED})
 
 
