@@ -18,7 +18,7 @@ from crossintercom.agents.framing import neutralise
 from crossintercom.agents.mail import render_mail
 from crossintercom.agents.session import AgentSession, show_lock, unseen
 from crossintercom.client import MAX_ASK_TIMEOUT_S, load_attachment
-from crossintercom.errors import BrokerUnavailable, CrossintercomError, Disconnected
+from crossintercom.errors import BrokerUnavailable, Code, CrossintercomError, Disconnected
 from crossintercom.inbox import Entry
 from crossintercom.storage.urls import mask_url
 
@@ -58,7 +58,7 @@ def guarded(
         except EscalationError as exc:
             return res.error(exc.code, exc.message + "; nothing was sent")
         except (BrokerUnavailable, Disconnected) as exc:
-            return res.error("broker_unavailable", exc.message + "; nothing was done")
+            return res.error(Code.BROKER_UNAVAILABLE, exc.message + "; nothing was done")
         except CrossintercomError as exc:
             return res.error(exc.code, exc.message)
 

@@ -30,7 +30,7 @@ from watchdog.observers import Observer
 from crossintercom import protocol as p
 from crossintercom.client import AsyncClient, Identity, shown_frame
 from crossintercom.config import Settings
-from crossintercom.errors import CrossintercomError, RemoteError
+from crossintercom.errors import Code, CrossintercomError, RemoteError
 from crossintercom.inbox import Entry, Inbox
 from crossintercom.models import Message, WakePolicy
 from crossintercom.runtime import apply_mode, ensure_runtime_dir, modes, secure_file
@@ -253,7 +253,7 @@ class AgentSession:
                 await fresh.connect()
             except RemoteError as exc:
                 await fresh.close()
-                if exc.code != "session_in_use":
+                if exc.code != Code.SESSION_IN_USE:
                     log.warning("session takeover failed: %s", exc.message)
                 continue
             except CrossintercomError:
