@@ -92,16 +92,29 @@ def demo(as_json: bool) -> None:
     metavar="FILE.html",
     help="Also write the latency distributions and throughputs as a chart (HTML, no script).",
 )
+@click.option(
+    "--own-postgres",
+    is_flag=True,
+    help="Measure PostgreSQL on a throwaway cluster (initdb + pg_ctl, own port) started with "
+    "pg_stat_statements, so statements per message are counted; not with --store.",
+)
 @json_option
 def bench(
-    store_url: str | None, quick: bool, scale: bool, chart: Path | None, as_json: bool
+    store_url: str | None,
+    quick: bool,
+    scale: bool,
+    chart: Path | None,
+    own_postgres: bool,
+    as_json: bool,
 ) -> None:
     """Latency and throughput of every path, beside raw baselines measured in the same run."""
     import json
 
     from crossintercom.tools.bench import render, run_bench, write_chart
 
-    report = run_bench(store_url, quick=quick, scale=scale)
+    if own_postgres and store_url is not None:
+        raise click.UsageError("--own-postgres starts its own store; leave out --store")
+    report = run_bench(store_url, quick=quick, scale=scale, own_postgres=own_postgres)
     if chart is not None:
         write_chart(report, chart)
     if as_json:

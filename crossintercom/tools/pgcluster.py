@@ -60,8 +60,17 @@ class ThrowawayPostgres:
     """``start()`` runs initdb and the server; ``url`` is its ``postgres`` database (trust
     authentication, loopback only); ``restart()`` restarts it; ``stop()`` removes it all."""
 
-    def __init__(self, *, run_as: str | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        run_as: str | None = None,
+        fsync: bool = False,
+        server_settings: dict[str, str] | None = None,
+    ) -> None:
+        """``fsync`` off by default (tests: nothing here must survive a power cut); the bench
+        keeps it on, like the shared server. ``server_settings`` become ``-c name=value``."""
         initdb, pg_ctl = pg_bin("initdb"), pg_bin("pg_ctl")
+        self._settings = {"fsync": "on" if fsync else "off", **(server_settings or {})}
         if not initdb or not pg_ctl:
             raise RuntimeError("initdb and pg_ctl not found (install the PostgreSQL server)")
         self._initdb, self._pg_ctl = initdb, pg_ctl
@@ -111,7 +120,8 @@ class ThrowawayPostgres:
                 timeout=120,
             )
             # The socket dir inside the cluster's own dir: the default one may not be writable.
-            opts = f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off"
+            opts = f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1"
+            opts += "".join(f" -c {name}={value}" for name, value in self._settings.items())
             self._ctl("-o", opts, "-l", str(self.root / "log"), "-w", "start")
         except (OSError, subprocess.SubprocessError):
             self.stop()

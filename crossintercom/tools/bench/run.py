@@ -171,8 +171,23 @@ def run_bench(
     quick: bool = False,
     progress: bool = True,
     scale: bool = False,
+    own_postgres: bool = False,
 ) -> BenchReport:
-    """Every figure; with ``scale`` also one broker with many sessions (``bench.scale``)."""
+    """Every figure; with ``scale`` also one broker with many sessions (``bench.scale``).
+
+    ``own_postgres``: the PostgreSQL store is a throwaway cluster started for this run, with
+    ``pg_stat_statements`` loaded so statements per message are counted by the server, and
+    fsync on like a real server's (docs/performance.md)."""
+    if own_postgres:
+        if store_url is not None:
+            raise ValueError("--own-postgres starts its own store; leave out --store")
+        from crossintercom.tools.pgcluster import ThrowawayPostgres
+
+        settings = {"shared_preload_libraries": "pg_stat_statements"}
+        with ThrowawayPostgres(fsync=True, server_settings=settings) as server:
+            report = run_bench(server.url, quick=quick, progress=progress, scale=scale)
+        report.machine["postgres_throwaway"] = True
+        return report
     counts = Counts.for_run(quick)
     started = time.perf_counter()
     token = secrets.token_hex(2)

@@ -4,10 +4,12 @@ Commits: the delta of ``pg_stat_database.xact_commit`` for the store's database 
 sequential delivered sends, less what the same relays commit while idle over the same time
 (measured just before), less this module's own reads; divided by the messages. Every transaction
 counts, read-only ones included. Statements: the delta of ``sum(calls)`` in
-``pg_stat_statements`` for the database, when the server has it loaded (it needs
-``shared_preload_libraries`` and so a restart, which the bench never does); else reported as not
-available, with why. The server publishes a backend's counts when it goes idle, at most once a
-second, so each read waits that out first. See docs/performance.md.
+``pg_stat_statements`` for the database, transaction control (BEGIN, COMMIT, ROLLBACK) left
+out, when the server has it loaded: it needs ``shared_preload_libraries`` and so a restart,
+which the bench never does to a server it did not start (``bench --own-postgres`` starts one
+with it loaded); else reported as not available, with why. The server publishes a backend's
+commit counts when it goes idle, at most once a second, so each read waits that out first. See
+docs/performance.md.
 """
 
 from __future__ import annotations
@@ -40,7 +42,8 @@ class StoreCounters:
         else:
             self.statements_why = (
                 "pg_stat_statements is not in shared_preload_libraries (loading it needs a "
-                "server restart, which the bench never does)"
+                "server restart, which the bench never does; bench --own-postgres starts a "
+                "throwaway server that has it)"
             )
         self.statements = loaded
 
@@ -59,7 +62,8 @@ class StoreCounters:
             self.reads += 1
             srow = self._conn.execute(
                 "SELECT coalesce(sum(calls), 0) FROM pg_stat_statements s JOIN pg_database d "
-                "ON d.oid = s.dbid WHERE d.datname = current_database()"
+                "ON d.oid = s.dbid WHERE d.datname = current_database() "
+                "AND s.query !~* '^\\s*(begin|commit|rollback|start transaction)\\M'"
             ).fetchone()
             statements = int(srow[0]) if srow else 0
         return commits, statements
