@@ -214,6 +214,21 @@ class Message(_Value, frozen=True, tag_field="type", tag="message"):
         return msgspec.structs.replace(self, flags=merged)
 
 
+# What `list` and the MCP `list_sessions` tool show of each session (one list for both).
+LISTED_SESSION_FIELDS = (
+    "id",
+    "name",
+    "host",
+    "cwd",
+    "model",
+    "status",
+    "purpose",
+    "groups",
+    "online",
+    "wake",
+)
+
+
 class SessionInfo(_Value, frozen=True):
     id: str
     host: str

@@ -15,7 +15,7 @@ from mcp.types import CallToolResult, TextContent
 
 from crossintercom.agents.framing import describe_outcome, neutralise
 from crossintercom.agents.mail import render_mail
-from crossintercom.models import Outcome, SendResult, SessionInfo
+from crossintercom.models import LISTED_SESSION_FIELDS, Outcome, SendResult, SessionInfo
 
 
 def ok(text: str, data: Mapping[str, Any]) -> CallToolResult:
@@ -63,14 +63,12 @@ def sessions(found: Sequence[SessionInfo], note: str) -> CallToolResult:
         state = "online" if s.online else "offline"
         status = f" — {neutralise(s.status)}" if s.status else ""
         groups = ",".join(s.groups)
-        lines.append(
-            f"- {neutralise(s.display_name)}@{neutralise(s.host)} ({state}; groups {groups})"
-            f"{status}"
-        )
+        where = f"{neutralise(s.display_name)}@{neutralise(s.host)}"
+        lines.append(f"- {where} ({state}; wake {s.wake}; groups {groups}){status}")
     if not found:
         lines.append("No sessions match.")
-    fields = ("id", "name", "host", "cwd", "model", "status", "purpose", "groups", "online")
-    return ok("\n".join(lines), {"sessions": [{k: s.to_dict()[k] for k in fields} for s in found]})
+    listed = [{k: s.to_dict()[k] for k in LISTED_SESSION_FIELDS} for s in found]
+    return ok("\n".join(lines), {"sessions": listed})
 
 
 def messages(

@@ -13,10 +13,8 @@ from crossintercom.cli.common import as_options, identity, json_option, one_shot
 from crossintercom.cli.output import emit_json
 from crossintercom.client import Client
 from crossintercom.errors import BrokerUnavailable, Disconnected, UsageError
-from crossintercom.models import valid_name
+from crossintercom.models import LISTED_SESSION_FIELDS, valid_name
 from crossintercom.storage.urls import mask_url
-
-LIST_FIELDS = ("id", "name", "host", "cwd", "model", "status", "purpose", "groups", "online")
 
 
 def _table(title: str, columns: list[str], rows: list[list[str]]) -> None:
@@ -36,19 +34,20 @@ def list_cmd(as_json: bool) -> None:
     with one_shot(cfg, None) as client:
         sessions = client.list_sessions()
     if as_json:
-        emit_json([{k: s.to_dict()[k] for k in LIST_FIELDS} for s in sessions])
+        emit_json([{k: s.to_dict()[k] for k in LISTED_SESSION_FIELDS} for s in sessions])
         return
     if not sessions:
         click.echo("no sessions")
         return
     _table(
         "sessions",
-        ["name", "host", "state", "status", "groups", "id", "cwd"],
+        ["name", "host", "state", "wake", "status", "groups", "id", "cwd"],
         [
             [
                 s.display_name,
                 s.host,
                 "online" if s.online else "offline",
+                s.wake,
                 s.status or "",
                 ",".join(s.groups),
                 s.id,

@@ -87,6 +87,10 @@ def test_wake_policy_survives_a_broker_restart(cli_env: dict[str, str], runtime_
     with client(cli_env, "planner") as p:
         worker = next(s for s in p.list_sessions() if s.name == "worker")
     assert (worker.online, worker.wake) == (False, "never")
+    (listed,) = [s for s in cli_json(cli_env, "list") if s["name"] == "worker"]
+    assert listed["wake"] == "never"
+    table = run_cli(cli_env, "list")
+    assert table.returncode == 0 and "never" in table.stdout
     bad = run_cli(cli_env, "set-wake", "--as", "worker", "sometimes", "--json")
     assert bad.returncode == 2 and json.loads(bad.stdout)["error"]["code"] == "invalid_argument"
 
@@ -123,6 +127,8 @@ async def _mcp_wake(env: dict[str, str], home: Path) -> None:
         bad = await worker.call("set_wake", policy="sometimes")
         assert bad.is_error and bad.structured_content["error"]["code"] == "invalid_argument"
         assert (await worker.data("whoami"))["wake"] == "asks"  # nothing changed
+        listed = (await worker.data("list_sessions"))["sessions"]
+        assert [s["wake"] for s in listed if s["name"] == "worker"] == ["asks"]
 
 
 def test_wake_policy_is_in_the_roster_other_hosts_read(cluster: Cluster) -> None:

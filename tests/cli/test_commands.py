@@ -22,7 +22,7 @@ from tests.conftest import (
     start_cli,
 )
 
-LIST_KEYS = {"id", "name", "host", "cwd", "model", "status", "purpose", "groups", "online"}
+LIST_KEYS = {"id", "name", "host", "cwd", "model", "status", "purpose", "groups", "online", "wake"}
 
 
 def check_message(m: dict[str, Any], *, sender: str, text: str) -> None:
@@ -266,12 +266,13 @@ def test_list_status_groups_shapes(cli_env: dict[str, str]) -> None:
         (s,) = listed
         assert set(s) == LIST_KEYS
         assert s["id"] == durable_session_id(HOST_ID, "worker")
-        assert (s["name"], s["host"], s["purpose"], s["groups"], s["online"]) == (
+        assert (s["name"], s["host"], s["purpose"], s["groups"], s["online"], s["wake"]) == (
             "worker",
             HOST_ID,
             "agent",
             ["default"],
             True,
+            "every",
         )
         status = cli_json(cli_env, "status")
         assert status["host_id"] == HOST_ID
