@@ -236,6 +236,9 @@ def ask(
         result = client.ask(
             target, text, files, timeout=timeout, subject=subject, thread_id=thread_id
         )
+        if result.reply is not None:
+            # Printed below: the replier gets its `shown` receipt (docs/agents.md).
+            client.run(functools.partial(report_shown, bodies=[result.reply.to_dict()]))
     result_exit(result, as_json, with_reply=True)
 
 

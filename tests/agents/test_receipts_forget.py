@@ -4,6 +4,7 @@ was queued for NAME (the senders get `expired` receipts) and other hosts stop li
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,7 @@ from tests.agents.conftest import (
     wait_for,
     waiting,
 )
-from tests.conftest import Listener, settings_for
+from tests.conftest import Listener, background_cli, settings_for
 
 
 def receipt(listener: Listener, outcome: str, timeout: float = 30) -> dict[str, Any]:
@@ -61,6 +62,23 @@ def test_hook_wakes_within_a_second_and_the_sender_sees_delivered_then_shown(
     assert [(r["id"], r["outcome"]) for r in transcript if r["type"] == "receipt"] == [
         (sent["id"], "shown")
     ]
+
+
+def test_the_cli_ask_reports_the_reply_it_prints_as_shown(cluster: Cluster) -> None:
+    (a,) = cluster.up("A")
+    worker = a.listen("worker", "--shown-receipts")
+    with background_cli(
+        a.env, "ask", "--as", "planner", "--to", "worker", "ready?", "--timeout", "60", "--json"
+    ) as asking:
+        ask = worker.messages(1)[0]
+        assert (ask["message"], ask["expects_reply"]) == ("ready?", True)
+        answered = a.cli_json("reply", "--as", "worker", "--reply-to", ask["id"], "yes")
+        out, err = asking.communicate(timeout=60)
+    assert asking.returncode == 0, err
+    assert json.loads(out)["reply"]["id"] == answered["id"]
+    shown = receipt(worker, "shown")
+    assert shown["id"] == answered["id"]
+    assert shown["recipient"] == a.session_id("planner")
 
 
 def test_nothing_shown_means_no_shown_receipt(cluster: Cluster) -> None:
