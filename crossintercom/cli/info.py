@@ -81,6 +81,7 @@ def status(as_json: bool) -> None:
                 "pid": st.pid,
                 "uptime_s": st.uptime_s,
                 "queued": st.queued,
+                "asks_waiting": st.asks_waiting,
                 "dedup": msgspec.to_builtins(st.dedup),
             },
             "relay": msgspec.to_builtins(st.relay),

@@ -144,6 +144,7 @@ class Broker:
                 queued=self.state.queue_size(),
                 dedup=p.DedupStats(records, nbytes),
                 warnings=self.health.warnings({s.id: s.display_name for s in reg.local_sessions()}),
+                asks_waiting=len(self.delivery.ask_waiters),
             )
         )
 

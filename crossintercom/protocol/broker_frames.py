@@ -101,6 +101,8 @@ class StatusReport(msgspec.Struct, tag="status", frozen=True):
     dedup: DedupStats
     # Degraded states (disk full, inbox unwritable), one readable line each; empty when healthy.
     warnings: list[str] = []
+    # Asks whose asker is connected and waiting here for the reply.
+    asks_waiting: int = 0
 
 
 class GroupMember(msgspec.Struct, frozen=True):

@@ -414,7 +414,12 @@ def test_ask_beside_own_listener_gets_reply_after_broker_restart(
             return any(x["name"] == "alice" and x["online"] for x in sessions)
 
         wait_for(both_back, 15, "alice's listener to reconnect")
-        time.sleep(1.5)  # the one-shot ask re-registers within a second of losing its broker
+
+        def ask_back() -> bool:  # the one-shot ask re-registered, naming the ask it waits on
+            with RawConn(home) as conn:
+                return bool(conn.request({"type": "status"})["asks_waiting"] == 1)
+
+        wait_for(ask_back, 15, "the asking process to re-register its ask")
         answer = bob.reply("answer!", reply_to=ask_id)
         assert answer.outcome is Outcome.DELIVERED
         out, err = asker.communicate(timeout=45)
