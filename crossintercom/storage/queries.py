@@ -676,3 +676,17 @@ ROGUE_INSERT_DELIVERY = deliveries.insert()
 DELIVERY_REASONS: Select[str, DeliveryState, str | None] = select(
     deliveries.c.message_id, deliveries.c.state, deliveries.c.reason
 ).where(deliveries.c.message_id.in_(bindparam("message_ids", expanding=True)))
+
+
+# -- whether the store's locks are free (the chaos run's takeover fault) ----------------------
+
+# A relay frozen inside a transaction holds its host's row (and, on SQLite, the whole file)
+# until it runs again: the takeover fault freezes a relay only while it holds none.
+SQLITE_BEGIN_EXCLUSIVE = "BEGIN EXCLUSIVE"
+SQLITE_ROLLBACK = "ROLLBACK"
+# How long a lock may be waited for in this transaction. Params: ms (text).
+PG_SET_LOCK_TIMEOUT: TextClause = text("SELECT set_config('lock_timeout', :ms, true)")
+# Params: host_id.
+LOCK_HOST_ROW: Select[int] = (
+    select(hosts.c.generation).where(hosts.c.host_id == bindparam("host_id")).with_for_update()
+)
