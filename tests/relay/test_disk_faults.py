@@ -130,6 +130,38 @@ def test_disk_full_then_freed_mail_resumes_exactly_once(
     assert all(printed[m] == 1 for m in acked), "a message was printed twice"
 
 
+def test_broker_killed_on_a_full_disk_is_started_again_once_freed(
+    cluster: Cluster, tmpfs: Callable[[Path, str], None]
+) -> None:
+    """Starting the broker again fails while the disk is full (its log, its spawn lock): the
+    relay and the listener keep trying, rather than giving up their reconnecting for good,
+    and the mail the store kept arrives once the disk is freed."""
+    a, b = _recipient_on_tmpfs(cluster, tmpfs)
+    worker: Listener = b.listen("worker")
+    a.wait_sees("worker", "B")
+    remote = a.client("boss")
+    assert remote.send("worker@B", "before").outcome.value == "delivered"
+
+    filler = fill(b.home)
+    assert b.kill_broker()
+    wait_for(
+        lambda: "could not start the broker" in b.relay_log(),
+        15,
+        "the relay to fail starting the broker on the full disk",
+    )
+    during = stream(remote, "worker@B", 10, "while full, no broker", concurrency=2)
+    assert set(during.values()) & set(ACKED), during
+    filler.unlink()
+    freed = time.monotonic()
+
+    acked = {m for m, o in during.items() if o in ACKED}
+    held = settle(b, "worker", acked, worker, timeout=RECOVERY_S)
+    resumed = round(time.monotonic() - freed - 1.0, 1)
+    lost, dups = report("broker killed on a full disk", during, acked, held, resumed_s=resumed)
+    assert (lost, dups) == (0, 0)
+    assert worker.alive(), f"the listener died: {worker.stderr}"
+
+
 def test_immutable_inbox_then_writable_mail_resumes_exactly_once(cluster: Cluster) -> None:
     a = cluster.host("A", remote_ack_wait_s=1)
     b = cluster.host("B")
