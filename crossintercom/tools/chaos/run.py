@@ -149,7 +149,7 @@ def _proxied(store: Store, proxy: TcpProxy) -> str:
     return url.render_as_string(hide_password=False)
 
 
-def _kinds(
+def select_kinds(
     store: Store, root: Path, faults: list[str] | None, own_server: bool
 ) -> tuple[list[str], dict[str, str], list[str]]:
     """The kinds to inject, those this machine cannot (kind -> why), and those of them asked
@@ -189,7 +189,7 @@ def run_chaos(
         store = prepare_store(store_url, root)
         if server is not None:
             store = Store(store.url, store.parsed, "throwaway PostgreSQL cluster")
-        kinds, unavailable, not_run = _kinds(store, root, faults, server is not None)
+        kinds, unavailable, not_run = select_kinds(store, root, faults, server is not None)
         proxy: TcpProxy | None = None
         relay_url = store.url
         if store.kind == "postgres" and {"pg_blackhole", "pg_cut"} & set(kinds):
