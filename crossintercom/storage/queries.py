@@ -690,3 +690,27 @@ PG_SET_LOCK_TIMEOUT: TextClause = text("SELECT set_config('lock_timeout', :ms, t
 LOCK_HOST_ROW: Select[int] = (
     select(hosts.c.generation).where(hosts.c.host_id == bindparam("host_id")).with_for_update()
 )
+
+
+# -- sessions stuck in a transaction (PostgreSQL; `status` warns of them) -----------------------
+
+# Other sessions of this database idle in a transaction for over :idle_s seconds, with the
+# store's tables they hold locks on. Seeing other roles' sessions in pg_stat_activity takes
+# pg_read_all_stats (docs/operations.md). Params: idle_s (float), tables (a list).
+PG_STUCK_TRANSACTIONS: TextClause = text(
+    """
+    SELECT a.pid, a.usename, a.application_name, host(a.client_addr),
+           EXTRACT(EPOCH FROM now() - a.state_change)::float8,
+           array_agg(DISTINCT c.relname::text ORDER BY c.relname::text)
+    FROM pg_stat_activity a
+    JOIN pg_locks l ON l.pid = a.pid AND l.granted
+    JOIN pg_class c ON c.oid = l.relation
+    WHERE a.datname = current_database()
+      AND a.pid <> pg_backend_pid()
+      AND a.state IN ('idle in transaction', 'idle in transaction (aborted)')
+      AND a.state_change < now() - make_interval(secs => :idle_s)
+      AND c.relname = ANY(:tables)
+    GROUP BY a.pid, a.usename, a.application_name, a.client_addr, a.state_change
+    ORDER BY a.state_change
+    """
+)
