@@ -9,7 +9,6 @@ seconds; ``status`` names the fault while it lasts.
 
 from __future__ import annotations
 
-import errno
 import os
 import shutil
 import signal
@@ -20,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+# Never a real disk: it refuses anything but a small tmpfs (this test mounts one).
+from crossintercom.tools.chaos.disk import fill
 from tests.relay.conftest import Cluster, Host, Listener, wait_for
 from tests.relay.test_relay_faults import ACKED, report, settle, stream
 
@@ -46,26 +47,6 @@ def tmpfs() -> Iterator[Callable[[Path, str], None]]:
     yield mount
     for path in reversed(mounted):
         subprocess.run(["umount", "-l", str(path)], check=False)
-
-
-def fill(directory: Path) -> Path:
-    """Write a file until the (small, test-mounted) filesystem is full; returns it."""
-    # Never fill a real disk: only a tmpfs this test mounted, and a small one.
-    assert os.path.ismount(directory)
-    st = os.statvfs(directory)
-    assert st.f_blocks * st.f_frsize <= 64 * 1024 * 1024, "not the test's small tmpfs"
-    filler = directory / "filler"
-    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
-    try:
-        for chunk in (65536, 4096, 512, 1):
-            try:
-                while True:
-                    os.write(fd, b"\0" * chunk)
-            except OSError as exc:
-                assert exc.errno == errno.ENOSPC
-    finally:
-        os.close(fd)
-    return filler
 
 
 def warnings(host: Host) -> list[str]:
