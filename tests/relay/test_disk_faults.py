@@ -13,11 +13,15 @@ import os
 import shutil
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+
+from crossintercom.testhooks import FAULTS_ENV
 
 # Never a real disk: it refuses anything but a small tmpfs (this test mounts one).
 from crossintercom.tools.chaos.disk import fill
@@ -141,6 +145,40 @@ def test_broker_killed_on_a_full_disk_is_started_again_once_freed(
     lost, dups = report("broker killed on a full disk", during, acked, held, resumed_s=resumed)
     assert (lost, dups) == (0, 0)
     assert worker.alive(), f"the listener died: {worker.stderr}"
+
+
+def test_outcome_stands_when_the_disk_fills_before_it_is_recorded(
+    cluster: Cluster, tmpfs: Callable[[Path, str], None]
+) -> None:
+    """The message was delivered, then the disk filled before the broker recorded the outcome
+    for deduplication: the sender is told ``delivered``, not ``unknown: internal``."""
+    b = cluster.host("B", relay=False)
+    tmpfs(b.home, "8m")
+    # the broker stops itself between delivering and recording, so the disk fills right there
+    b.env[FAULTS_ENV] = "stop:broker_before_settle"
+    b.start_relay()
+    worker = b.listen("worker")
+    mate = b.client("mate")
+    answers: list[Any] = []
+    sending = threading.Thread(target=lambda: answers.append(mate.send("worker", "then full")))
+    sending.start()
+    pid = b.broker_pid()
+    assert pid is not None
+    wait_for(lambda: _stopped(pid), 30, "the broker to stop before recording the outcome")
+    filler = fill(b.home)
+    os.kill(pid, signal.SIGCONT)
+    sending.join(30)
+    [answer] = answers
+    assert (answer.outcome.value, answer.code) == ("delivered", None), answer
+    filler.unlink()
+    assert b.inbox("worker")[answer.id] == 1
+    assert worker.alive()
+
+
+def _stopped(pid: int) -> bool:
+    """The process is in the stopped state (SIGSTOP)."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat.rsplit(")", 1)[1].split()[0] == "T"
 
 
 def test_immutable_inbox_then_writable_mail_resumes_exactly_once(cluster: Cluster) -> None:
