@@ -213,6 +213,14 @@ def render(report: ChaosReport) -> None:
         for kind, c in report.by_fault.items():
             per.add_row(kind, *(str(c[n]) for n in PER_FAULT))
         console.print(per)
+    takeovers = [e for e in report.fault_log if e["fault"] == "relay_takeover"]
+    if takeovers:
+        took = ", ".join(f"{e['took_over_s']:g} s" for e in takeovers)
+        console.print(
+            f"  takeovers: {len(takeovers)} (the new machine held the host id after {took}); "
+            f"{len(takeovers) - report.unfenced} woken relays exited fenced having handed "
+            "nothing over"
+        )
     if report.quarantine_reasons:
         console.print(f"  quarantine reasons: {report.quarantine_reasons}")
     if report.codes:
