@@ -83,7 +83,7 @@ class ChaosState:
     def now(self) -> float:
         return round(time.monotonic() - self.t0, 3)
 
-    def later(self, delay: float, host: int, fn: Any) -> None:
+    def later(self, delay: float, host: int, fn: Callable[[], object]) -> None:
         """Run the blocking ``fn`` ``delay`` seconds from now; ``host`` is pending until then."""
         self.pending[host] += 1
 
