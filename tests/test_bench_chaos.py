@@ -172,7 +172,7 @@ def test_bench_quick_json(store_args: list[str], short_tmp: Path, tmp_path: Path
 
 
 # Long enough for a round of every kind (a takeover alone takes a few seconds).
-EVERY_KIND_S = {"sqlite": "20", "postgres": "25"}
+EVERY_KIND_S = {"sqlite": "25", "postgres": "30"}
 
 
 def test_chaos_covers_every_kind(store_args: list[str], short_tmp: Path, tmp_path: Path) -> None:
