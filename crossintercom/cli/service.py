@@ -142,8 +142,10 @@ def bench(
     "--faults",
     metavar="KIND,...",
     help="Inject only these fault kinds (relay_kill, relay_pause, broker_kill, listener_kill, "
-    "pg_terminate, pg_blackhole, pg_cut, pg_restart, hostile_rows); default: every kind the "
-    "store allows.",
+    "pg_terminate, pg_blackhole, pg_cut, pg_restart, hostile_rows, relay_takeover, "
+    "inbox_readonly, disk_full); default: every kind the store allows and this machine can "
+    "inject (inbox_readonly and disk_full need root). A kind asked for that cannot run here "
+    "is reported with the reason and fails the run.",
 )
 @click.option(
     "--own-postgres",

@@ -39,7 +39,7 @@ from crossintercom.models import (
     SendResult,
     now_iso,
 )
-from crossintercom.testhooks import crash_at
+from crossintercom.testhooks import crash_at, stop_at
 
 log = logging.getLogger(__name__)
 
@@ -167,6 +167,7 @@ class Operations:
         result = outcomes.combine(msg.id, receipts, group=group)
         if result.outcome is Outcome.REFUSED and not group:
             self.delivery.ask_waiters.pop(msg.id, None)
+        stop_at("broker_before_settle")
         self._settle(result, remote)
         crash_at("after_accept")
         return result
@@ -180,10 +181,20 @@ class Operations:
 
     def _settle(self, result: SendResult, remote: bool) -> None:
         action = outcomes.settle(result.outcome, remote=remote)
-        if action == "abandon":
-            self.authority.abandon(result.id)
-        elif action == "accept":
-            self.authority.accept(result.id, outcomes.to_retain(result))
+        try:
+            if action == "abandon":
+                self.authority.abandon(result.id)
+            elif action == "accept":
+                self.authority.accept(result.id, outcomes.to_retain(result))
+        except AuthorityUnavailable as exc:
+            # The outcome stands: the message went where ``result`` says (a full disk struck
+            # after it did). Only its dedup record was not written: a resend of this id finds
+            # the reservation pending, so it is forwarded again (the store answers by id) or,
+            # local, told ``uncertain``; never delivered twice.
+            log.error(
+                "cannot record the outcome of the message",
+                extra={"id": result.id, "error": exc.message},
+            )
 
     async def _deliver_all(self, msg: Message, targets: list[Target]) -> list[Receipt]:
         local = [t for t in targets if t.local]

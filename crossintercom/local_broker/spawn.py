@@ -54,8 +54,13 @@ def _try_lock(path: Path, file_mode: int) -> bool:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, file_mode)
     except FileExistsError:
         return False
-    with os.fdopen(fd, "w") as f:
-        f.write(f"{os.getpid()} {time.time():.3f}\n")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(f"{os.getpid()} {time.time():.3f}\n")
+    except OSError:
+        with contextlib.suppress(OSError):
+            path.unlink()
+        raise
     return True
 
 
@@ -75,6 +80,17 @@ def ensure_broker(settings: Settings, timeout: float = 15.0) -> None:
     sock = settings.socket_path
     if can_connect(sock):
         return
+    try:
+        _ensure_broker(settings, sock, timeout)
+    except OSError as exc:
+        # A full disk or an unwritable runtime dir passes: a refusal the caller retries, not a
+        # crash that would end a relay's or a listener's reconnecting for good.
+        raise BrokerUnavailable(
+            f"could not start the broker: writing in {settings.home} failed: {exc}"
+        ) from exc
+
+
+def _ensure_broker(settings: Settings, sock: Path, timeout: float) -> None:
     ensure_runtime_dir(settings)
     lock = settings.file("broker.spawn.lock")
     deadline = time.monotonic() + timeout

@@ -29,6 +29,7 @@ from crossintercom.relay.core import RelayCore
 from crossintercom.relay.inbound import POLL_BACKSTOP_S, Inbound
 from crossintercom.relay.late import LateReceipts
 from crossintercom.relay.outbound import Outbound
+from crossintercom.relay.stuck import StuckWatch
 from crossintercom.runtime import LockHeld, ensure_runtime_dir, hold_pid_lock, machine_identity
 from crossintercom.storage import (
     ArchiveStore,
@@ -94,6 +95,7 @@ class Relay(RelayCore):
         self.outbound = Outbound(self)
         self.inbound = Inbound(self, self.outbound)
         self.late_receipts = LateReceipts(self)
+        self.stuck = StuckWatch(self)
         self._published: list[SessionInfo] | None = None
         self._publish_lock = asyncio.Lock()
         self.failure: BaseException | None = None
@@ -287,8 +289,14 @@ class Relay(RelayCore):
                 f"WARNING the store has not answered for over {STALL_REPORT_S:.0f} s (another "
                 "process holding the SQLite file's write lock, or a database outage)"
             )
-            log.warning("%s", why)
-            self.report_store(why)
+            named = None
+            with contextlib.suppress(TimeoutError):
+                # Whose transaction it waits behind, where the store can say (PostgreSQL);
+                # the check logs a session it names itself.
+                named = await asyncio.wait_for(self.stuck.check(1.0, now=True), STALL_REPORT_S)
+            if named is None:
+                log.warning("%s", why)
+            self.report_store(named or why)
         return await beat
 
     async def _heartbeat_loop(self) -> None:
@@ -298,7 +306,7 @@ class Relay(RelayCore):
                 if not ok:
                     self.fenced()
                     return
-                self.report_store(None)
+                self.report_store(await self.stuck.check())
                 if self._published is None or self.local_sessions != self._published:
                     await self._publish_roster()
                 await self._import_roster()

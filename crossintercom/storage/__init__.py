@@ -37,6 +37,7 @@ from crossintercom.storage.interface import (
     ReceiptOutcome,
     ReceiptRow,
     StoreSettings,
+    StuckTransaction,
     ThreadSummary,
     Waiter,
 )
@@ -99,6 +100,7 @@ __all__ = [
     "ReceiptOutcome",
     "ReceiptRow",
     "StoreSettings",
+    "StuckTransaction",
     "ThreadSummary",
     "Waiter",
     "mask_url",

@@ -38,6 +38,19 @@ class HostRow:
 
 
 @dataclass(frozen=True, slots=True)
+class StuckTransaction:
+    """Another database session left idle inside a transaction, holding locks on the store's
+    tables (a frozen process, a client that forgot to commit): writers wait behind it."""
+
+    pid: int
+    user: str | None
+    application: str | None
+    client: str | None
+    idle_s: float
+    tables: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class OutboundItem:
     """One (message, recipient) pair to enqueue; a group message is several items, one id."""
 
@@ -234,6 +247,11 @@ class MailboxStore(Protocol):
         ...
 
     def settings(self) -> StoreSettings: ...
+
+    def stuck_transactions(self, idle_s: float) -> list[StuckTransaction]:
+        """Other sessions idle in a transaction for over ``idle_s`` holding locks on the store's
+        tables. PostgreSQL only: on SQLite a stuck lock shows as writers timing out."""
+        ...
 
     def waiter(self, host_id: str) -> Waiter: ...
 

@@ -11,7 +11,9 @@ from sqlalchemy import Connection
 
 from crossintercom.storage import engine as db
 from crossintercom.storage import queries as q
+from crossintercom.storage.interface import StuckTransaction
 from crossintercom.storage.sqlstore import SqlMailboxStore
+from crossintercom.storage.tables import metadata
 from crossintercom.storage.urls import StoreURL
 from crossintercom.storage.wakeup import PostgresWaiter, channel_name
 
@@ -31,6 +33,16 @@ class PostgresStore(SqlMailboxStore):
 
     def notify_hosts(self, host_ids: Collection[str]) -> None:
         self._run(lambda c: self._notify_in_txn(c, host_ids))
+
+    def stuck_transactions(self, idle_s: float) -> list[StuckTransaction]:
+        params = {"idle_s": idle_s, "tables": sorted(metadata.tables)}
+        rows = self._run(
+            lambda c: c.execute(q.PG_STUCK_TRANSACTIONS, params).all(), single_statement=True
+        )
+        return [
+            StuckTransaction(int(pid), user, app or None, client, float(idle), tuple(tables))
+            for pid, user, app, client, idle, tables in rows
+        ]
 
     def waiter(self, host_id: str) -> PostgresWaiter:
         return PostgresWaiter(

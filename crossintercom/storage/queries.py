@@ -676,3 +676,41 @@ ROGUE_INSERT_DELIVERY = deliveries.insert()
 DELIVERY_REASONS: Select[str, DeliveryState, str | None] = select(
     deliveries.c.message_id, deliveries.c.state, deliveries.c.reason
 ).where(deliveries.c.message_id.in_(bindparam("message_ids", expanding=True)))
+
+
+# -- whether the store's locks are free (the chaos run's takeover fault) ----------------------
+
+# A relay frozen inside a transaction holds its host's row (and, on SQLite, the whole file)
+# until it runs again: the takeover fault freezes a relay only while it holds none.
+SQLITE_BEGIN_EXCLUSIVE = "BEGIN EXCLUSIVE"
+SQLITE_ROLLBACK = "ROLLBACK"
+# How long a lock may be waited for in this transaction. Params: ms (text).
+PG_SET_LOCK_TIMEOUT: TextClause = text("SELECT set_config('lock_timeout', :ms, true)")
+# Params: host_id.
+LOCK_HOST_ROW: Select[int] = (
+    select(hosts.c.generation).where(hosts.c.host_id == bindparam("host_id")).with_for_update()
+)
+
+
+# -- sessions stuck in a transaction (PostgreSQL; `status` warns of them) -----------------------
+
+# Other sessions of this database idle in a transaction for over :idle_s seconds, with the
+# store's tables they hold locks on. Seeing other roles' sessions in pg_stat_activity takes
+# pg_read_all_stats (docs/operations.md). Params: idle_s (float), tables (a list).
+PG_STUCK_TRANSACTIONS: TextClause = text(
+    """
+    SELECT a.pid, a.usename, a.application_name, host(a.client_addr),
+           EXTRACT(EPOCH FROM now() - a.state_change)::float8,
+           array_agg(DISTINCT c.relname::text ORDER BY c.relname::text)
+    FROM pg_stat_activity a
+    JOIN pg_locks l ON l.pid = a.pid AND l.granted
+    JOIN pg_class c ON c.oid = l.relation
+    WHERE a.datname = current_database()
+      AND a.pid <> pg_backend_pid()
+      AND a.state IN ('idle in transaction', 'idle in transaction (aborted)')
+      AND a.state_change < now() - make_interval(secs => :idle_s)
+      AND c.relname = ANY(:tables)
+    GROUP BY a.pid, a.usename, a.application_name, a.client_addr, a.state_change
+    ORDER BY a.state_change
+    """
+)

@@ -1,11 +1,14 @@
 """Rows a rogue with database access writes straight into the shared store, for `crossintercom
 chaos`: the receiving relay must refuse each once, with a reason, without blocking the rows
-behind it."""
+behind it. And, for its takeover fault, whether a frozen relay holds the store's locks."""
 
 from __future__ import annotations
 
+import sqlite3
 from datetime import UTC, datetime, timedelta
 from typing import Any
+
+from sqlalchemy.exc import DBAPIError
 
 from crossintercom.models import new_id
 from crossintercom.storage import queries as q
@@ -112,3 +115,31 @@ def hostile_payload(kind: str, mid: str, *, rogue_host: str, claimed_host: str) 
         return rogue_message(new_id(), rogue_host, mid=mid, message=12345)
     assert kind == "forged_host", kind
     return rogue_message(new_id(), claimed_host, mid=mid)
+
+
+def host_row_free(url: str, host_id: str, wait_s: float) -> bool:
+    """True when a writer gets ``host_id``'s row within ``wait_s`` (on SQLite: the whole file,
+    readers included, as the rollback journal's writers need it)."""
+    parsed = parse_store_url(url)
+    if parsed.kind == "sqlite":
+        assert parsed.path is not None
+        raw = sqlite3.connect(parsed.path, timeout=wait_s, isolation_level=None)
+        try:
+            raw.execute(q.SQLITE_BEGIN_EXCLUSIVE)
+            raw.execute(q.SQLITE_ROLLBACK)
+            return True
+        except sqlite3.OperationalError:
+            return False
+        finally:
+            raw.close()
+    engine = store_engine(parsed, pool_size=1)
+    try:
+        with engine.connect() as conn, conn.begin() as txn:
+            conn.execute(q.PG_SET_LOCK_TIMEOUT, {"ms": str(int(wait_s * 1000))})
+            conn.execute(q.LOCK_HOST_ROW, {"host_id": host_id}).all()
+            txn.rollback()
+        return True
+    except DBAPIError:
+        return False
+    finally:
+        engine.dispose()

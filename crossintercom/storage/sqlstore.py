@@ -28,6 +28,7 @@ from crossintercom.storage.interface import (
     OutboundItem,
     ReceiptRow,
     StoreSettings,
+    StuckTransaction,
 )
 from crossintercom.storage.urls import StoreURL
 
@@ -293,6 +294,9 @@ class SqlMailboxStore(SqlHostStore):
 
     def settings(self) -> StoreSettings:
         return self._run(self._read_settings, single_statement=True)
+
+    def stuck_transactions(self, idle_s: float) -> list[StuckTransaction]:
+        return []  # SQLite: a held file lock shows as its writers' busy timeouts instead
 
     def update_settings(
         self, *, max_message_bytes: int | None = None, retention_s: int | None = None

@@ -271,7 +271,9 @@ class SimHost:
 
     def listen(self, name: str, *extra: str) -> ListenerProcess:
         """`crossintercom listen --as NAME` here (stopped at ``stop``); stderr to a log file."""
-        listener = ListenerProcess(self.env, name, *extra, log=self.home / f"listen-{name}.log")
+        listener = ListenerProcess(
+            self.env, name, *extra, log=self.home.parent / f"{self.home.name}-listen-{name}.log"
+        )
         self.listeners.append(listener)
         return listener
 

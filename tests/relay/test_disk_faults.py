@@ -9,17 +9,22 @@ seconds; ``status`` names the fault while it lasts.
 
 from __future__ import annotations
 
-import errno
 import os
 import shutil
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from crossintercom.testhooks import FAULTS_ENV
+
+# Never a real disk: it refuses anything but a small tmpfs (this test mounts one).
+from crossintercom.tools.chaos.disk import fill
 from tests.relay.conftest import Cluster, Host, Listener, wait_for
 from tests.relay.test_relay_faults import ACKED, report, settle, stream
 
@@ -46,26 +51,6 @@ def tmpfs() -> Iterator[Callable[[Path, str], None]]:
     yield mount
     for path in reversed(mounted):
         subprocess.run(["umount", "-l", str(path)], check=False)
-
-
-def fill(directory: Path) -> Path:
-    """Write a file until the (small, test-mounted) filesystem is full; returns it."""
-    # Never fill a real disk: only a tmpfs this test mounted, and a small one.
-    assert os.path.ismount(directory)
-    st = os.statvfs(directory)
-    assert st.f_blocks * st.f_frsize <= 64 * 1024 * 1024, "not the test's small tmpfs"
-    filler = directory / "filler"
-    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
-    try:
-        for chunk in (65536, 4096, 512, 1):
-            try:
-                while True:
-                    os.write(fd, b"\0" * chunk)
-            except OSError as exc:
-                assert exc.errno == errno.ENOSPC
-    finally:
-        os.close(fd)
-    return filler
 
 
 def warnings(host: Host) -> list[str]:
@@ -128,6 +113,72 @@ def test_disk_full_then_freed_mail_resumes_exactly_once(
     assert (lost, dups) == (0, 0)
     printed = worker.message_ids()
     assert all(printed[m] == 1 for m in acked), "a message was printed twice"
+
+
+def test_broker_killed_on_a_full_disk_is_started_again_once_freed(
+    cluster: Cluster, tmpfs: Callable[[Path, str], None]
+) -> None:
+    """Starting the broker again fails while the disk is full (its log, its spawn lock): the
+    relay and the listener keep trying, rather than giving up their reconnecting for good,
+    and the mail the store kept arrives once the disk is freed."""
+    a, b = _recipient_on_tmpfs(cluster, tmpfs)
+    worker: Listener = b.listen("worker")
+    a.wait_sees("worker", "B")
+    remote = a.client("boss")
+    assert remote.send("worker@B", "before").outcome.value == "delivered"
+
+    filler = fill(b.home)
+    assert b.kill_broker()
+    wait_for(
+        lambda: "could not start the broker" in b.relay_log(),
+        15,
+        "the relay to fail starting the broker on the full disk",
+    )
+    during = stream(remote, "worker@B", 10, "while full, no broker", concurrency=2)
+    assert set(during.values()) & set(ACKED), during
+    filler.unlink()
+    freed = time.monotonic()
+
+    acked = {m for m, o in during.items() if o in ACKED}
+    held = settle(b, "worker", acked, worker, timeout=RECOVERY_S)
+    resumed = round(time.monotonic() - freed - 1.0, 1)
+    lost, dups = report("broker killed on a full disk", during, acked, held, resumed_s=resumed)
+    assert (lost, dups) == (0, 0)
+    assert worker.alive(), f"the listener died: {worker.stderr}"
+
+
+def test_outcome_stands_when_the_disk_fills_before_it_is_recorded(
+    cluster: Cluster, tmpfs: Callable[[Path, str], None]
+) -> None:
+    """The message was delivered, then the disk filled before the broker recorded the outcome
+    for deduplication: the sender is told ``delivered``, not ``unknown: internal``."""
+    b = cluster.host("B", relay=False)
+    tmpfs(b.home, "8m")
+    # the broker stops itself between delivering and recording, so the disk fills right there
+    b.env[FAULTS_ENV] = "stop:broker_before_settle"
+    b.start_relay()
+    worker = b.listen("worker")
+    mate = b.client("mate")
+    answers: list[Any] = []
+    sending = threading.Thread(target=lambda: answers.append(mate.send("worker", "then full")))
+    sending.start()
+    pid = b.broker_pid()
+    assert pid is not None
+    wait_for(lambda: _stopped(pid), 30, "the broker to stop before recording the outcome")
+    filler = fill(b.home)
+    os.kill(pid, signal.SIGCONT)
+    sending.join(30)
+    [answer] = answers
+    assert (answer.outcome.value, answer.code) == ("delivered", None), answer
+    filler.unlink()
+    assert b.inbox("worker")[answer.id] == 1
+    assert worker.alive()
+
+
+def _stopped(pid: int) -> bool:
+    """The process is in the stopped state (SIGSTOP)."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat.rsplit(")", 1)[1].split()[0] == "T"
 
 
 def test_immutable_inbox_then_writable_mail_resumes_exactly_once(cluster: Cluster) -> None:
