@@ -23,6 +23,7 @@ from crossintercom.storage.interface import (
     ArchiveRecipient,
     ArchiveSettings,
     ArchiveStore,
+    Beat,
     DeliveryState,
     EnqueueResult,
     FlowEdge,
@@ -39,6 +40,7 @@ from crossintercom.storage.interface import (
     StoreSettings,
     ThreadSummary,
     Waiter,
+    Wake,
 )
 from crossintercom.storage.liveness import LeaseTracker
 from crossintercom.storage.urls import mask_url, parse_store_url
@@ -84,6 +86,7 @@ __all__ = [
     "ArchiveSettings",
     "ArchiveStore",
     "ArchivedMessage",
+    "Beat",
     "DeliveryState",
     "EnqueueResult",
     "FlowEdge",
@@ -101,6 +104,7 @@ __all__ = [
     "StoreSettings",
     "ThreadSummary",
     "Waiter",
+    "Wake",
     "mask_url",
     "open_archive",
     "open_store",
