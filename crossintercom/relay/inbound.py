@@ -67,7 +67,7 @@ class Inbound:
         hint, a row left queued by a failed hand-over, a writer that sent none)."""
         now = time.monotonic()
         deliveries = beat.deliveries_waiting and now - self._fetched_at >= POLL_BACKSTOP_S
-        receipts = beat.receipts_waiting and now - self.receipts.read_at >= POLL_BACKSTOP_S
+        receipts = beat.receipts_waiting and now - self.receipts.seen_at >= POLL_BACKSTOP_S
         if deliveries or receipts:
             self.poke(Wake(deliveries=deliveries, receipts=receipts))
 

@@ -26,11 +26,14 @@ class Receipts:
         # Ids passed on but not deleted yet, in order: a read that finds them again skips them.
         self._handled: dict[int, None] = {}
         self._consuming = asyncio.Lock()
-        self.read_at = -float("inf")
+        # When receipts last came (hinted or read): while they flow, hints are arriving and
+        # the poll backstop has nothing to add.
+        self.seen_at = -float("inf")
 
     def take(self, rows: Sequence[ReceiptRow]) -> None:
         """Pass on the receipts not passed on before (a hint and a read may both name one)."""
         relay, out = self.relay, self.outbound
+        self.seen_at = time.monotonic()
         late: list[p.SenderReceipt] = []
         for row in rows:
             if row.id in self._handled:
@@ -63,7 +66,6 @@ class Receipts:
         relay = self.relay
         # Rows already handled would only be read again: delete them first.
         await self.consume()
-        self.read_at = time.monotonic()
         rows = await relay.store_call(
             relay.store.receipts, relay.host, relay.generation, limit=READ_BATCH
         )

@@ -62,17 +62,21 @@ async def _count(alpha: SimHost, beta: SimHost, conninfo: str, n: int) -> dict[s
     return out
 
 
-def _top_statements(conninfo: str) -> list[tuple[int, str]]:
-    """The statements run during the idle window and the sends, most frequent first."""
+def _top_statements(conninfo: str) -> list[tuple[int, float, str]]:
+    """The statements run during the idle window and the sends, most frequent first: calls,
+    mean server time (ms), text."""
     with psycopg.connect(conninfo, autocommit=True) as conn:
         rows = conn.execute(
-            "SELECT calls, left(regexp_replace(query, '\\s+', ' ', 'g'), 160) "
+            "SELECT calls, round(mean_exec_time::numeric, 3), "
+            "left(regexp_replace(query, '\\s+', ' ', 'g'), 160) "
             "FROM pg_stat_statements ORDER BY calls DESC LIMIT 25"
         ).fetchall()
-    return [(int(c), str(q)) for c, q in rows]
+    return [(int(c), float(t), str(q)) for c, t, q in rows]
 
 
-async def _idle(conninfo: str, seconds: float = IDLE_S) -> tuple[float, list[tuple[int, str]]]:
+async def _idle(
+    conninfo: str, seconds: float = IDLE_S
+) -> tuple[float, list[tuple[int, float, str]]]:
     """Commits per second of the whole database over ``seconds`` with nothing sent, and the
     statements run meanwhile."""
     query = "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"
