@@ -64,10 +64,16 @@ class Receipts:
     async def read(self) -> None:
         """The store's receipts for this host (a kind-only hint, a catch-up, the backstop)."""
         relay = self.relay
-        # Rows already handled would only be read again: delete them first.
-        await self.consume()
+        if len(self._handled) >= CONSUME_BATCH:
+            # Rows handled but not deleted would fill the read: delete them first. Short of
+            # that the read skips them, and the heartbeat deletes them off the path (a delete
+            # here would put a write, on SQLite an fsync, before every read).
+            await self.consume()
         rows = await relay.store_call(
-            relay.store.receipts, relay.host, relay.generation, limit=READ_BATCH
+            relay.store.receipts,
+            relay.host,
+            relay.generation,
+            limit=READ_BATCH + len(self._handled),  # the handled ones are skipped
         )
         self.take(rows)
 

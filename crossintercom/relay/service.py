@@ -325,7 +325,8 @@ class Relay(RelayCore):
                     await self._publish_roster()
                 await self._import_roster(beat.hosts)
                 self.inbound.backstop(beat)
-                if self.archiver is not None and self.archiver.settle(beat.archive_enabled):
+                on = beat.archive_enabled
+                if self.archiver is not None and on is not None and self.archiver.settle(on):
                     self._archive_changed(self.archiver.enabled)
             except StoreError as exc:
                 log.warning("store unreachable; retrying: %s", exc.message)

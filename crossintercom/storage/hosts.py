@@ -35,6 +35,8 @@ class SqlHostStore:
         self.engine = engine
         # Every operation below is one call of this: one transaction, bounded reconnect.
         self._run = TransactionRunner(parsed, engine, deadline_s=deadline_s)
+        # Whether the heartbeat may carry the archive setting (see beat): asked once.
+        self._archive_readable: bool | None = None
 
     def close(self) -> None:
         self.engine.dispose()
@@ -104,7 +106,9 @@ class SqlHostStore:
 
     def beat(self, host_id: str, generation: int, session_ids: Sequence[str]) -> Beat | None:
         params = {"host": host_id, "gen": generation, **q.sessions_param(list(session_ids))}
-        stmt = q.beat(self.dialect)
+        if self._archive_readable is None:
+            self._archive_readable = self._run(self._can_read_archive, retry=False)
+        stmt = q.beat(self.dialect, archive=self._archive_readable)
 
         def one(conn: Connection) -> Beat | None:
             if self.dialect != "postgresql" and conn.execute(q.HEARTBEAT, params).rowcount != 1:
@@ -113,11 +117,18 @@ class SqlHostStore:
             if not rows or not rows[0][7]:
                 return None
             hosts = tuple(HostRow(*row[:4]) for row in rows)
-            return Beat(hosts, bool(rows[0][4]), bool(rows[0][5]), bool(rows[0][6]))
+            # No row: off. Not readable (a per-host role): not known, so None.
+            archive = bool(rows[0][6]) if self._archive_readable else None
+            return Beat(hosts, bool(rows[0][4]), bool(rows[0][5]), archive)
 
         # PostgreSQL: one statement, the bump inside it (harmless to repeat after a lost
         # connection); SQLite: bump and read in one transaction.
         return self._run(one, single_statement=self.dialect == "postgresql")
+
+    def _can_read_archive(self, conn: Connection) -> bool:
+        if self.dialect != "postgresql":
+            return True
+        return bool(conn.execute(q.PG_ARCHIVE_READABLE).scalar())
 
     def hosts(self) -> list[HostRow]:
         return self._run(

@@ -164,8 +164,9 @@ class Beat:
     hosts: tuple[HostRow, ...]
     deliveries_waiting: bool
     receipts_waiting: bool
-    # The store-wide archive setting (docs/archive.md), so the archiver need not poll it.
-    archive_enabled: bool = False
+    # The store-wide archive setting (docs/archive.md), so the archiver need not poll it;
+    # None where the role may not read it (a per-host role).
+    archive_enabled: bool | None = None
 
 
 class Waiter(Protocol):

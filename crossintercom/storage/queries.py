@@ -164,7 +164,7 @@ def sessions_param(session_ids: list[str]) -> dict[str, Any]:
 
 
 @cache
-def beat(dialect: str) -> Select[Any]:
+def beat(dialect: str, *, archive: bool = True) -> Select[Any]:
     """Every host's lease row and roster revision, with whether queued deliveries (for
     ``:sessions``) and receipts wait for ``:host`` and whether the archive is on: the
     heartbeat's answer (``Beat``). On
@@ -182,8 +182,11 @@ def beat(dialect: str) -> Select[Any]:
         current: Any = select(func.count()).select_from(bumped).scalar_subquery()
     else:
         current = literal_column("1")
-    archive_on = (
+    # NULL where the role may not read the archive's tables (a per-host role).
+    archive_on: Any = (
         select(archive_settings.c.enabled).where(archive_settings.c.id == 1).scalar_subquery()
+        if archive
+        else literal_column("NULL")
     )
     return select(
         hosts.c.host_id,
@@ -495,6 +498,8 @@ PG_NOTIFY: TextClause = text(
 PG_HEALTH = "SELECT 1"
 # True when row-level security applies to the connected role (a per-host role).
 PG_ROW_SECURITY: TextClause = text("SELECT row_security_active('deliveries')")
+# Whether the connected role may read the archive's setting (per-host roles may not).
+PG_ARCHIVE_READABLE: TextClause = text("SELECT has_table_privilege('archive_settings', 'SELECT')")
 
 # -- PostgreSQL: the delivery path, one statement each -----------------------------------------
 # Each of these is one statement and so one commit: the fence is a FOR SHARE read of the host

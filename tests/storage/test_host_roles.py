@@ -199,3 +199,16 @@ def test_a_host_role_reads_receipts_instead_of_taking_hinted_ones(
     finally:
         sa.close()
         sb.close()
+
+
+def test_a_host_roles_heartbeat_answers_without_the_archive(hosts: dict[str, HostRole]) -> None:
+    """The archive's tables are the admin's: the beat leaves its setting out (None)."""
+    a = hosts["A"]
+    sa: MailboxStore = open_store(a.url)
+    try:
+        gen = sa.claim_host(a.host)
+        beat = sa.beat(a.host, gen, ["s1"])
+        assert beat is not None and beat.archive_enabled is None
+        assert a.host in {h.host_id for h in beat.hosts}
+    finally:
+        sa.close()

@@ -101,6 +101,7 @@ def test_beat_carries_leases_roster_revisions_and_the_probe(store: MailboxStore)
     sender_gen = store.claim_host(SENDER)
     first = store.beat(RECIPIENT, gen, ["s1"])
     assert first is not None and not first.deliveries_waiting and not first.receipts_waiting
+    assert first.archive_enabled is False  # no archive setting row: off
     revs = {h.host_id: h.roster_rev for h in first.hosts}
     assert set(revs) == {RECIPIENT, SENDER}
 
