@@ -87,8 +87,7 @@ class SqlMailboxStore(SqlHostStore):
 
         def write(conn: Connection) -> list[EnqueueResult]:
             woken.clear()  # a retried attempt starts over
-            results = self._enqueue_in(conn, items, generation, woken)
-            return results
+            return self._enqueue_in(conn, items, generation, woken)
 
         return self._run(write, after=lambda: self._after_commit(woken, DELIVERIES))
 
