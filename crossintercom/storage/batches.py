@@ -137,7 +137,7 @@ def enqueue_pg(
     now: datetime,
     generation: int | None,
 ) -> tuple[list[EnqueueResult], set[str]] | None:
-    """``enqueue_batch`` on PostgreSQL in one statement (``queries.PG_ENQUEUE``, which also
+    """``enqueue_batch`` on PostgreSQL in one statement (``queries.pg_enqueue``, which also
     sends the recipients' NOTIFY), with the same results. Returns the hosts still to wake
     (those of the fallback below), or None when ``generation`` is stale (nothing written).
 
@@ -190,7 +190,7 @@ def _pg_results(
     results: list[EnqueueResult | None],
     where: list[int],
 ) -> list[int]:
-    """Fill ``results`` from PG_ENQUEUE's rows; the positions to run again (see above)."""
+    """Fill ``results`` from ``pg_enqueue``'s rows; the positions to run again (see above)."""
     first_digest: dict[str, str] = {}
     first_of_pair: dict[tuple[str, str], int] = {}
     again: list[int] = []

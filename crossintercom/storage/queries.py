@@ -578,8 +578,8 @@ DELETE FROM receipts USING cur
 WHERE receipts.sender_host = :host_id AND receipts.id = ANY(CAST(:ids AS bigint[]))""")
 
 
-# PG_ENQUEUE, the whole enqueue: messages (the first item of an id holds the payload) and deliveries
-# inserted if absent, the digests and states of rows that already existed read in the same
+# The whole enqueue in one statement: messages (the first item of an id holds the payload) and
+# deliveries inserted if absent, the digests and states of rows that already existed read in the same
 # snapshot, the recipients woken. One row per item, in order: ord, current (0 when fenced:
 # nothing was written), message inserted, the existing message's digest, delivery inserted,
 # the existing delivery's state. A row made by a transaction that committed while this one
@@ -589,8 +589,8 @@ WHERE receipts.sender_host = :host_id AND receipts.id = ANY(CAST(:ids AS bigint[
 # text), sizes.
 @cache
 def pg_enqueue(fenced: bool) -> TextClause:
-    """PG_ENQUEUE, below; unfenced (no ``:generation``: an operator's or a test's enqueue) it
-    writes whatever host row there is."""
+    """The statement above; unfenced (no ``:generation``: an operator's or a test's enqueue)
+    it writes whatever host row there is."""
     fence = _PG_FENCE if fenced else "cur AS (SELECT 1)"
     return text(_PG_ENQUEUE.replace("{fence}", fence))
 
