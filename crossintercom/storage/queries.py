@@ -578,13 +578,13 @@ DELETE FROM receipts USING cur
 WHERE receipts.sender_host = :host_id AND receipts.id = ANY(CAST(:ids AS bigint[]))""")
 
 
-# The whole enqueue in one statement: messages (the first item of an id holds the payload) and
-# deliveries inserted if absent, the digests and states of rows that already existed read in the same
-# snapshot, the recipients woken. One row per item, in order: ord, current (0 when fenced:
-# nothing was written), message inserted, the existing message's digest, delivery inserted,
-# the existing delivery's state. A row made by a transaction that committed while this one
-# waited on it is in neither (not in this statement's snapshot): the caller reads those again
-# in a new statement (sqlstore, batches.enqueue_batch). Params: host_id (the sender),
+# The whole enqueue in one statement: messages (the first item of an id holds the payload)
+# and deliveries inserted if absent, the digests and states of rows that already existed read
+# in the same snapshot, the recipients woken. One row per item, in order: ord, current (0 when
+# fenced: nothing was written), message inserted, the existing message's digest, delivery
+# inserted, the existing delivery's state. A row made by a transaction that committed while
+# this one waited on it is in neither (not in this statement's snapshot): the caller reads
+# those again in a new statement (batches.enqueue_batch). Params: host_id (the sender),
 # generation, now, expires, and the arrays mids, rhosts, rsessions, digests, payloads (JSON
 # text), sizes.
 @cache
