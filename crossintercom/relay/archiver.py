@@ -29,7 +29,6 @@ QUEUE_LIMIT: Final = 10_000
 BATCH: Final = 500
 # How long a first copy waits for company before its batch is written.
 BATCH_WINDOW_S: Final = 0.2
-SETTINGS_EVERY_S: Final = 5.0
 PURGE_EVERY_S: Final = 600.0
 
 
@@ -80,8 +79,12 @@ class Archiver:
         except StoreError as exc:
             log.warning("archive settings unreadable", extra={"error": exc.message})
             return False
-        changed = settings.enabled != self.enabled
-        self.enabled = settings.enabled
+        return self.settle(settings.enabled)
+
+    def settle(self, enabled: bool) -> bool:
+        """The setting as the relay's heartbeat read it; True when it changed."""
+        changed = enabled != self.enabled
+        self.enabled = enabled
         return changed
 
     async def loop(self, on_change: Callable[[bool], None]) -> None:
@@ -92,14 +95,15 @@ class Archiver:
         while True:
             now = time.monotonic()
             if now >= next_settings:
-                next_settings = now + SETTINGS_EVERY_S
+                # Read once at start; afterwards the relay's heartbeat carries it (settle).
+                next_settings = float("inf")
                 if await self.refresh():
                     on_change(self.enabled)
             if now >= next_purge:  # also while off: old copies still go at their time
                 next_purge = now + PURGE_EVERY_S
                 with contextlib.suppress(StoreError):
                     await loop.run_in_executor(self._pool, self.archive.purge_archive)
-            batch = await self._take(timeout=max(0.05, next_settings - time.monotonic()))
+            batch = await self._take(timeout=max(0.05, min(next_purge - time.monotonic(), 5.0)))
             if not batch:
                 continue
             try:

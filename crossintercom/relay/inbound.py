@@ -1,6 +1,7 @@
 """Inbound: rows queued for this host are read by state in sequence order, handed to the
 broker, and acknowledged in the store after the recipient's ack; receipts for this host's
-senders are passed on and consumed (docs/architecture.md)."""
+senders are passed on (``relay.receipts``). Each wake-up names what to look at, so only that
+query runs (docs/architecture.md)."""
 
 from __future__ import annotations
 
@@ -16,8 +17,10 @@ from crossintercom.errors import Code, StoreError
 from crossintercom.models import Message, Outcome
 from crossintercom.relay import screening
 from crossintercom.relay.core import RelayCore
-from crossintercom.relay.outbound import Outbound, receipt_of
-from crossintercom.storage import Ack, InboundRow
+from crossintercom.relay.outbound import Outbound
+from crossintercom.relay.receipts import Receipts
+from crossintercom.storage import Ack, Beat, InboundRow, Wake
+from crossintercom.storage.interface import CATCH_UP
 from crossintercom.testhooks import stop_at
 
 log = logging.getLogger(__name__)
@@ -38,7 +41,10 @@ class Inbound:
     def __init__(self, relay: RelayCore, outbound: Outbound) -> None:
         self.relay = relay
         self.outbound = outbound
+        self.receipts = Receipts(relay, outbound)
         self.wake = asyncio.Event()
+        self._pending = Wake()
+        self._fetched_at = -POLL_BACKSTOP_S
         self._failed_handovers: Counter[tuple[str, str]] = Counter()
         # The store-wide message size limit, re-read now and then (an operator may change it).
         self._store_limit = relay.settings.max_message_bytes
@@ -51,6 +57,20 @@ class Inbound:
         limits = await self.relay.store_call(self.relay.store.settings)
         self._store_limit, self._store_limit_read = limits.max_message_bytes, now
 
+    def poke(self, wake: Wake) -> None:
+        """Look at what ``wake`` names, on the loop's next turn."""
+        self._pending |= wake
+        self.wake.set()
+
+    def backstop(self, beat: Beat) -> None:
+        """The heartbeat's probe found rows waiting: look at them if no hint did lately (a lost
+        hint, a row left queued by a failed hand-over, a writer that sent none)."""
+        now = time.monotonic()
+        deliveries = beat.deliveries_waiting and now - self._fetched_at >= POLL_BACKSTOP_S
+        receipts = beat.receipts_waiting and now - self.receipts.seen_at >= POLL_BACKSTOP_S
+        if deliveries or receipts:
+            self.poke(Wake(deliveries=deliveries, receipts=receipts))
+
     def watch_store(self, loop: asyncio.AbstractEventLoop) -> None:
         """Thread: block on the store's wake-up channel and poke the event loop."""
         relay = self.relay
@@ -58,11 +78,12 @@ class Inbound:
             try:
                 with relay.store.waiter(relay.host) as waiter:
                     while not relay.stopping.is_set():
-                        waiter.wait(POLL_BACKSTOP_S)
-                        loop.call_soon_threadsafe(self.wake.set)
+                        wake = waiter.wake(POLL_BACKSTOP_S)
+                        if wake is not None:
+                            loop.call_soon_threadsafe(self.poke, wake)
             except Exception as exc:
                 log.warning("wake-up channel failed; reconnecting", extra={"error": str(exc)})
-                loop.call_soon_threadsafe(self.wake.set)
+                loop.call_soon_threadsafe(self.poke, CATCH_UP)
                 time.sleep(1.0)
 
     async def loop(self) -> None:
@@ -70,12 +91,21 @@ class Inbound:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.wake.wait(), POLL_BACKSTOP_S)
             self.wake.clear()
+            wake, self._pending = self._pending, Wake()
+            if wake.hinted:
+                self.receipts.take(wake.hinted)
+            jobs = []
+            if wake.receipts:
+                jobs.append(self.receipts.read())
+            if wake.deliveries:
+                jobs.append(self._fetch_all())
             try:
                 # Receipts for our senders and rows for our sessions are independent reads.
-                await asyncio.gather(self._take_receipts(), self._fetch_all())
+                await asyncio.gather(*jobs)
             except StoreError as exc:
                 log.warning("store unreachable; retrying", extra={"error": exc.message})
                 await asyncio.sleep(1.0)
+                self.poke(Wake(wake.deliveries, wake.receipts))
 
     async def _fetch_all(self) -> None:
         while await self._fetch_once():
@@ -88,7 +118,7 @@ class Inbound:
         if not local_ids or relay.client is None or not relay.client.connected.is_set():
             return False
         await self._refresh_store_limit()
-        read_at = time.monotonic()
+        read_at = self._fetched_at = time.monotonic()
         rows = await relay.store_call(
             relay.store.fetch_inbound,
             relay.host,
@@ -204,29 +234,3 @@ class Inbound:
             else:
                 acks.append(Ack(row.message_id, row.recipient_session, "refused", code))
         return acks
-
-    async def _take_receipts(self) -> None:
-        relay = self.relay
-        rows = await relay.store_call(
-            relay.store.receipts, relay.host, relay.generation, limit=INBOUND_BATCH
-        )
-        if not rows:
-            return
-        late: list[p.SenderReceipt] = []
-        for row in rows:
-            fut = self.outbound.receipt_waits.get((row.message_id, row.recipient_session))
-            if fut is not None and not fut.done() and row.sender_session is None:
-                # A delivery receipt a forward still waits for (late ones name their sender).
-                fut.set_result(row)
-                continue
-            sender = row.sender_session or self.outbound.senders.get(row.message_id)
-            if sender is not None:
-                r = receipt_of(row)
-                late.append(
-                    p.SenderReceipt(r.id, r.outcome, r.recipient, r.code, r.message, r.host, sender)
-                )
-        if late and relay.client is not None:
-            relay.client.post(p.RemoteReceipt(late))
-        await relay.store_call(
-            relay.store.consume_receipts, relay.host, relay.generation, [r.id for r in rows]
-        )

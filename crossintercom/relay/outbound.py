@@ -39,6 +39,8 @@ class Outbound:
         self._queue: asyncio.Queue[_Forward] = asyncio.Queue()
         # (message id, recipient) -> the forward waiting for that receipt.
         self.receipt_waits: dict[tuple[str, str], asyncio.Future[ReceiptRow]] = {}
+        # The host each waited-for receipt must come from (a receipt naming another is ignored).
+        self.wait_hosts: dict[tuple[str, str], str] = {}
         self.senders: OrderedDict[str, str] = OrderedDict()
 
     def put(self, frame: p.Forward) -> None:
@@ -67,6 +69,7 @@ class Outbound:
                 if fut is None or fut.done():
                     fut = asyncio.get_running_loop().create_future()
                     self.receipt_waits[key] = fut
+                self.wait_hosts[key] = r.host
                 fwd.waits[r.session] = fut
                 items.append(
                     OutboundItem(
@@ -168,6 +171,7 @@ class Outbound:
                 await self._receipt_for(msg_id, r.session, res, fwd.waits[r.session], deadline)
             )
             self.receipt_waits.pop((msg_id, r.session), None)
+            self.wait_hosts.pop((msg_id, r.session), None)
         self._answer(fwd, receipts)
 
     async def _receipt_for(

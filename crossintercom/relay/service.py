@@ -14,6 +14,7 @@ import logging
 import os
 import signal
 import threading
+from collections.abc import Sequence
 from typing import Final, ParamSpec, TypeVar
 
 import msgspec
@@ -33,8 +34,11 @@ from crossintercom.relay.stuck import StuckWatch
 from crossintercom.runtime import LockHeld, ensure_runtime_dir, hold_pid_lock, machine_identity
 from crossintercom.storage import (
     ArchiveStore,
+    Beat,
+    HostRow,
     LeaseTracker,
     MailboxStore,
+    Wake,
     mask_url,
     open_archive,
     open_store,
@@ -97,6 +101,9 @@ class Relay(RelayCore):
         self.late_receipts = LateReceipts(self)
         self.stuck = StuckWatch(self)
         self._published: list[SessionInfo] | None = None
+        # The other hosts' roster rows as last read, and the revisions they were read at.
+        self._roster: list[SessionInfo] = []
+        self._roster_revs: frozenset[tuple[str, int]] | None = None
         self._publish_lock = asyncio.Lock()
         self.failure: BaseException | None = None
         self.machine = machine_identity(settings)
@@ -211,7 +218,7 @@ class Relay(RelayCore):
             self.spawn(self._publish_roster())
             # Sent on every (re)registration: the broker may be new, so give it the roster.
             self._post_remote_roster()
-            self.inbound.wake.set()
+            self.inbound.poke(Wake(deliveries=True))
         elif isinstance(frame, p.SendReceipts):
             self.late_receipts.put(frame.receipts)
         elif isinstance(frame, p.SessionForgotten):
@@ -246,13 +253,21 @@ class Relay(RelayCore):
                 return
             self._published = sessions
 
-    async def _import_roster(self, *, force: bool = False) -> None:
-        hosts = await self.store_call(self.store.hosts)
+    async def _import_roster(
+        self, hosts: Sequence[HostRow] | None = None, *, force: bool = False
+    ) -> None:
+        """Liveness from ``hosts`` (the heartbeat's answer, else read now); the roster re-read
+        only when a host's roster revision moved (or a host came or went)."""
+        if hosts is None:
+            hosts = await self.store_call(self.store.hosts)
         self.leases.observe(hosts)
-        roster = await self.store_call(self.store.roster)
+        revs = frozenset((h.host_id, h.roster_rev) for h in hosts if h.host_id != self.host)
+        if force or revs != self._roster_revs:
+            self._roster = await self.store_call(self.store.roster)
+            self._roster_revs = revs
         remote = [
             msgspec.structs.replace(s, online=s.online and self.leases.alive(s.host))
-            for s in roster
+            for s in self._roster
             if s.host != self.host and s.purpose == "agent"
         ]
         if force or remote != self.remote_sessions:
@@ -276,13 +291,18 @@ class Relay(RelayCore):
         )
         self.stop()
 
-    async def _watched_heartbeat(self) -> bool:
+    async def _watched_heartbeat(self) -> Beat | None:
         """The heartbeat, reported in `status` while it hangs: a writer stuck holding the SQLite
         file's lock (or a database that stopped answering) shows within STALL_REPORT_S rather
         than only after every busy timeout and retry has run out."""
-        beat = asyncio.ensure_future(
-            self.store_call(self.store.heartbeat, self.host, self.generation)
-        )
+        local_ids = [s.id for s in self.local_sessions]
+
+        async def consume_then_beat() -> Beat | None:
+            # Handled receipts go first, so the beat's probe sees only receipts not handled.
+            await self.inbound.receipts.consume()
+            return await self.store_call(self.store.beat, self.host, self.generation, local_ids)
+
+        beat = asyncio.ensure_future(consume_then_beat())
         done, _ = await asyncio.wait({beat}, timeout=STALL_REPORT_S)
         if not done:
             why = (
@@ -300,16 +320,22 @@ class Relay(RelayCore):
         return await beat
 
     async def _heartbeat_loop(self) -> None:
+        # One statement a second when idle: the heartbeat, whose answer carries the leases,
+        # the roster revisions and the poll backstop's probe (docs/storage.md).
         while not self.stopping.is_set():
             try:
-                ok = await self._watched_heartbeat()
-                if not ok:
+                beat = await self._watched_heartbeat()
+                if beat is None:
                     self.fenced()
                     return
                 self.report_store(await self.stuck.check())
                 if self._published is None or self.local_sessions != self._published:
                     await self._publish_roster()
-                await self._import_roster()
+                await self._import_roster(beat.hosts)
+                self.inbound.backstop(beat)
+                on = beat.archive_enabled
+                if self.archiver is not None and on is not None and self.archiver.settle(on):
+                    self._archive_changed(self.archiver.enabled)
             except StoreError as exc:
                 log.warning("store unreachable; retrying: %s", exc.message)
                 self.report_store(f"WARNING {exc.message}")

@@ -23,6 +23,7 @@ from crossintercom.storage.interface import (
     ArchiveRecipient,
     ArchiveSettings,
     ArchiveStore,
+    Beat,
     DeliveryState,
     EnqueueResult,
     FlowEdge,
@@ -40,6 +41,7 @@ from crossintercom.storage.interface import (
     StuckTransaction,
     ThreadSummary,
     Waiter,
+    Wake,
 )
 from crossintercom.storage.liveness import LeaseTracker
 from crossintercom.storage.urls import mask_url, parse_store_url
@@ -85,6 +87,7 @@ __all__ = [
     "ArchiveSettings",
     "ArchiveStore",
     "ArchivedMessage",
+    "Beat",
     "DeliveryState",
     "EnqueueResult",
     "FlowEdge",
@@ -103,6 +106,7 @@ __all__ = [
     "StuckTransaction",
     "ThreadSummary",
     "Waiter",
+    "Wake",
     "mask_url",
     "open_archive",
     "open_store",

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime, timedelta
+from typing import Any
 
+import msgspec
 from sqlalchemy import Connection
 
 from crossintercom.storage import queries as q
@@ -18,6 +20,8 @@ from crossintercom.storage.interface import (
     OutboundItem,
     StoreSettings,
 )
+
+_json = msgspec.json.Encoder()
 
 
 def enqueue_batch(
@@ -124,3 +128,91 @@ def enqueue_batch(
         else:
             results[i] = EnqueueResult(*key, states.get(key, "queued"), False, None)
     return [r for r in results if r is not None], woken
+
+
+def enqueue_pg(
+    conn: Connection,
+    items: Sequence[OutboundItem],
+    limits: StoreSettings,
+    now: datetime,
+    generation: int | None,
+) -> tuple[list[EnqueueResult], set[str]] | None:
+    """``enqueue_batch`` on PostgreSQL in one statement (``queries.pg_enqueue``, which also
+    sends the recipients' NOTIFY), with the same results. Returns the hosts still to wake
+    (those of the fallback below), or None when ``generation`` is stale (nothing written).
+
+    Items whose rows a concurrent transaction committed while the statement waited on them
+    (a retried in-doubt enqueue, two relays sending one id) are not in its snapshot: they go
+    through ``enqueue_batch`` again, whose statements each see the latest commits."""
+    results: list[EnqueueResult | None] = [None] * len(items)
+    fitting: list[int] = []
+    for i, item in enumerate(items):
+        if item.size > limits.max_message_bytes:
+            results[i] = EnqueueResult(
+                item.message_id, item.recipient_session, "refused", False, "too_large"
+            )
+        else:
+            fitting.append(i)
+    woken: set[str] = set()
+    if fitting:
+        sender = items[fitting[0]].sender_host
+        batch = [items[i] for i in fitting]
+        rows = conn.execute(
+            q.pg_enqueue(generation is not None),
+            {
+                "host_id": sender,
+                "generation": generation,
+                "now": now,
+                "expires": now + timedelta(seconds=limits.retention_s),
+                "mids": [it.message_id for it in batch],
+                "rhosts": [it.recipient_host for it in batch],
+                "rsessions": [it.recipient_session for it in batch],
+                "digests": [it.digest for it in batch],
+                "payloads": [_json.encode(it.payload).decode() for it in batch],
+                "sizes": [it.size for it in batch],
+            },
+        ).all()
+        if generation is not None and rows and not rows[0][1]:
+            return None
+        again = _pg_results(batch, rows, results, fitting)
+        if again:
+            retried, woken = enqueue_batch(
+                conn, "postgresql", [items[i] for i in again], limits, now
+            )
+            for i, r in zip(again, retried, strict=True):
+                results[i] = r
+    return [r for r in results if r is not None], woken
+
+
+def _pg_results(
+    batch: Sequence[OutboundItem],
+    rows: Sequence[Any],
+    results: list[EnqueueResult | None],
+    where: list[int],
+) -> list[int]:
+    """Fill ``results`` from ``pg_enqueue``'s rows; the positions to run again (see above)."""
+    first_digest: dict[str, str] = {}
+    first_of_pair: dict[tuple[str, str], int] = {}
+    again: list[int] = []
+    for k, (item, row) in enumerate(zip(batch, rows, strict=True)):
+        _ord, _current, msg_new, old_digest, dlv_new, old_state, _woken = row
+        key = (item.message_id, item.recipient_session)
+        first_digest.setdefault(item.message_id, item.digest)
+        digest = first_digest[item.message_id] if msg_new else old_digest
+        if digest is None:
+            # Not ours to see (another host's id under row-level security), or committed
+            # while we waited: a new statement tells which.
+            again.append(where[k])
+            continue
+        if digest != item.digest:
+            code = "payload_conflict"
+            results[where[k]] = EnqueueResult(*key, "refused", False, code)
+            continue
+        first = first_of_pair.setdefault(key, k) == k
+        if dlv_new and first:
+            results[where[k]] = EnqueueResult(*key, "queued", True, None)
+        elif old_state is not None or not first:
+            results[where[k]] = EnqueueResult(*key, old_state or "queued", False, None)
+        else:
+            again.append(where[k])
+    return again

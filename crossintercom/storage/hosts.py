@@ -12,7 +12,7 @@ from crossintercom.errors import SchemaMissing, SchemaOutdated, SchemaTooNew
 from crossintercom.models import SessionInfo
 from crossintercom.storage import migrate
 from crossintercom.storage import queries as q
-from crossintercom.storage.interface import HostRow, Waiter
+from crossintercom.storage.interface import Beat, HostRow, Waiter
 from crossintercom.storage.transaction import TransactionRunner
 from crossintercom.storage.urls import StoreURL
 
@@ -23,6 +23,9 @@ class SqlHostStore:
 
     dialect: str
     skip_locked: bool
+    # fetch_inbound as one statement in autocommit, its session list bound as an array.
+    fetch_in_autocommit = False
+    arrays = False
 
     def __init__(
         self, parsed: StoreURL, engine: Engine, *, deadline_s: float | None = None
@@ -32,15 +35,18 @@ class SqlHostStore:
         self.engine = engine
         # Every operation below is one call of this: one transaction, bounded reconnect.
         self._run = TransactionRunner(parsed, engine, deadline_s=deadline_s)
+        # Whether the heartbeat may carry the archive setting (see beat): asked once.
+        self._archive_readable: bool | None = None
 
     def close(self) -> None:
         self.engine.dispose()
 
-    # Backend hooks: how wake-ups are sent.
-    def _notify_in_txn(self, conn: Connection, host_ids: Collection[str]) -> None:
+    # Backend hooks: how wake-ups are sent; ``kind`` is what they name (wakeup.DELIVERIES or
+    # wakeup.RECEIPTS).
+    def _notify_in_txn(self, conn: Connection, host_ids: Collection[str], kind: str) -> None:
         """Queue wake-ups that are sent on commit (Postgres NOTIFY)."""
 
-    def _after_commit(self, host_ids: Collection[str]) -> None:
+    def _after_commit(self, host_ids: Collection[str], kind: str) -> None:
         """Send wake-ups that need the commit to have happened (SQLite doorbells)."""
 
     # -- schema ---------------------------------------------------------------------------
@@ -98,6 +104,32 @@ class SqlHostStore:
             lambda c: c.execute(q.HEARTBEAT, params).rowcount == 1, single_statement=True
         )
 
+    def beat(self, host_id: str, generation: int, session_ids: Sequence[str]) -> Beat | None:
+        params = {"host": host_id, "gen": generation, **q.sessions_param(list(session_ids))}
+        if self._archive_readable is None:
+            self._archive_readable = self._run(self._can_read_archive, retry=False)
+        stmt = q.beat(self.dialect, archive=self._archive_readable)
+
+        def one(conn: Connection) -> Beat | None:
+            if self.dialect != "postgresql" and conn.execute(q.HEARTBEAT, params).rowcount != 1:
+                return None
+            rows = conn.execute(stmt, params).all()
+            if not rows or not rows[0][7]:
+                return None
+            hosts = tuple(HostRow(*row[:4]) for row in rows)
+            # No row: off. Not readable (a per-host role): not known, so None.
+            archive = bool(rows[0][6]) if self._archive_readable else None
+            return Beat(hosts, bool(rows[0][4]), bool(rows[0][5]), archive)
+
+        # PostgreSQL: one statement, the bump inside it (harmless to repeat after a lost
+        # connection); SQLite: bump and read in one transaction.
+        return self._run(one, single_statement=self.dialect == "postgresql")
+
+    def _can_read_archive(self, conn: Connection) -> bool:
+        if self.dialect != "postgresql":
+            return True
+        return bool(conn.execute(q.PG_ARCHIVE_READABLE).scalar())
+
     def hosts(self) -> list[HostRow]:
         return self._run(
             lambda c: [HostRow(*row) for row in c.execute(q.LIST_HOSTS)], single_statement=True
@@ -107,9 +139,9 @@ class SqlHostStore:
     def _is_current(conn: Connection, host_id: str, generation: int) -> bool:
         return conn.execute(q.CURRENT_GENERATION, {"host_id": host_id}).scalar() == generation
 
-    def _notify(self, conn: Connection, host_ids: Collection[str]) -> None:
+    def _notify(self, conn: Connection, host_ids: Collection[str], kind: str) -> None:
         if host_ids:
-            self._notify_in_txn(conn, host_ids)
+            self._notify_in_txn(conn, host_ids, kind)
 
     # -- roster ---------------------------------------------------------------------------
 
@@ -134,7 +166,8 @@ class SqlHostStore:
         ]
 
         def write(conn: Connection) -> bool:
-            if not self._is_current(conn, host_id, generation):
+            # The revision bump is the fence (see BUMP_ROSTER_REV) and tells the other relays.
+            if conn.execute(q.BUMP_ROSTER_REV, {"host": host_id, "gen": generation}).rowcount != 1:
                 return False
             conn.execute(q.DELETE_ROSTER, {"host_id": host_id})
             if rows:

@@ -35,6 +35,8 @@ class HostRow:
     host_id: str
     generation: int
     heartbeat: int
+    # Bumped with every roster publish of the host: a roster is re-read only when it moved.
+    roster_rev: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,12 +147,47 @@ class StoreSettings:
     retention_s: int = 7 * 86400
 
 
+@dataclass(frozen=True, slots=True)
+class Wake:
+    """What a wake-up says to look at: deliveries queued for the host, receipts for it (read
+    them), and receipts the hint carried itself (``hinted``: committed rows, resolved without a
+    read; the rows stay the truth and are consumed later). A catch-up wakes for both."""
+
+    deliveries: bool = False
+    receipts: bool = False
+    hinted: tuple[ReceiptRow, ...] = ()
+
+    def __or__(self, other: Wake) -> Wake:
+        return Wake(
+            self.deliveries or other.deliveries,
+            self.receipts or other.receipts,
+            self.hinted + other.hinted,
+        )
+
+
+CATCH_UP = Wake(deliveries=True, receipts=True)
+
+
+@dataclass(frozen=True, slots=True)
+class Beat:
+    """A heartbeat's answer: every host's lease row with its roster revision (liveness and
+    "has a roster changed" in the same read), whether rows wait for this host (the poll
+    backstop, so a relay runs no query that would find nothing), and the archive setting."""
+
+    hosts: tuple[HostRow, ...]
+    deliveries_waiting: bool
+    receipts_waiting: bool
+    # The store-wide archive setting (docs/archive.md), so the archiver need not poll it;
+    # None where the role may not read it (a per-host role).
+    archive_enabled: bool | None = None
+
+
 class Waiter(Protocol):
     """Blocks until a wake-up hint arrives for one host, or a timeout passes.
 
-    A hint never carries data: after ``wait`` returns, the caller queries the store. The first
-    ``wait`` after entering (and after every reconnect) returns True at once, so the caller
-    catches up on whatever arrived while nobody listened.
+    After ``wake`` returns a ``Wake``, the caller runs the queries it names. The first
+    ``wake`` after entering (and after every reconnect) returns ``CATCH_UP`` at once, so the
+    caller catches up on whatever arrived while nobody listened. ``wait`` is ``wake`` as a bool.
     """
 
     def __enter__(self) -> Self: ...
@@ -163,6 +200,8 @@ class Waiter(Protocol):
     ) -> None: ...
 
     def wait(self, timeout: float) -> bool: ...
+
+    def wake(self, timeout: float) -> Wake | None: ...
 
     def notify_self(self) -> None: ...
 
@@ -186,6 +225,11 @@ class MailboxStore(Protocol):
         ...
 
     def heartbeat(self, host_id: str, generation: int) -> bool: ...
+
+    def beat(self, host_id: str, generation: int, session_ids: Sequence[str]) -> Beat | None:
+        """The heartbeat, answering with ``Beat`` (``session_ids``: whose queued rows count);
+        None when ``generation`` is stale."""
+        ...
 
     def hosts(self) -> list[HostRow]: ...
 

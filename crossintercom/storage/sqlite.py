@@ -28,10 +28,10 @@ class SqliteStore(SqlMailboxStore):
         # must_exist: opening a store never creates an empty file; `db upgrade` does.
         super().__init__(parsed, db.store_engine(parsed, must_exist=True))
 
-    def _after_commit(self, host_ids: Collection[str]) -> None:
+    def _after_commit(self, host_ids: Collection[str], kind: str) -> None:
         for host_id in host_ids:
             try:
-                ring_doorbell(self.path, host_id)
+                ring_doorbell(self.path, host_id, kind)
             except OSError as exc:
                 # The write committed: a doorbell is only a hint, and the recipient's poll
                 # backstop finds the row. Failing here would report a committed write as lost.

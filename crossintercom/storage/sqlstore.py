@@ -31,6 +31,7 @@ from crossintercom.storage.interface import (
     StuckTransaction,
 )
 from crossintercom.storage.urls import StoreURL
+from crossintercom.storage.wakeup import DELIVERIES, RECEIPTS
 
 EXPIRE_BATCH = 1000
 # Enqueue checks the size limit against a copy of the settings row at most this old: the row
@@ -87,19 +88,31 @@ class SqlMailboxStore(SqlHostStore):
 
         def write(conn: Connection) -> list[EnqueueResult]:
             woken.clear()  # a retried attempt starts over
-            if generation is not None and items:
-                sender = items[0].sender_host
-                if not self._is_current(conn, sender, generation):
-                    raise StoreFenced(
-                        f"generation {generation} of host {sender!r} is stale; nothing written"
-                    )
-            limits = self._current_settings(conn)
-            results, hosts = enqueue_batch(conn, self.dialect, items, limits, utcnow())
-            woken.update(hosts)
-            self._notify(conn, woken)
-            return results
+            return self._enqueue_in(conn, items, generation, woken)
 
-        return self._run(write, after=lambda: self._after_commit(woken))
+        return self._run(write, after=lambda: self._after_commit(woken, DELIVERIES))
+
+    def _enqueue_in(
+        self,
+        conn: Connection,
+        items: Sequence[OutboundItem],
+        generation: int | None,
+        woken: set[str] | None = None,
+    ) -> list[EnqueueResult]:
+        """The enqueue's statements inside the caller's transaction, NOTIFY included; the
+        hosts to ring after the commit are added to ``woken``."""
+        if generation is not None and items:
+            sender = items[0].sender_host
+            if not self._is_current(conn, sender, generation):
+                raise StoreFenced(
+                    f"generation {generation} of host {sender!r} is stale; nothing written"
+                )
+        limits = self._current_settings(conn)
+        results, hosts = enqueue_batch(conn, self.dialect, items, limits, utcnow())
+        if woken is not None:
+            woken.update(hosts)
+        self._notify(conn, hosts, DELIVERIES)
+        return results
 
     def get_message(self, message_id: str) -> MessageRow | None:
         def read(conn: Connection) -> MessageRow | None:
@@ -123,7 +136,9 @@ class SqlMailboxStore(SqlHostStore):
     ) -> list[InboundRow]:
         if session_ids is not None and not session_ids:
             return []
-        stmt = q.inbound(by_session=session_ids is not None, skip_locked=self.skip_locked)
+        stmt = q.inbound(
+            by_session=session_ids is not None, skip_locked=self.skip_locked, array=self.arrays
+        )
         params: dict[str, Any] = {
             "host_id": host_id,
             "generation": generation,
@@ -132,9 +147,9 @@ class SqlMailboxStore(SqlHostStore):
         }
         if session_ids is not None:
             params["session_ids"] = list(session_ids)
-        # In a transaction, not autocommit: a FOR UPDATE SKIP LOCKED read of 1,000 rows ran
-        # several times slower as a lone statement here (measured, cause not pinned down).
-        rows = self._run(lambda c: c.execute(stmt, params).all())
+        rows = self._run(
+            lambda c: c.execute(stmt, params).all(), single_statement=self.fetch_in_autocommit
+        )
         return [_inbound_row(*row, max_payload=max_payload) for row in rows]
 
     def ack(self, host_id: str, generation: int, acks: Sequence[Ack]) -> int:
@@ -170,7 +185,7 @@ class SqlMailboxStore(SqlHostStore):
                 self._write_receipts(conn, finished, now, woken)
             return len(finished)
 
-        return self._run(write, after=lambda: self._after_commit(woken))
+        return self._run(write, after=lambda: self._after_commit(woken, RECEIPTS))
 
     def _write_receipts(
         self, conn: Connection, keys: list[tuple[str, str]], now: datetime, woken: set[str]
@@ -179,7 +194,7 @@ class SqlMailboxStore(SqlHostStore):
         params = {"created": now, **q.key_params(self.dialect, keys)}
         senders = conn.execute(q.receipts_for_finished(self.dialect), params)
         woken.update(senders.scalars())
-        self._notify(conn, woken)
+        self._notify(conn, woken, RECEIPTS)
 
     def receipts(self, host_id: str, generation: int, *, limit: int = 500) -> list[ReceiptRow]:
         params = {"host_id": host_id, "generation": generation, "limit": limit}
@@ -209,10 +224,10 @@ class SqlMailboxStore(SqlHostStore):
             extra = {"recipient_host": host_id, "created": utcnow()}
             conn.execute(q.INSERT_LATE_RECEIPTS, [asdict(r) | extra for r in receipts])
             woken.update(r.sender_host for r in receipts)
-            self._notify(conn, woken)
+            self._notify(conn, woken, RECEIPTS)
             return len(receipts)
 
-        return self._run(write, after=lambda: self._after_commit(woken))
+        return self._run(write, after=lambda: self._after_commit(woken, RECEIPTS))
 
     def forget_session(self, host_id: str, generation: int, session_id: str) -> int:
         woken: set[str] = set()
@@ -225,11 +240,12 @@ class SqlMailboxStore(SqlHostStore):
             params = {"host_id": host_id, "session_id": session_id, "finished": now}
             keys = [(mid, sid) for mid, sid in conn.execute(q.FORGET_DELIVERIES, params)]
             conn.execute(q.DELETE_ROSTER_SESSION, {"host_id": host_id, "session_id": session_id})
+            conn.execute(q.BUMP_ROSTER_REV, {"host": host_id, "gen": generation})
             if keys:
                 self._write_receipts(conn, keys, now, woken)
             return len(keys)
 
-        return self._run(write, after=lambda: self._after_commit(woken))
+        return self._run(write, after=lambda: self._after_commit(woken, RECEIPTS))
 
     def expire(self) -> int:
         total = 0
@@ -251,7 +267,7 @@ class SqlMailboxStore(SqlHostStore):
                 self._write_receipts(conn, keys, now, woken)
             return len(keys)
 
-        return self._run(write, after=lambda: self._after_commit(woken))
+        return self._run(write, after=lambda: self._after_commit(woken, RECEIPTS))
 
     def purge(self, *, batch: int = 1000, older_than_s: float | None = None) -> int:
         """Delete finished deliveries (and then-orphaned messages) in bounded transactions.

@@ -63,6 +63,8 @@ hosts = Table(
     # Which machine's relay holds the current generation, so that two machines configured
     # with one host id are told so instead of fencing each other in turn.
     Column("machine", String(255)),
+    # Bumped by every roster change of the host, so other relays re-read rosters only then.
+    Column("roster_rev", BigInteger, nullable=False, server_default="0"),
 )
 
 roster = Table(

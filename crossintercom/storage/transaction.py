@@ -13,6 +13,7 @@ import logging
 import os
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
@@ -131,16 +132,60 @@ class TransactionRunner:
                 finally:
                     sock.close()
 
-        timer = threading.Timer(self.deadline_s, on_deadline)
-        timer.daemon = True
-        timer.start()
+        token = _DEADLINES.arm(self.deadline_s, on_deadline)
         try:
             yield
         finally:
-            timer.cancel()
+            _DEADLINES.disarm(token)
             if cut.is_set() and not conn.invalidated:
                 with contextlib.suppress(Exception):
                     conn.invalidate()
+
+
+class _Deadlines:
+    """One thread for every operation's deadline: a timer thread started per operation was a
+    tenth of a relay's CPU time on the delivery path (py-spy, docs/performance.md)."""
+
+    def __init__(self) -> None:
+        self._due: dict[int, tuple[float, Callable[[], None]]] = {}
+        self._next = 0
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._wake_at = 0.0  # when the watcher looks next
+
+    def arm(self, after_s: float, fire: Callable[[], None]) -> int:
+        with self._cond:
+            self._next += 1
+            at = time.monotonic() + after_s
+            self._due[self._next] = (at, fire)
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._watch, name="store-deadlines", daemon=True
+                )
+                self._thread.start()
+            elif at < self._wake_at:
+                self._cond.notify()  # due before the watcher would look: look again now
+            return self._next
+
+    def disarm(self, token: int) -> None:
+        with self._cond:
+            self._due.pop(token, None)
+
+    def _watch(self) -> None:
+        while True:
+            with self._cond:
+                now = time.monotonic()
+                fired = [t for t, (at, _) in self._due.items() if at <= now]
+                calls = [self._due.pop(t)[1] for t in fired]
+                if not calls:
+                    soonest = min((at for at, _ in self._due.values()), default=now + 60.0)
+                    self._wake_at = soonest
+                    self._cond.wait(max(0.0, soonest - now))
+            for call in calls:
+                call()
+
+
+_DEADLINES = _Deadlines()
 
 
 def _socket_fd(conn: Connection) -> int | None:

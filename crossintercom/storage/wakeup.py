@@ -1,8 +1,10 @@
 """Wake-up hints: Postgres LISTEN/NOTIFY, and doorbell files watched with watchdog for SQLite.
 
-A hint only says "look again"; it never carries a row. Every waiter reports a wake-up on its
-first ``wait`` (and on every reconnect) so the caller runs a catch-up query, and ``wait`` also
-returns after ``timeout`` so the caller's periodic poll is the backstop for lost hints.
+A hint says what to look at: deliveries queued for the host, or receipts for it; on
+PostgreSQL a receipts hint may carry the committed receipts themselves (docs/storage.md,
+"Wake-ups"). Every waiter reports a catch-up (both kinds) on its first ``wake`` and on every
+reconnect, and ``wake`` returns None after a quiet ``timeout``; the caller's poll backstop
+(the heartbeat's probe) covers lost hints.
 """
 
 from __future__ import annotations
@@ -15,8 +17,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Final, Self
 
+import msgspec
 import psycopg
 from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_exponential
 from watchdog.events import FileSystemEvent, FileSystemEventHandler
@@ -25,10 +28,41 @@ from watchdog.observers.polling import PollingObserver
 
 from crossintercom.storage import queries as q
 from crossintercom.storage.engine import PG_KEEPALIVES
+from crossintercom.storage.interface import CATCH_UP, ReceiptOutcome, ReceiptRow, Wake
 
 log = logging.getLogger(__name__)
 
 POLL_INTERVAL_S = 0.5
+# A quiet listener proves its connection with a query this often (a commit each), not on
+# every timeout: a dropped connection also shows as an error on the wait, keepalives cover a
+# silent network, and a hint missed meanwhile is found by the heartbeat's probe.
+HEALTH_EVERY_S = 60.0
+
+# What a hint names (the NOTIFY payload's first character, the doorbell file's suffix).
+DELIVERIES: Final = "d"
+RECEIPTS: Final = "r"
+# A receipts hint carrying the receipts as JSON: "R" + [[id, message id, recipient session,
+# recipient host, outcome, code, sender session], ...] (queries.PG_RECEIPT_HINT writes it).
+RECEIPT_ROWS: Final = "R"
+_hint_rows = msgspec.json.Decoder(
+    list[tuple[int, str, str, str, ReceiptOutcome, str | None, str | None]]
+)
+
+
+def parse_hint(payload: str) -> Wake:
+    """One NOTIFY payload as a ``Wake``; an empty or unknown one is a catch-up (an older
+    relay's hint, ``notify_self``), a receipts hint that does not parse a plain receipts one."""
+    kind, body = payload[:1], payload[1:]
+    if kind == DELIVERIES:
+        return Wake(deliveries=True)
+    if kind == RECEIPTS:
+        return Wake(receipts=True)
+    if kind == RECEIPT_ROWS:
+        try:
+            return Wake(hinted=tuple(ReceiptRow(*row) for row in _hint_rows.decode(body)))
+        except msgspec.DecodeError:
+            return Wake(receipts=True)
+    return CATCH_UP
 
 
 def host_key(host_id: str) -> str:
@@ -44,13 +78,15 @@ def doorbell_dir(db_path: Path) -> Path:
     return db_path.with_name(db_path.name + ".doorbells")
 
 
-def doorbell_path(db_path: Path, host_id: str) -> Path:
-    return doorbell_dir(db_path) / host_key(host_id)
+def doorbell_path(db_path: Path, host_id: str, kind: str = DELIVERIES) -> Path:
+    """One doorbell file per host and kind: deliveries, receipts."""
+    key = host_key(host_id)
+    return doorbell_dir(db_path) / (key if kind == DELIVERIES else f"{key}.{kind}")
 
 
-def ring_doorbell(db_path: Path, host_id: str) -> None:
+def ring_doorbell(db_path: Path, host_id: str, kind: str = DELIVERIES) -> None:
     """Rewrite the host's doorbell file: a content change is seen by inotify and by polling."""
-    bell = doorbell_path(db_path, host_id)
+    bell = doorbell_path(db_path, host_id, kind)
     bell.parent.mkdir(exist_ok=True)
     tmp = bell.with_name(f"{bell.name}.{os.getpid()}.{threading.get_ident()}")
     tmp.write_text(f"{time.time_ns()}\n")
@@ -80,13 +116,16 @@ class PostgresWaiter(_ClosedOnExit):
         notify: Callable[[], None],
         *,
         connect_timeout: float = 5.0,
+        trust_hints: bool = True,
     ) -> None:
         self._conninfo = conninfo
+        self._trust_hints = trust_hints
         self._notify = notify
         self.channel = channel_name(host_id)
         self._connect_timeout = connect_timeout
         self._conn: psycopg.Connection[Any] | None = None
         self._reconnected = False
+        self._proven = time.monotonic()
         self.reconnects = 0
 
     def __enter__(self) -> Self:
@@ -131,25 +170,39 @@ class PostgresWaiter(_ClosedOnExit):
         return True
 
     def wait(self, timeout: float) -> bool:
+        return self.wake(timeout) is not None
+
+    def wake(self, timeout: float) -> Wake | None:
         deadline = time.monotonic() + timeout
         if (self._conn is None or self._conn.closed) and not self._reconnect(timeout):
-            return False
+            return None
         if self._reconnected:
             self._reconnected = False
-            return True
+            return CATCH_UP
         assert self._conn is not None
         try:
-            woken = any(True for _ in self._conn.notifies(timeout=timeout, stop_after=1))
-            if not woken:
-                # Quiet is normal; a dead connection is not. Find out now, not at the next hint.
-                self._conn.execute(q.PG_HEALTH)
-            return woken
+            # Consumed whole: closing the generator early drops the rest of a packet.
+            got = list(self._conn.notifies(timeout=timeout, stop_after=1))
+            if not got:
+                if time.monotonic() - self._proven >= HEALTH_EVERY_S:
+                    # Quiet is normal; a dead connection is not. Find out now.
+                    self._conn.execute(q.PG_HEALTH)
+                    self._proven = time.monotonic()
+                return None
+            got += self._conn.notifies(timeout=0)  # whatever else already arrived
+            self._proven = time.monotonic()
+            wake = Wake()
+            for n in got:
+                wake |= parse_hint(n.payload)
+            if wake.hinted and not self._trust_hints:
+                return Wake(wake.deliveries, receipts=True)  # read the rows instead
+            return wake
         except psycopg.OperationalError:
             log.info("listener connection lost; reconnecting")
             if self._reconnect(deadline - time.monotonic()):
                 self._reconnected = False
-                return True
-            return False
+                return CATCH_UP
+            return None
 
     def notify_self(self) -> None:
         """Send a hint to this waiter through the store (a health check end to end)."""
@@ -157,14 +210,29 @@ class PostgresWaiter(_ClosedOnExit):
 
 
 class _Bell(FileSystemEventHandler):
-    def __init__(self, bell: Path, event: threading.Event) -> None:
-        self._bell = str(bell)
+    """Notes which of the host's doorbells rang (by kind) and sets the event."""
+
+    def __init__(self, bells: dict[str, str], event: threading.Event) -> None:
+        self._bells = bells  # path -> kind
         self._event = event
+        self._lock = threading.Lock()
+        self.rung: set[str] = set()
+
+    def ring(self, kinds: set[str]) -> None:
+        with self._lock:
+            self.rung |= kinds
+        self._event.set()
+
+    def take(self) -> set[str]:
+        with self._lock:
+            rung, self.rung = self.rung, set()
+        return rung
 
     def on_any_event(self, event: FileSystemEvent) -> None:
         paths = {os.fsdecode(event.src_path), os.fsdecode(getattr(event, "dest_path", "") or "")}
-        if self._bell in paths:
-            self._event.set()
+        kinds = {kind for path, kind in self._bells.items() if path in paths}
+        if kinds:
+            self.ring(kinds)
 
 
 class DoorbellWaiter(_ClosedOnExit):
@@ -175,16 +243,19 @@ class DoorbellWaiter(_ClosedOnExit):
         self._host_id = host_id
         self.bell = doorbell_path(db_path, host_id)
         self._event = threading.Event()
+        bells = {str(doorbell_path(db_path, host_id, k)): k for k in (DELIVERIES, RECEIPTS)}
+        self._handler = _Bell(bells, self._event)
         self._polling = polling
         self._observer: Any = None
 
     def __enter__(self) -> Self:
         self.bell.parent.mkdir(exist_ok=True)
         observer = PollingObserver(timeout=POLL_INTERVAL_S) if self._polling else Observer()
-        observer.schedule(_Bell(self.bell, self._event), str(self.bell.parent), recursive=False)
+        observer.schedule(self._handler, str(self.bell.parent), recursive=False)
         observer.start()
         self._observer = observer
-        self._event.set()  # first wait reports a wake-up: the caller catches up
+        # The first wait reports a wake-up for both kinds: the caller catches up.
+        self._handler.ring({DELIVERIES, RECEIPTS})
         return self
 
     def close(self) -> None:
@@ -194,9 +265,16 @@ class DoorbellWaiter(_ClosedOnExit):
             self._observer = None
 
     def wait(self, timeout: float) -> bool:
-        woken = self._event.wait(timeout)
+        return self.wake(timeout) is not None
+
+    def wake(self, timeout: float) -> Wake | None:
+        if not self._event.wait(timeout):
+            return None
         self._event.clear()
-        return woken
+        rung = self._handler.take()
+        if not rung:
+            return None
+        return Wake(deliveries=DELIVERIES in rung, receipts=RECEIPTS in rung)
 
     def notify_self(self) -> None:
         ring_doorbell(self._db_path, self._host_id)

@@ -177,3 +177,38 @@ def test_plain_sql_attacks_as_a_host_role(hosts: dict[str, HostRole]) -> None:
         assert conn.execute(
             "SELECT session_id FROM roster WHERE host_id = %s", (b.host,)
         ).fetchall() == [("victim",)]
+
+
+def test_a_host_role_reads_receipts_instead_of_taking_hinted_ones(
+    hosts: dict[str, HostRole],
+) -> None:
+    """Any role may NOTIFY: under per-host roles a receipt in a hint is only "read them"."""
+    a, b = hosts["A"], hosts["B"]
+    sa: MailboxStore = open_store(a.url)
+    sb: MailboxStore = open_store(b.url)
+    try:
+        gen_a, gen_b = sa.claim_host(a.host), sb.claim_host(b.host)
+        sa.enqueue([item("hinted", a.host, b.host)], generation=gen_a)
+        with sa.waiter(a.host) as waiter:
+            assert waiter.wake(1.0) is not None  # the catch-up
+            assert sb.ack(b.host, gen_b, [Ack("hinted", "s1", "delivered")]) == 1
+            woke = waiter.wake(5.0)
+            assert woke is not None and woke.receipts and not woke.hinted
+        [receipt] = sa.receipts(a.host, gen_a)
+        assert (receipt.message_id, receipt.outcome) == ("hinted", "delivered")
+    finally:
+        sa.close()
+        sb.close()
+
+
+def test_a_host_roles_heartbeat_answers_without_the_archive(hosts: dict[str, HostRole]) -> None:
+    """The archive's tables are the admin's: the beat leaves its setting out (None)."""
+    a = hosts["A"]
+    sa: MailboxStore = open_store(a.url)
+    try:
+        gen = sa.claim_host(a.host)
+        beat = sa.beat(a.host, gen, ["s1"])
+        assert beat is not None and beat.archive_enabled is None
+        assert a.host in {h.host_id for h in beat.hosts}
+    finally:
+        sa.close()

@@ -43,6 +43,16 @@ def test_hot_queries_use_indexes(pg_store: PostgresStore) -> None:
             q.inbound(by_session=False, skip_locked=True),
             {"host_id": HOST, "generation": 1, "limit": 500, "max_payload": 1 << 20},
         ),
+        "fetch_inbound, by session": (
+            q.inbound(by_session=True, skip_locked=False, array=True),
+            {
+                "host_id": HOST,
+                "generation": 1,
+                "limit": 500,
+                "max_payload": 1 << 20,
+                "session_ids": ["s1"],
+            },
+        ),
         "receipts": (q.LIST_RECEIPTS, {"host_id": HOST, "generation": 1, "limit": 500}),
         "expire": (q.EXPIRE_BATCH, {"now": q_now(), "finished": q_now(), "limit": 1000}),
     }
