@@ -2,8 +2,8 @@
 throwaway PostgreSQL cluster with ``pg_stat_statements`` loaded (docs/performance.md, "Store
 path reshaped").
 
-``python -m crossintercom.tools.storecount [N]``: starts the cluster (``tools.pgcluster``; it may
-be restarted to load the extension, which the shared server never is), two simulated hosts with
+``python -m crossintercom.tools.storecount [N]``: starts the cluster (``tools.pgcluster``, with
+the extension loaded and fsync on, which the shared server never is), two simulated hosts with
 their relays, a listener on the second, and sends N (default 200) sequential messages from the
 first; the counts are ``bench.store_work``'s. Prints one JSON object.
 """
@@ -31,12 +31,6 @@ SINK = "sink0"
 # Idle is measured over this long, after the server published the busy counts.
 IDLE_S = 10.0
 FLUSH_S = 1.2
-
-
-def _load_statements(pg: ThrowawayPostgres) -> None:
-    with psycopg.connect(pg.url, autocommit=True) as conn:
-        conn.execute("ALTER SYSTEM SET shared_preload_libraries = 'pg_stat_statements'")
-    pg.restart()
 
 
 async def _count(alpha: SimHost, beta: SimHost, conninfo: str, n: int) -> dict[str, Any]:
@@ -92,8 +86,11 @@ async def _idle(
 
 
 def count(n: int) -> dict[str, Any]:
-    with ThrowawayPostgres() as pg, tempfile.TemporaryDirectory(prefix="ci-count-") as tmp:
-        _load_statements(pg)
+    loaded = {"shared_preload_libraries": "pg_stat_statements"}
+    with (
+        ThrowawayPostgres(fsync=True, server_settings=loaded) as pg,
+        tempfile.TemporaryDirectory(prefix="ci-count-") as tmp,
+    ):
         migrate.upgrade(pg.url)
         with Cluster(Path(tmp), pg.url, SimHost) as cluster:
             hosts = [cluster.host(h, relay=False) for h in HOSTS]
@@ -106,8 +103,17 @@ def count(n: int) -> dict[str, Any]:
             return asyncio.run(_count(alpha, beta, pg.url, n))
 
 
-def main() -> None:
-    n = int(sys.argv[1]) if len(sys.argv) > 1 else 200
+USAGE = "usage: python -m crossintercom.tools.storecount [N]  (N messages, 1 to 100000)"
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else argv
+    try:
+        n = int(args[0]) if args else 200
+    except ValueError:
+        n = 0
+    if len(args) > 1 or not 1 <= n <= 100_000:
+        raise SystemExit(USAGE)
     print(json.dumps(count(n), indent=2))
 
 
