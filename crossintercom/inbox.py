@@ -12,16 +12,19 @@ inbox without creating or changing anything.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import re
 import sqlite3
 import stat
 import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import tenacity
 
 from crossintercom.config import Settings, synchronous_pragma
@@ -74,6 +77,19 @@ def _tighten(path: Path, file_mode: int) -> None:
 
 
 _COLUMNS = "seq, id, kind, body, shown"
+_INSERT = (
+    "INSERT OR IGNORE INTO entries (id, kind, body, received_at, shown) VALUES (?, ?, ?, ?, ?)"
+)
+_MARK_SHOWN = "UPDATE entries SET shown = 1 WHERE seq = ?"
+_encode = msgspec.json.Encoder().encode
+
+
+def _row(item: Message | Receipt, shown: bool, now: float) -> tuple[str, str, str, float, int]:
+    if isinstance(item, Message):
+        # The message's JSON as ``to_dict`` gives it, encoded in one step.
+        return item.id, "message", _encode(item).decode(), now, int(shown)
+    body = json.dumps({"type": "receipt", **item.to_dict()})
+    return item.key, "receipt", body, now, int(shown)
 
 
 def _open_read_only(path: Path) -> sqlite3.Connection:
@@ -198,17 +214,38 @@ class Inbox:
 
     def save(self, message: Message, *, shown: bool = False) -> bool:
         """Store once; True if it was new. Committed before the caller acknowledges."""
-        cur = self._db.execute(
-            "INSERT OR IGNORE INTO entries (id, kind, body, received_at, shown) "
-            "VALUES (?, 'message', ?, ?, ?)",
-            (message.id, json.dumps(message.to_dict()), time.time(), int(shown)),
-        )
-        self._saved()
-        return cur.rowcount == 1
+        return self.save_many([(message, shown)])[0]
 
-    def _saved(self) -> None:
-        self._saves += 1
-        if self._saves % _PRUNE_EVERY == 0:
+    def save_many(self, items: Sequence[tuple[Message | Receipt, bool]]) -> list[bool]:
+        """``save`` (or ``save_receipt``) for several entries, each with its ``shown`` mark, in
+        one transaction: all are committed or none (the error is raised). Whether each was new,
+        in order."""
+        now = time.time()
+        rows = [_row(item, shown, now) for item, shown in items]
+        db = self._db
+        if len(rows) == 1:  # autocommit: one statement, one transaction
+            new = [db.execute(_INSERT, rows[0]).rowcount == 1]
+        else:
+            with self._transaction():
+                new = [db.execute(_INSERT, row).rowcount == 1 for row in rows]
+        self._saved(len(rows))
+        return new
+
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[None]:
+        db = self._db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+            db.execute("COMMIT")
+        except BaseException:
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+            raise
+
+    def _saved(self, n: int = 1) -> None:
+        before, self._saves = self._saves, self._saves + n
+        if before // _PRUNE_EVERY != self._saves // _PRUNE_EVERY:
             self.prune()
 
     def prune(self) -> int:
@@ -225,13 +262,7 @@ class Inbox:
         return cur.rowcount
 
     def save_receipt(self, receipt: Receipt) -> bool:
-        cur = self._db.execute(
-            "INSERT OR IGNORE INTO entries (id, kind, body, received_at, shown) "
-            "VALUES (?, 'receipt', ?, ?, 0)",
-            (receipt.key, json.dumps({"type": "receipt", **receipt.to_dict()}), time.time()),
-        )
-        self._saved()
-        return cur.rowcount == 1
+        return self.save_many([(receipt, False)])[0]
 
     def holds_other_payload(self, message: Message) -> bool:
         """True if ``message.id`` is held for a different payload (sender, text, thread...)."""
@@ -241,8 +272,14 @@ class Inbox:
         return Message.from_dict(held.body).canonical_payload() != message.canonical_payload()
 
     def mark_shown(self, seqs: list[int]) -> None:
-        if seqs:
-            self._db.executemany("UPDATE entries SET shown = 1 WHERE seq = ?", [(s,) for s in seqs])
+        """Mark entries shown, in one transaction."""
+        if not seqs:
+            return
+        if len(seqs) == 1:
+            self._db.execute(_MARK_SHOWN, (seqs[0],))
+            return
+        with self._transaction():
+            self._db.executemany(_MARK_SHOWN, [(s,) for s in seqs])
 
     def mark_message_shown(self, message_id: str) -> None:
         self._db.execute(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 import msgspec
@@ -146,7 +146,12 @@ class BrokerConnection:
 
     def post(self, frame: msgspec.Struct) -> bool:
         """Write a frame that expects no answer; False when not connected."""
+        return self.post_many((frame,))
+
+    def post_many(self, frames: Sequence[msgspec.Struct]) -> bool:
+        """Write frames that expect no answer in one write; False when not connected."""
         if self._writer is None or self._writer.is_closing():
             return False
-        self._writer.write(p.encode(frame))
+        if frames:
+            self._writer.write(b"".join(p.encode(f) for f in frames))
         return True

@@ -260,10 +260,13 @@ class Broker:
         self.relay.archive_enabled = f.enabled
 
     async def _on_remote_receipt(self, conn: Conn, f: p.RemoteReceipt) -> None:
-        for r in f.receipts:
-            if r.sender:
-                receipt = Receipt(r.id, r.outcome, r.recipient, r.code, r.message, r.host)
-                self.delivery.notify_sender(r.sender, receipt)
+        self.delivery.notify_senders(
+            [
+                (r.sender, Receipt(r.id, r.outcome, r.recipient, r.code, r.message, r.host))
+                for r in f.receipts
+                if r.sender
+            ]
+        )
 
     # --- housekeeping ---------------------------------------------------------------------------
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 from crossintercom import protocol as p
@@ -41,6 +42,10 @@ class Conn:
 
     def write(self, frame: p.BrokerFrame | p.ToRelayFrame | Any) -> bool:
         """Queue a frame; False if the connection can no longer be written."""
+        return self.write_many((frame,))
+
+    def write_many(self, frames: Sequence[p.BrokerFrame | p.ToRelayFrame | Any]) -> bool:
+        """Queue frames in one write; False if the connection can no longer be written."""
         if self.closed or self.writer.is_closing():
             return False
         transport = self.writer.transport
@@ -55,7 +60,7 @@ class Conn:
             transport.abort()
             return False
         try:
-            self.writer.write(p.encode(frame))
+            self.writer.write(b"".join(p.encode(f) for f in frames))
         except (OSError, RuntimeError):
             return False
         return True
