@@ -205,27 +205,10 @@ class DedupAuthority:
         been delivered), ``forward_again`` for a remote one (the shared store answers by id).
         Unknown id past a bound (after dropping expired records): ``over_capacity``.
         """
-        self._require_open()
-        _check_op_id(op_id)
-        digest = hmac.new(self._key, payload, hashlib.sha256).hexdigest()
-        now = self._clock()
-        self._expire(now)
-        entry = self._entries.get(op_id)
-        if entry is not None:
-            if not hmac.compare_digest(entry.digest, digest):
-                return _CONFLICT
-            if entry.accepted:
-                return Decision("retained", self._stored_outcome(op_id))
-            return _FORWARD_AGAIN if remote else _UNCERTAIN
-        size = _record_size(op_id, None)
-        if len(self._entries) >= self._max_records or self._bytes + size > self._max_bytes:
-            return _OVER_CAPACITY
-        self._write(
-            files.INSERT_RESERVED, [(op_id, digest, files.RESERVED, self._wall() + self._ttl)]
-        )
-        self._entries[op_id] = _Entry(now + self._ttl, digest, False, size)
-        self._bytes += size
-        return _NEW
+        [decision], _ = self.commit([(op_id, payload, remote)], [])
+        if isinstance(decision, AuthorityUnavailable):
+            raise decision
+        return decision
 
     def accept(self, op_id: str, outcome: dict[str, Any]) -> None:
         """Mark a reserved id accepted, retaining ``outcome`` (ids, outcome, codes, receipts).
@@ -239,23 +222,76 @@ class DedupAuthority:
     def accept_many(self, items: Iterable[tuple[str, dict[str, Any]]]) -> None:
         """``accept`` for several ids in one transaction; validates all before writing any."""
         self._require_open()
-        updates: dict[str, str] = {}
-        for op_id, outcome in items:
-            if op_id not in self._entries:
-                raise KeyError(op_id)
-            updates[op_id] = _encode_outcome(outcome)
-        if not updates:
-            return
-        self._write(
-            files.SET_ACCEPTED,
-            [(files.ACCEPTED, text, op_id) for op_id, text in updates.items()],
-        )
-        for op_id, text in updates.items():
-            entry = self._entries[op_id]
+        updates = {op_id: self.encode_outcome(op_id, outcome) for op_id, outcome in items}
+        _, error = self.commit([], list(updates.items()))
+        if error is not None:
+            raise error
+
+    check_op_id = staticmethod(_check_op_id)
+
+    def encode_outcome(self, op_id: str, outcome: dict[str, Any]) -> str:
+        """The text ``accept`` retains for ``op_id``; raises as ``accept`` does."""
+        if op_id not in self._entries:
+            raise KeyError(op_id)
+        return _encode_outcome(outcome)
+
+    def commit(
+        self, reserves: Sequence[tuple[str, bytes, bool]], accepts: Sequence[tuple[str, str]]
+    ) -> tuple[list[Decision | AuthorityUnavailable], AuthorityUnavailable | None]:
+        """Reservations (id, payload, remote) and acceptances (id, encoded outcome, of
+        reserved ids) in one transaction: a group commit. Returns each reservation's decision,
+        in order (as ``reserve`` would have made them one after another), and the error that
+        failed the write, if one did: every write then failed and nothing changed, so each
+        reservation that needed one is that error, and so is the acceptances' outcome."""
+        self._require_open()
+        for op_id, _, _ in reserves:
+            _check_op_id(op_id)
+        now = self._clock()
+        self._expire(now)
+        staged: dict[str, _Entry] = {}
+        staged_bytes = 0
+        decisions: list[Decision | None] = []
+        rows: list[tuple[Any, ...]] = []
+        for op_id, payload, remote in reserves:
+            digest = hmac.new(self._key, payload, hashlib.sha256).hexdigest()
+            entry = self._entries.get(op_id) or staged.get(op_id)
+            if entry is not None:
+                decisions.append(self._known(op_id, entry, digest, remote))
+                continue
+            size = _record_size(op_id, None)
+            total = len(self._entries) + len(staged)
+            if total >= self._max_records or self._bytes + staged_bytes + size > self._max_bytes:
+                decisions.append(_OVER_CAPACITY)
+                continue
+            staged[op_id] = _Entry(now + self._ttl, digest, False, size)
+            staged_bytes += size
+            rows.append((op_id, digest, files.RESERVED, self._wall() + self._ttl))
+            decisions.append(None)  # new, once the write succeeded
+        writes = [(files.INSERT_RESERVED, rows)] if rows else []
+        if accepts:
+            writes.append((files.SET_ACCEPTED, [(files.ACCEPTED, t, i) for i, t in accepts]))
+        try:
+            self._write_all(writes)
+        except AuthorityUnavailable as exc:
+            return [exc if d is None else d for d in decisions], exc
+        self._entries.update(staged)
+        self._bytes += staged_bytes
+        for op_id, text in accepts:
+            entry = self._entries.get(op_id)
+            if entry is None:  # released meanwhile: its DELETE went first, the UPDATE found none
+                continue
             size = _record_size(op_id, text)
             self._bytes += size - entry.size
             entry.size = size
             entry.accepted = True
+        return [_NEW if d is None else d for d in decisions], None
+
+    def _known(self, op_id: str, entry: _Entry, digest: str, remote: bool) -> Decision:
+        if not hmac.compare_digest(entry.digest, digest):
+            return _CONFLICT
+        if entry.accepted:
+            return Decision("retained", self._stored_outcome(op_id))
+        return _FORWARD_AGAIN if remote else _UNCERTAIN
 
     def abandon(self, op_id: str) -> None:
         """Drop a reservation whose message was not sent at all, so a retry may go through.
@@ -338,23 +374,29 @@ class DedupAuthority:
         return outcome
 
     def _write(self, sql: str, params: list[tuple[Any, ...]]) -> None:
-        """Run one statement per parameter tuple as a single transaction, after the DELETEs of
-        released records (so a released id reserved again is deleted before it is inserted).
+        self._write_all([(sql, params)])
+
+    def _write_all(self, writes: list[tuple[str, list[tuple[Any, ...]]]]) -> None:
+        """Run each statement once per parameter tuple, all as a single transaction, after the
+        DELETEs of released records (so a released id reserved again is deleted before it is
+        inserted).
 
         Callers update the in-memory mirror only after this returns, so a failed write leaves
         memory and file in agreement; released ids stay pending until a write succeeds.
         """
         conn = self._require_open()
         released = self._released
+        if released:
+            writes = [(files.DELETE_OP, [(op_id,) for op_id in released]), *writes]
+        writes = [(sql, params) for sql, params in writes if params]
         try:
-            if len(params) == 1 and not released:
-                conn.execute(sql, params[0])  # autocommit: one statement, one transaction
-            else:
+            if len(writes) == 1 and len(writes[0][1]) == 1:
+                conn.execute(writes[0][0], writes[0][1][0])  # autocommit: one statement
+            elif writes:
                 conn.execute("BEGIN IMMEDIATE")
                 try:
-                    if released:
-                        conn.executemany(files.DELETE_OP, [(op_id,) for op_id in released])
-                    conn.executemany(sql, params)
+                    for sql, params in writes:
+                        conn.executemany(sql, params)
                     conn.execute("COMMIT")
                 except BaseException:
                     if conn.in_transaction:
