@@ -109,6 +109,12 @@ def listen(
     asyncio.run(_listen(cfg, ident, view, as_name=as_name, fresh=fresh))
 
 
+# `shown` reports are gathered for this long (or this many): a sender's receipts then cost one
+# queue transaction and one inbox commit per batch, not per message (docs/performance.md).
+SHOWN_COALESCE_S = 0.1
+SHOWN_BATCH = 256
+
+
 @dataclass(frozen=True, slots=True)
 class _View:
     as_json: bool
@@ -135,12 +141,21 @@ async def _listen(
                 f"listening as {as_name}@{cfg.host_id} (session {ident.id}); Ctrl-C to stop",
                 err=True,
             )
+        unreported: list[dict[str, Any]] = []
+        due = 0.0
         while not stop.is_set():
             printed = _show_unshown(cfg, display, ident.id, view)
-            if printed:
-                await report_shown(client, printed)
-            await client.next_incoming(timeout=0.5)
+            if printed and not unreported:
+                due = loop.time() + SHOWN_COALESCE_S
+            unreported += printed
+            if unreported and (loop.time() >= due or len(unreported) >= SHOWN_BATCH):
+                await report_shown(client, unreported)
+                unreported = []
+            wait = min(0.5, max(0.0, due - loop.time())) if unreported else 0.5
+            await client.next_incoming(timeout=wait)
             client.drain_incoming()  # all of it is in the inbox: one display pass shows it
+        if unreported:
+            await report_shown(client, unreported)
 
 
 def _show_unshown(
