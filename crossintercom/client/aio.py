@@ -275,7 +275,7 @@ class AsyncClient:
 
     def _confirm(self, message_id: str) -> None:
         """Tell the broker we have the outcome, so its dedup record can go at once."""
-        self._conn.post(p.Confirm([message_id]))
+        self._conn.post_later(p.Confirm([message_id]))
 
     async def send(
         self,

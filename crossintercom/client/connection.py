@@ -8,6 +8,7 @@ frames) goes to the ``on_frame`` callback of the owner.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable, Sequence
 from typing import TypeVar
@@ -29,6 +30,9 @@ from crossintercom.runtime import check_socket_path
 log = logging.getLogger(__name__)
 
 F = TypeVar("F", bound=p.BrokerFrame)
+
+# How long a frame posted for later waits for a request to ride with (``post_later``).
+LATER_S = 0.05
 
 
 def expect(frame: p.BrokerFrame, kind: type[F]) -> F:
@@ -55,6 +59,8 @@ class BrokerConnection:
         self.read_task: asyncio.Task[None] | None = None
         self._next_rid = 1
         self._requests: dict[int, asyncio.Future[p.BrokerFrame]] = {}
+        self._later: list[bytes] = []
+        self._later_timer: asyncio.TimerHandle | None = None
 
     @property
     def open(self) -> bool:
@@ -79,6 +85,10 @@ class BrokerConnection:
         """Close the socket and fail every request waiting on it; returns the old writer."""
         writer, self._writer, self._reader = self._writer, None, None
         if writer is not None:
+            later = self._take_later()  # a closing client's last confirms
+            if later and not writer.is_closing():
+                with contextlib.suppress(Exception):
+                    writer.write(later)
             writer.close()
         for fut in self._requests.values():
             if not fut.done():
@@ -137,7 +147,7 @@ class BrokerConnection:
         fut: asyncio.Future[p.BrokerFrame] = asyncio.get_running_loop().create_future()
         self._requests[rid] = fut
         try:
-            writer.write(data)
+            writer.write(self._take_later() + data)
             await writer.drain()
         except (ConnectionError, OSError):
             self._requests.pop(rid, None)
@@ -147,6 +157,28 @@ class BrokerConnection:
     def post(self, frame: msgspec.Struct) -> bool:
         """Write a frame that expects no answer; False when not connected."""
         return self.post_many((frame,))
+
+    def post_later(self, frame: msgspec.Struct) -> None:
+        """Write a frame that expects no answer and may wait: it rides in the next request's
+        write, or goes on its own after ``LATER_S`` (one write and one wake-up of the broker
+        fewer per operation; docs/performance.md). Dropped if the connection goes first."""
+        self._later.append(p.encode(frame))
+        if self._later_timer is None:
+            loop = asyncio.get_running_loop()
+            self._later_timer = loop.call_later(LATER_S, self._flush_later)
+
+    def _take_later(self) -> bytes:
+        if self._later_timer is not None:
+            self._later_timer.cancel()
+            self._later_timer = None
+        data, self._later = b"".join(self._later), []
+        return data
+
+    def _flush_later(self) -> None:
+        self._later_timer = None
+        data = self._take_later()
+        if data and self._writer is not None and not self._writer.is_closing():
+            self._writer.write(data)
 
     def post_many(self, frames: Sequence[msgspec.Struct]) -> bool:
         """Write frames that expect no answer in one write; False when not connected."""

@@ -130,13 +130,15 @@ class Operations:
         return self._resolve_once(target, sender_id)
 
     def _resolve_once(self, target: str, sender_id: str) -> list[Target]:
-        reg = self.registry
+        snap = self.registry.snapshot()
         return resolve(
             target,
             sender_id,
             host=self.host,
-            local=reg.local_sessions(),
-            remote=reg.remote_sessions(),
+            local=snap.local,
+            remote=snap.remote,
+            by_id=snap.by_id,
+            by_name=snap.by_name,
         )
 
     async def send(self, conn: Conn, body: p.OutgoingBody) -> SendResult:
