@@ -52,13 +52,17 @@ class Delivery:
         if not conn.write(p.Deliver(msg, reply=reply)):
             self._retire(conn)
             return outcomes.CONNECTION_LOST
+        # Drained only when the socket did not take the whole frame: a drain wrapped in a
+        # timeout is a task and a loop turn of its own on every push (docs/performance.md).
+        if conn.writer.transport.get_write_buffer_size():
+            try:
+                await asyncio.wait_for(conn.writer.drain(), self.settings.ack_timeout_s)
+            except OSError:  # TimeoutError included: a client that stops reading cannot be written
+                self._retire(conn)  # a write that fails retires the session at once
+                return outcomes.CONNECTION_LOST
         try:
-            await asyncio.wait_for(conn.writer.drain(), self.settings.ack_timeout_s)
-        except OSError:  # TimeoutError included: a client that stops reading cannot be written
-            self._retire(conn)  # a write that fails retires the session at once
-            return outcomes.CONNECTION_LOST
-        try:
-            code = await asyncio.wait_for(asyncio.shield(fut), self.settings.ack_timeout_s)
+            async with asyncio.timeout(self.settings.ack_timeout_s):
+                code = await asyncio.shield(fut)
         except TimeoutError:  # written, but not acknowledged in time: the session stays
             conn.acks.pop(msg.id, None)
             return outcomes.TIMEOUT
