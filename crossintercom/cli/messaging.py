@@ -113,6 +113,7 @@ def listen(
 # queue transaction and one inbox commit per batch, not per message (docs/performance.md).
 SHOWN_COALESCE_S = 0.1
 SHOWN_BATCH = 256
+DISPLAY_EVERY_S = 0.02
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,9 +143,13 @@ async def _listen(
                 err=True,
             )
         unreported: list[dict[str, Any]] = []
-        due = 0.0
+        due = shown_at = 0.0
         while not stop.is_set():
+            # At most one display pass (and one commit of its marks) per DISPLAY_EVERY_S: a
+            # lone message is shown at once, a stream in passes that each show several.
+            await asyncio.sleep(max(0.0, shown_at + DISPLAY_EVERY_S - loop.time()))
             printed = _show_unshown(cfg, display, ident.id, view)
+            shown_at = loop.time()
             if printed and not unreported:
                 due = loop.time() + SHOWN_COALESCE_S
             unreported += printed

@@ -43,88 +43,35 @@ import sqlite3
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Literal
+from typing import Any
 
 from crossintercom.config import synchronous_pragma
 from crossintercom.errors import CrossintercomError
 from crossintercom.local_broker import authority_files as files
-from crossintercom.local_broker.authority_files import HMAC_HEX_LEN, MAX_OP_ID_LEN
+from crossintercom.local_broker import authority_records as records
+from crossintercom.local_broker.authority_records import (
+    CONFLICT,
+    FORWARD_AGAIN,
+    NEW,
+    OVER_CAPACITY,
+    UNCERTAIN,
+    Decision,
+    DecisionKind,
+    Entry,
+    check_op_id,
+    record_size,
+)
 from crossintercom.runtime import WAL_MAX_BYTES, bound_wal
 
 __all__ = ["AuthorityUnavailable", "Decision", "DecisionKind", "DedupAuthority"]
-
-# Fixed per-record cost added to id + hmac + outcome, standing in for index and row overhead.
-RECORD_OVERHEAD = 64
-
-DecisionKind = Literal["new", "retained", "conflict", "uncertain", "forward_again", "over_capacity"]
 
 
 class AuthorityUnavailable(CrossintercomError):
     """The dedup authority could not record the operation (local disk error)."""
 
     code = "authority_unavailable"
-
-
-@dataclass(frozen=True)
-class Decision:
-    """What ``reserve`` found. ``outcome`` is set only for ``retained`` (a fresh copy each time)."""
-
-    kind: DecisionKind
-    outcome: dict[str, Any] | None = None
-
-
-_NEW = Decision("new")
-_CONFLICT = Decision("conflict")
-_UNCERTAIN = Decision("uncertain")
-_FORWARD_AGAIN = Decision("forward_again")
-_OVER_CAPACITY = Decision("over_capacity")
-
-
-class _Entry:
-    """In-memory mirror of one row, so ``reserve`` needs no read round trip."""
-
-    __slots__ = ("accepted", "deadline", "digest", "size")
-
-    def __init__(self, deadline: float, digest: str, accepted: bool, size: int) -> None:
-        self.deadline = deadline
-        self.digest = digest
-        self.accepted = accepted
-        self.size = size
-
-
-def _record_size(op_id: str, outcome_json: str | None) -> int:
-    size = len(op_id.encode()) + HMAC_HEX_LEN + RECORD_OVERHEAD
-    if outcome_json is not None:
-        size += len(outcome_json.encode())
-    return size
-
-
-def _check_op_id(op_id: str) -> None:
-    if not isinstance(op_id, str) or not op_id or len(op_id) > MAX_OP_ID_LEN:
-        raise ValueError(f"operation id must be a non-empty string of at most {MAX_OP_ID_LEN}")
-
-
-def _carries_text(value: Any) -> bool:
-    if isinstance(value, dict):
-        return any(k == "text" or _carries_text(v) for k, v in value.items())
-    if isinstance(value, list):
-        return any(_carries_text(v) for v in value)
-    return False
-
-
-def _encode_outcome(outcome: dict[str, Any]) -> str:
-    if not isinstance(outcome, dict):
-        raise ValueError("outcome must be a JSON object")
-    # The file promises to hold no message text; a "text" key means the caller passed a message.
-    if _carries_text(outcome):
-        raise ValueError("outcome must not carry message text")
-    try:
-        return json.dumps(outcome, sort_keys=True, separators=(",", ":"), allow_nan=False)
-    except (TypeError, ValueError) as e:
-        raise ValueError(f"outcome is not JSON-serialisable: {e}") from None
 
 
 class DedupAuthority:
@@ -165,7 +112,7 @@ class DedupAuthority:
         self._wall = wall
         # Ordered by deadline: new records get now + ttl from a monotonic clock, so appending
         # keeps the order and sweep only looks at the front.
-        self._entries: OrderedDict[str, _Entry] = OrderedDict()
+        self._entries: OrderedDict[str, Entry] = OrderedDict()
         self._bytes = 0
         self._conn: sqlite3.Connection | None = None
         # Released ids whose DELETE has not been written yet (see the module docstring).
@@ -175,7 +122,7 @@ class DedupAuthority:
             self._dir, mode=file_mode, ttl=self._ttl, wall=wall, clock=clock
         )
         for r in records:
-            entry = _Entry(r.deadline, r.digest, r.accepted, _record_size(r.op_id, r.outcome))
+            entry = Entry(r.deadline, r.digest, r.accepted, record_size(r.op_id, r.outcome))
             self._entries[r.op_id] = entry
             self._bytes += entry.size
         try:
@@ -227,13 +174,13 @@ class DedupAuthority:
         if error is not None:
             raise error
 
-    check_op_id = staticmethod(_check_op_id)
+    check_op_id = staticmethod(check_op_id)
 
     def encode_outcome(self, op_id: str, outcome: dict[str, Any]) -> str:
         """The text ``accept`` retains for ``op_id``; raises as ``accept`` does."""
         if op_id not in self._entries:
             raise KeyError(op_id)
-        return _encode_outcome(outcome)
+        return records.encode_outcome(outcome)
 
     def commit(
         self, reserves: Sequence[tuple[str, bytes, bool]], accepts: Sequence[tuple[str, str]]
@@ -245,10 +192,10 @@ class DedupAuthority:
         reservation that needed one is that error, and so is the acceptances' outcome."""
         self._require_open()
         for op_id, _, _ in reserves:
-            _check_op_id(op_id)
+            check_op_id(op_id)
         now = self._clock()
         self._expire(now)
-        staged: dict[str, _Entry] = {}
+        staged: dict[str, Entry] = {}
         staged_bytes = 0
         decisions: list[Decision | None] = []
         rows: list[tuple[Any, ...]] = []
@@ -258,12 +205,12 @@ class DedupAuthority:
             if entry is not None:
                 decisions.append(self._known(op_id, entry, digest, remote))
                 continue
-            size = _record_size(op_id, None)
+            size = record_size(op_id, None)
             total = len(self._entries) + len(staged)
             if total >= self._max_records or self._bytes + staged_bytes + size > self._max_bytes:
-                decisions.append(_OVER_CAPACITY)
+                decisions.append(OVER_CAPACITY)
                 continue
-            staged[op_id] = _Entry(now + self._ttl, digest, False, size)
+            staged[op_id] = Entry(now + self._ttl, digest, False, size)
             staged_bytes += size
             rows.append((op_id, digest, files.RESERVED, self._wall() + self._ttl))
             decisions.append(None)  # new, once the write succeeded
@@ -280,18 +227,18 @@ class DedupAuthority:
             entry = self._entries.get(op_id)
             if entry is None:  # released meanwhile: its DELETE went first, the UPDATE found none
                 continue
-            size = _record_size(op_id, text)
+            size = record_size(op_id, text)
             self._bytes += size - entry.size
             entry.size = size
             entry.accepted = True
-        return [_NEW if d is None else d for d in decisions], None
+        return [NEW if d is None else d for d in decisions], None
 
-    def _known(self, op_id: str, entry: _Entry, digest: str, remote: bool) -> Decision:
+    def _known(self, op_id: str, entry: Entry, digest: str, remote: bool) -> Decision:
         if not hmac.compare_digest(entry.digest, digest):
-            return _CONFLICT
+            return CONFLICT
         if entry.accepted:
             return Decision("retained", self._stored_outcome(op_id))
-        return _FORWARD_AGAIN if remote else _UNCERTAIN
+        return FORWARD_AGAIN if remote else UNCERTAIN
 
     def abandon(self, op_id: str) -> None:
         """Drop a reservation whose message was not sent at all, so a retry may go through.
