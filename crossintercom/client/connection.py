@@ -56,6 +56,7 @@ class BrokerConnection:
         self._on_lost = on_lost
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
+        self._out: p.Coalescer | None = None  # set with _writer
         self.read_task: asyncio.Task[None] | None = None
         self._next_rid = 1
         self._requests: dict[int, asyncio.Future[p.BrokerFrame]] = {}
@@ -79,16 +80,19 @@ class BrokerConnection:
                 f"cannot reach the broker at {self.settings.socket_path}: {exc.strerror}"
             ) from None
         self._reader, self._writer = reader, writer
+        self._out = p.Coalescer(writer)
         self.read_task = asyncio.get_running_loop().create_task(self._read_loop(reader))
 
     def drop(self) -> asyncio.StreamWriter | None:
         """Close the socket and fail every request waiting on it; returns the old writer."""
         writer, self._writer, self._reader = self._writer, None, None
-        if writer is not None:
+        out, self._out = self._out, None
+        if writer is not None and out is not None:
             later = self._take_later()  # a closing client's last confirms
             if later and not writer.is_closing():
                 with contextlib.suppress(Exception):
-                    writer.write(later)
+                    out.write(later)
+            out.flush()
             writer.close()
         for fut in self._requests.values():
             if not fut.done():
@@ -146,8 +150,10 @@ class BrokerConnection:
             )
         fut: asyncio.Future[p.BrokerFrame] = asyncio.get_running_loop().create_future()
         self._requests[rid] = fut
+        out = self._out
+        assert out is not None  # set with the writer
         try:
-            writer.write(self._take_later() + data)
+            out.write(self._take_later() + data)
             await writer.drain()
         except (ConnectionError, OSError):
             self._requests.pop(rid, None)
@@ -177,13 +183,14 @@ class BrokerConnection:
     def _flush_later(self) -> None:
         self._later_timer = None
         data = self._take_later()
-        if data and self._writer is not None and not self._writer.is_closing():
-            self._writer.write(data)
+        if data and self._out is not None and not self._out.writer.is_closing():
+            self._out.write(data)
 
     def post_many(self, frames: Sequence[msgspec.Struct]) -> bool:
         """Write frames that expect no answer in one write; False when not connected."""
-        if self._writer is None or self._writer.is_closing():
+        out = self._out
+        if out is None or out.writer.is_closing():
             return False
         if frames:
-            self._writer.write(b"".join(p.encode(f) for f in frames))
+            out.write(b"".join(p.encode(f) for f in frames))
         return True

@@ -90,6 +90,7 @@ class Broker:
         if self.registry.detach(conn):
             self.relay.send_local_roster()
         if not conn.writer.is_closing():
+            conn.out.flush()  # what this turn still held for it (an error frame) goes first
             conn.writer.close()
         if not self.conns:
             self.idle_since = time.monotonic()

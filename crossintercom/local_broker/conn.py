@@ -33,6 +33,7 @@ class Conn:
         self.max_backlog = max_backlog
         self.reader = reader
         self.writer = writer
+        self.out = p.Coalescer(writer)
         self.session_id: str | None = None
         self.owner = False
         self.control = False
@@ -49,7 +50,7 @@ class Conn:
         if self.closed or self.writer.is_closing():
             return False
         transport = self.writer.transport
-        if transport.get_write_buffer_size() > self.max_backlog:
+        if transport.get_write_buffer_size() + self.out.held_bytes > self.max_backlog:
             # The peer stopped reading: drop it (as a failed write would) rather than queue on.
             log.warning(
                 "connection %d dropped: its peer is not reading (%d bytes queued)",
@@ -60,7 +61,7 @@ class Conn:
             transport.abort()
             return False
         try:
-            self.writer.write(b"".join(p.encode(f) for f in frames))
+            self.out.write(b"".join(p.encode(f) for f in frames))
         except (OSError, RuntimeError):
             return False
         return True

@@ -52,6 +52,7 @@ class Server:
             log.exception("connection failed", extra={"cid": conn.cid})
         finally:
             self.broker.retire(conn)
+            conn.out.flush()
             writer.close()
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
@@ -159,5 +160,6 @@ async def serve(settings: Settings, authority: DedupAuthority, state: BrokerStat
         with contextlib.suppress(FileNotFoundError):
             settings.socket_path.unlink()
         for conn in list(broker.conns):
+            conn.out.flush()
             conn.writer.close()
         await aserver.wait_closed()
