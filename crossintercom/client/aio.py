@@ -274,7 +274,8 @@ class AsyncClient:
         return result
 
     def _confirm(self, message_id: str) -> None:
-        """Tell the broker we have the outcome, so its dedup record can go at once."""
+        """Tell the broker we have the outcome, so its dedup record can go: with the next
+        request's write, or alone after a moment (``BrokerConnection.post_later``)."""
         self._conn.post_later(p.Confirm([message_id]))
 
     async def send(

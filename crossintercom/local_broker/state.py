@@ -216,9 +216,6 @@ class BrokerState:
     def dequeue(self, seq: int) -> None:
         self._db.execute("DELETE FROM queue WHERE seq = ?", (seq,))
 
-    def dequeue_item(self, recipient: str, kind: str, item_id: str) -> None:
-        self.dequeue_items([(recipient, kind, item_id)])
-
     def dequeue_items(self, items: Sequence[tuple[str, str, str]]) -> None:
         """(recipient, kind, item id) items dequeued in one transaction."""
         self._write_all(
