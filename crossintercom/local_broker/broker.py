@@ -207,9 +207,11 @@ class Broker:
     # --- sending ---------------------------------------------------------------------------
 
     async def _on_send(self, conn: Conn, f: p.Send) -> None:
+        self.ops.commits.busy += 1  # counted from its arrival: see GroupCommit
         self.spawn(self._answer(conn, f.request_id, f.message.id, self.ops.send(conn, f.message)))
 
     async def _on_reply(self, conn: Conn, f: p.Reply) -> None:
+        self.ops.commits.busy += 1
         self.spawn(self._answer(conn, f.request_id, f.message.id, self.ops.reply(conn, f.message)))
 
     async def _answer(
@@ -222,6 +224,8 @@ class Broker:
         except Exception as exc:
             log.exception("send failed", extra={"id": message_id})
             result = SendResult(message_id, Outcome.UNKNOWN, Code.INTERNAL, str(exc))
+        finally:
+            self.ops.commits.busy -= 1
         conn.write(p.Result.of(request_id, result))
 
     async def _on_ack(self, conn: Conn, f: p.Ack) -> None:

@@ -4,7 +4,7 @@ Every reservation and acceptance asked for while the event loop turns is written
 transaction when it turns next, and each caller resumes once that transaction committed: durable
 before ``reserve`` answers ``new``, durable before the sender hears an accepted outcome, exactly
 as one write per call was, with one commit for all the sends that reached the same step at once.
-A lone send pays one loop turn for it.
+A send with no other under way writes at once.
 """
 
 from __future__ import annotations
@@ -21,10 +21,21 @@ class GroupCommit:
         self._reserves: list[tuple[str, bytes, bool, asyncio.Future[Decision]]] = []
         self._accepts: list[tuple[str, str, asyncio.Future[None]]] = []
         self._due = False
+        # Operations under way (counted by the broker from the frame's arrival): one alone
+        # has nobody to share a group with, so it writes at once instead of a loop turn later.
+        self.busy = 0
+
+    def _alone(self) -> bool:
+        return self.busy <= 1 and not self._due
 
     async def reserve(self, op_id: str, payload: bytes, *, remote: bool) -> Decision:
         """``DedupAuthority.reserve``, in the next group; raises ``AuthorityUnavailable``."""
         self.authority.check_op_id(op_id)  # a bad call raises here, alone
+        if self._alone():
+            [decision], _ = self.authority.commit([(op_id, payload, remote)], [])
+            if isinstance(decision, AuthorityUnavailable):
+                raise decision
+            return decision
         fut: asyncio.Future[Decision] = self._soon()
         self._reserves.append((op_id, payload, remote, fut))
         return await fut
@@ -32,6 +43,11 @@ class GroupCommit:
     async def accept(self, op_id: str, outcome: dict[str, Any]) -> None:
         """``DedupAuthority.accept``, in the next group."""
         text = self.authority.encode_outcome(op_id, outcome)  # a bad call raises here, alone
+        if self._alone():
+            _, error = self.authority.commit([], [(op_id, text)])
+            if error is not None:
+                raise error
+            return
         fut: asyncio.Future[None] = self._soon()
         self._accepts.append((op_id, text, fut))
         await fut

@@ -17,6 +17,7 @@ def test_one_turn_is_one_group_and_durable(tmp_path: Path) -> None:
     async def main() -> list[Decision]:
         with DedupAuthority(tmp_path) as auth:
             commits = GroupCommit(auth)
+            commits.busy = 22  # sends under way: they share a group
             return list(
                 await asyncio.gather(
                     *(commits.reserve(f"m{i}", b"p", remote=False) for i in range(20)),
@@ -37,7 +38,8 @@ def test_a_reservation_beside_its_ids_acceptance_sees_the_retained_outcome(
     async def main() -> tuple[Decision, Decision]:
         with DedupAuthority(tmp_path) as auth:
             commits = GroupCommit(auth)
-            first = await commits.reserve("m1", b"p", remote=False)
+            first = await commits.reserve("m1", b"p", remote=False)  # alone: written at once
+            commits.busy = 2
             accepting = asyncio.ensure_future(commits.accept("m1", OUTCOME))
             retry = await commits.reserve("m1", b"p", remote=False)
             await accepting
@@ -46,3 +48,16 @@ def test_a_reservation_beside_its_ids_acceptance_sees_the_retained_outcome(
     first, retry = asyncio.run(main())
     assert first.kind == "new"
     assert retry == Decision("retained", OUTCOME)
+
+
+def test_a_lone_send_writes_without_waiting_for_the_loop(tmp_path: Path) -> None:
+    async def main() -> Decision:
+        with DedupAuthority(tmp_path) as auth:
+            commits = GroupCommit(auth)
+            commits.busy = 1
+            task = asyncio.ensure_future(commits.reserve("m1", b"p", remote=False))
+            await asyncio.sleep(0)  # one step of the task: enough when nothing else is under way
+            assert task.done()
+            return task.result()
+
+    assert asyncio.run(main()).kind == "new"
