@@ -33,7 +33,7 @@ V = TypeVar("V")
 
 
 class _Tracked(dict[K, V]):
-    """A dict that counts its changes, so the registry knows when its snapshot is stale."""
+    """A dict that reports each change, so the registry knows when its snapshot is stale."""
 
     def __init__(self, changed: Callable[[], None], items: Mapping[K, V] | None = None) -> None:
         super().__init__(items or {})
@@ -50,6 +50,14 @@ class _Tracked(dict[K, V]):
     def pop(self, key: K, *default: Any) -> Any:
         self._changed()
         return super().pop(key, *default)
+
+    def setdefault(self, key: K, default: V) -> V:
+        self._changed()
+        return super().setdefault(key, default)
+
+    def popitem(self) -> tuple[K, V]:
+        self._changed()
+        return super().popitem()
 
     def clear(self) -> None:
         super().clear()

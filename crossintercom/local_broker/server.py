@@ -148,11 +148,13 @@ async def serve(settings: Settings, authority: DedupAuthority, state: BrokerStat
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, broker.stop)
+    # Files made before us (or by another umask) get our modes before any client has had an
+    # answer: a mode changed once a client saw the broker up is the caller's, and stays.
+    secure_tree(settings)
     housekeeping = loop.create_task(broker.housekeeping())
     try:
         await self_check(settings.socket_path)
         log.info("broker ready", extra={"pid": os.getpid(), "host_id": settings.host_id})
-        secure_tree(settings)  # files made before us (or by another umask) get our modes
         await broker.wait_stopped()
     finally:
         housekeeping.cancel()
