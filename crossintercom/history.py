@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from crossintercom.config import Settings
-from crossintercom.inbox import search_inboxes
+from crossintercom.inbox_search import search_inboxes
 from crossintercom.models import SearchHit, SearchQuery
 from crossintercom.storage import ArchiveStore, open_archive, open_store
 

@@ -12,28 +12,24 @@ inbox without creating or changing anything.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
-import re
 import sqlite3
 import stat
 import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import tenacity
 
 from crossintercom.config import Settings, synchronous_pragma
 from crossintercom.models import (
-    MARK_END,
-    MARK_START,
     Message,
     Receipt,
-    SearchHit,
-    SearchQuery,
-    parse_sent_at,
-    search_terms,
 )
 from crossintercom.runtime import modes
 
@@ -74,6 +70,19 @@ def _tighten(path: Path, file_mode: int) -> None:
 
 
 _COLUMNS = "seq, id, kind, body, shown"
+_INSERT = (
+    "INSERT OR IGNORE INTO entries (id, kind, body, received_at, shown) VALUES (?, ?, ?, ?, ?)"
+)
+_MARK_SHOWN = "UPDATE entries SET shown = 1 WHERE seq = ?"
+_encode = msgspec.json.Encoder().encode
+
+
+def _row(item: Message | Receipt, shown: bool, now: float) -> tuple[str, str, str, float, int]:
+    if isinstance(item, Message):
+        # The message's JSON as ``to_dict`` gives it, encoded in one step.
+        return item.id, "message", _encode(item).decode(), now, int(shown)
+    body = json.dumps({"type": "receipt", **item.to_dict()})
+    return item.key, "receipt", body, now, int(shown)
 
 
 def _open_read_only(path: Path) -> sqlite3.Connection:
@@ -198,17 +207,38 @@ class Inbox:
 
     def save(self, message: Message, *, shown: bool = False) -> bool:
         """Store once; True if it was new. Committed before the caller acknowledges."""
-        cur = self._db.execute(
-            "INSERT OR IGNORE INTO entries (id, kind, body, received_at, shown) "
-            "VALUES (?, 'message', ?, ?, ?)",
-            (message.id, json.dumps(message.to_dict()), time.time(), int(shown)),
-        )
-        self._saved()
-        return cur.rowcount == 1
+        return self.save_many([(message, shown)])[0]
 
-    def _saved(self) -> None:
-        self._saves += 1
-        if self._saves % _PRUNE_EVERY == 0:
+    def save_many(self, items: Sequence[tuple[Message | Receipt, bool]]) -> list[bool]:
+        """``save`` (or ``save_receipt``) for several entries, each with its ``shown`` mark, in
+        one transaction: all are committed or none (the error is raised). Whether each was new,
+        in order."""
+        now = time.time()
+        rows = [_row(item, shown, now) for item, shown in items]
+        db = self._db
+        if len(rows) == 1:  # autocommit: one statement, one transaction
+            new = [db.execute(_INSERT, rows[0]).rowcount == 1]
+        else:
+            with self._transaction():
+                new = [db.execute(_INSERT, row).rowcount == 1 for row in rows]
+        self._saved(len(rows))
+        return new
+
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[None]:
+        db = self._db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+            db.execute("COMMIT")
+        except BaseException:
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+            raise
+
+    def _saved(self, n: int = 1) -> None:
+        before, self._saves = self._saves, self._saves + n
+        if before // _PRUNE_EVERY != self._saves // _PRUNE_EVERY:
             self.prune()
 
     def prune(self) -> int:
@@ -225,13 +255,7 @@ class Inbox:
         return cur.rowcount
 
     def save_receipt(self, receipt: Receipt) -> bool:
-        cur = self._db.execute(
-            "INSERT OR IGNORE INTO entries (id, kind, body, received_at, shown) "
-            "VALUES (?, 'receipt', ?, ?, 0)",
-            (receipt.key, json.dumps({"type": "receipt", **receipt.to_dict()}), time.time()),
-        )
-        self._saved()
-        return cur.rowcount == 1
+        return self.save_many([(receipt, False)])[0]
 
     def holds_other_payload(self, message: Message) -> bool:
         """True if ``message.id`` is held for a different payload (sender, text, thread...)."""
@@ -241,8 +265,14 @@ class Inbox:
         return Message.from_dict(held.body).canonical_payload() != message.canonical_payload()
 
     def mark_shown(self, seqs: list[int]) -> None:
-        if seqs:
-            self._db.executemany("UPDATE entries SET shown = 1 WHERE seq = ?", [(s,) for s in seqs])
+        """Mark entries shown, in one transaction."""
+        if not seqs:
+            return
+        if len(seqs) == 1:
+            self._db.execute(_MARK_SHOWN, (seqs[0],))
+            return
+        with self._transaction():
+            self._db.executemany(_MARK_SHOWN, [(s,) for s in seqs])
 
     def mark_message_shown(self, message_id: str) -> None:
         self._db.execute(
@@ -315,86 +345,8 @@ class Inbox:
         return int(row[0])
 
 
-# --- search without the archive (docs/archive.md) ---------------------------------------------
-
-
 def session_ids(directory: Path) -> list[str]:
     """The sessions that have an inbox on this host."""
     if not directory.is_dir():
         return []
     return sorted(p.stem for p in directory.glob("*.sqlite"))
-
-
-def search_inboxes(directory: Path, host: str, query: SearchQuery) -> list[SearchHit]:
-    """Search every inbox on this host: what a host without the archive can answer.
-
-    Words match at the start of a word (``deploy`` finds ``deploying``), all of them must
-    occur; the score is matches per length, like the archive's ranking in spirit only.
-    """
-    terms = search_terms(query.text)
-    if not terms:
-        return []
-    hits: dict[str, SearchHit] = {}
-    for sid in session_ids(directory):
-        try:
-            box = Inbox.view(directory, sid)
-        except sqlite3.Error:
-            continue
-        try:
-            for entry in box.messages():
-                hit = _inbox_hit(entry.body, sid, host, terms, query)
-                if hit is not None and hit.message.id not in hits:
-                    hits[hit.message.id] = hit
-        except sqlite3.Error:
-            continue
-        finally:
-            box.close()
-    ranked = sorted(hits.values(), key=lambda h: (-h.score, h.message.sent_at), reverse=False)
-    return ranked[: query.limit]
-
-
-def _inbox_hit(
-    body: dict[str, Any], session_id: str, host: str, terms: list[str], query: SearchQuery
-) -> SearchHit | None:
-    try:
-        msg = Message.from_dict(body)
-    except ValueError:
-        return None
-    if not _passes(msg, session_id, host, query):
-        return None
-    words = re.findall(r"\w+", f"{msg.subject or ''} {msg.text}".lower())
-    counts = [sum(1 for w in words if w.startswith(t)) for t in terms]
-    if not all(counts):
-        return None
-    score = sum(counts) / (1.0 + len(words) ** 0.5)
-    return SearchHit(msg, round(score, 6), _snippet(msg.text, terms), "inbox")
-
-
-def _passes(msg: Message, session_id: str, host: str, query: SearchQuery) -> bool:
-    who = msg.sender
-    if query.sender is not None and query.sender not in (
-        who.id,
-        who.name,
-        f"{who.name or who.id}@{who.host}",
-    ):
-        return False
-    if query.recipient is not None and query.recipient not in (msg.to, session_id):
-        return False
-    if query.host is not None and query.host not in (who.host, host):
-        return False
-    if query.thread is not None and msg.thread != query.thread:
-        return False
-    return query.since is None or parse_sent_at(msg.sent_at) >= query.since
-
-
-def _snippet(text: str, terms: list[str], width: int = 160) -> str:
-    """About ``width`` characters around the first match, matched words marked."""
-    first = min(
-        (m.start() for t in terms for m in re.finditer(rf"\b{re.escape(t)}", text, re.I)),
-        default=0,
-    )
-    start = max(0, first - width // 3)
-    piece = text[start : start + width]
-    pattern = re.compile(r"\b(?:" + "|".join(re.escape(t) for t in terms) + r")\w*", re.I)
-    marked = pattern.sub(lambda m: f"{MARK_START}{m.group(0)}{MARK_END}", piece)
-    return ("\u2026" if start else "") + marked + ("\u2026" if start + width < len(text) else "")

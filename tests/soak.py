@@ -210,6 +210,7 @@ async def _worker(args: argparse.Namespace) -> None:
     received = (out / f"{args.name}.received").open("a", buffering=1)
     client = AsyncClient(cfg, me)
     await client.connect()
+    (out / f"{args.name}.ready").touch()  # the kills start once every worker is connected
 
     async def drain() -> None:
         while True:
@@ -421,6 +422,12 @@ def run_soak(
                 subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
             )
         deadline = time.monotonic() + timeout
+        # A worker's first connect is not retried: a kill before every worker has connected
+        # would fail the run instead of testing the delivery (fast workers reach the first kill
+        # point while a slow one is still starting).
+        while not all((out / f"{n}.ready").exists() for n in names):
+            _check_workers(workers, deadline)
+            time.sleep(0.01)
         for point in points:
             while _progress(out, names) < point:
                 _check_workers(workers, deadline)

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import functools
 import signal
 import sys
-import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import click
@@ -17,7 +16,7 @@ from crossintercom.cli.common import as_options, identity, json_option, one_shot
 from crossintercom.cli.output import emit_json, format_message, in_thread, result_exit
 from crossintercom.client import (
     MAX_ASK_TIMEOUT_S,
-    Client,
+    AsyncClient,
     Identity,
     load_attachment,
     report_shown,
@@ -106,56 +105,81 @@ def listen(
         asyncio.run(run_line_monitor(cfg, ident))
         return
     as_json = as_json or fmt == "json"
-    client = Client(cfg, ident, mode="own").connect()
-    display = Inbox.of(cfg, ident.id)
-    stop = threading.Event()
+    view = _View(as_json, skip_resumed=fresh, shown_receipts=shown_receipts)
+    asyncio.run(_listen(cfg, ident, view, as_name=as_name, fresh=fresh))
 
-    def on_signal(_sig: int, _frame: object) -> None:
-        stop.set()
 
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    if fresh:  # skip printing what was already waiting; it stays in the inbox
-        display.mark_shown([e.seq for e in display.unshown()])
-    if not as_json:
-        click.echo(
-            f"listening as {as_name}@{cfg.host_id} (session {ident.id}); Ctrl-C to stop",
-            err=True,
-        )
-    try:
-        while not stop.is_set():
-            printed = _show_unshown(
-                cfg, display, ident.id, as_json, skip_resumed=fresh, shown_receipts=shown_receipts
+# `shown` reports are gathered for this long (or this many): a sender's receipts then cost one
+# queue transaction and one inbox commit per batch, not per message (docs/performance.md).
+SHOWN_COALESCE_S = 0.1
+SHOWN_BATCH = 256
+DISPLAY_EVERY_S = 0.02
+
+
+@dataclass(frozen=True, slots=True)
+class _View:
+    as_json: bool
+    skip_resumed: bool
+    shown_receipts: bool
+
+
+async def _listen(
+    cfg: Settings, ident: Identity, view: _View, *, as_name: str, fresh: bool
+) -> None:
+    """The client and the display on one event loop: the display reads and marks the inbox
+    through the connection that saves into it, so neither waits on the other's file lock and
+    no delivery wakes a second thread (docs/performance.md, "Same-host path reshaped")."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    async with AsyncClient(cfg, ident, mode="own") as client:
+        display = client.inbox
+        if fresh:  # skip printing what was already waiting; it stays in the inbox
+            display.mark_shown([e.seq for e in display.unshown()])
+        if not view.as_json:
+            click.echo(
+                f"listening as {as_name}@{cfg.host_id} (session {ident.id}); Ctrl-C to stop",
+                err=True,
             )
-            if printed:
-                client.run(functools.partial(report_shown, bodies=printed))
-            client.next_incoming(timeout=0.5)
-    finally:
-        display.close()
-        client.close()
+        unreported: list[dict[str, Any]] = []
+        due = shown_at = 0.0
+        while not stop.is_set():
+            # At most one display pass (and one commit of its marks) per DISPLAY_EVERY_S: a
+            # lone message is shown at once, a stream in passes that each show several.
+            await asyncio.sleep(max(0.0, shown_at + DISPLAY_EVERY_S - loop.time()))
+            printed = _show_unshown(cfg, display, ident.id, view)
+            shown_at = loop.time()
+            if printed and not unreported:
+                due = loop.time() + SHOWN_COALESCE_S
+            unreported += printed
+            if unreported and (loop.time() >= due or len(unreported) >= SHOWN_BATCH):
+                await report_shown(client, unreported)
+                unreported = []
+            wait = min(0.5, max(0.0, due - loop.time())) if unreported else 0.5
+            await client.next_incoming(timeout=wait)
+            client.drain_incoming()  # all of it is in the inbox: one display pass shows it
+        if unreported:
+            await report_shown(client, unreported)
 
 
 def _show_unshown(
-    cfg: Settings,
-    display: Inbox,
-    session_id: str,
-    as_json: bool,
-    *,
-    skip_resumed: bool,
-    shown_receipts: bool,
+    cfg: Settings, display: Inbox, session_id: str, view: _View
 ) -> list[dict[str, Any]]:
     """Print what was never shown; returns the messages printed (for their ``shown`` receipts)."""
     printed: list[dict[str, Any]] = []
     with show_lock(cfg, session_id):  # shown once across every surface (docs/agents.md)
-        for entry in display.unshown():
-            skipped = (_seen_notice(entry) and not shown_receipts) or (
-                skip_resumed and "resumed" in entry.body.get("flags", ())
+        entries = display.unshown()
+        for entry in entries:
+            skipped = (_seen_notice(entry) and not view.shown_receipts) or (
+                view.skip_resumed and "resumed" in entry.body.get("flags", ())
             )
             if not skipped:
-                _print_entry(entry, as_json)
+                _print_entry(entry, view.as_json)
                 if entry.kind == "message":
                     printed.append(entry.body)
-            display.mark_shown([entry.seq])  # only after the output was flushed
+        # One mark for the pass, only after its output was flushed (docs/delivery.md).
+        display.mark_shown([e.seq for e in entries])
     return printed
 
 

@@ -81,6 +81,7 @@ class AsyncClient:
         self._closed = False
         self._inbox: Inbox | None = None
         self._save_retry: asyncio.TimerHandle | None = None
+        self._to_save: list[p.Deliver | p.Notice] = []
         self.connected = asyncio.Event()
         # Frames of the broker <-> relay link, for a control client (the relay).
         self.on_frame: Callable[[p.ToRelayFrame], None] | None = None
@@ -149,35 +150,68 @@ class AsyncClient:
         if isinstance(frame, p.Deliver):
             self._on_deliver(frame)
         elif isinstance(frame, p.Notice):
-            self._on_notice(frame)
+            if self.identity is None:  # no session, so no inbox to keep it in
+                self._ack(frame.key)
+                self.incoming.put_nowait(Incoming("receipt", receipt=frame.receipt))
+            else:
+                self._on_deliver(frame)
         elif isinstance(frame, p.ToRelayFrame) and self.on_frame is not None:
             self.on_frame(frame)
 
-    def _on_deliver(self, frame: p.Deliver) -> None:
+    def _on_deliver(self, frame: p.Deliver | p.Notice) -> None:
+        # Saved in a group: every delivery and notice read before the loop turns shares one
+        # inbox transaction, in arrival order, and their acks go out together after its commit.
+        self._to_save.append(frame)
+        if len(self._to_save) == 1:
+            asyncio.get_running_loop().call_soon(self._save_delivered)
+
+    def _save_delivered(self) -> None:
+        frames, self._to_save = self._to_save, []
+        if self._closed:
+            return  # not saved, so not acknowledged: the broker keeps them (docs/delivery.md)
+        batch = [self._entry(f) for f in frames]
+        try:
+            new = self.inbox.save_many([(item, waiter is not None) for item, waiter in batch])
+        except (sqlite3.Error, OSError) as exc:
+            for item, _ in batch:
+                if isinstance(item, Message):
+                    self._save_failed(item, exc)
+                else:  # not acknowledged: the broker keeps it queued for the next registration
+                    log.error("cannot save a receipt to the inbox: %s", exc)
+            return
+        crash_at("after_save")  # saved before delivered: the acks follow the commit
+        acks: list[p.Ack] = []
+        shown: list[Incoming] = []
+        for (item, waiter), fresh in zip(batch, new, strict=True):
+            if isinstance(item, Receipt):
+                acks.append(p.Ack(item.key))
+                shown.append(Incoming("receipt", receipt=item))
+            elif waiter is None and not fresh and self.inbox.holds_other_payload(item):
+                # The id was reused for another payload after its dedup record was released:
+                # this one is not saved, so it must not be reported delivered.
+                acks.append(p.Ack(item.id, Code.ID_CONFLICT))
+            else:
+                acks.append(p.Ack(item.id))
+                if waiter is not None:
+                    waiter.set_result(item)
+                elif fresh:  # one handed over again (after a crash or retry) is shown once
+                    shown.append(Incoming("message", message=item))
+        self._conn.post_many(acks)
+        for incoming in shown:
+            self.incoming.put_nowait(incoming)
+
+    def _entry(
+        self, frame: p.Deliver | p.Notice
+    ) -> tuple[Message | Receipt, asyncio.Future[Message] | None]:
+        """What a frame saves, and the ask waiting for it (a reply returned to its waiting ask
+        is saved shown: a listener never shows it again)."""
+        if isinstance(frame, p.Notice):
+            return frame.receipt, None
         msg = frame.message
         waiter = self._ask_waiters.get(msg.reply_to) if msg.reply_to else None
         if waiter is not None and not waiter.done():
-            # Returned to the waiting ask: saved, but never shown again by a listener.
-            self.inbox.save(msg, shown=True)
-            self._ack(msg.id)
-            waiter.set_result(msg)
-            return
-        if frame.reply:
-            msg = msg.with_flags("late")
-        try:
-            new = self.inbox.save(msg)  # saved before delivered: the ack follows the commit
-        except (sqlite3.Error, OSError) as exc:
-            self._save_failed(msg, exc)
-            return
-        crash_at("after_save")
-        if not new and self.inbox.holds_other_payload(msg):
-            # The id was reused for another payload after its dedup record was released: this
-            # one is not saved, so it must not be reported delivered.
-            self._ack(msg.id, refused=Code.ID_CONFLICT)
-            return
-        self._ack(msg.id)
-        if new:  # a message handed over again (after a crash or retry) is held and shown once
-            self.incoming.put_nowait(Incoming("message", message=msg))
+            return msg, waiter
+        return (msg.with_flags("late") if frame.reply else msg), None
 
     def _save_failed(self, msg: Message, exc: BaseException) -> None:
         """The inbox cannot be written (full or read-only disk): not saved, so not delivered.
@@ -193,16 +227,6 @@ class AsyncClient:
         if not self._closed and self._conn.open:
             self._drop_connection()
             self._on_lost()
-
-    def _on_notice(self, frame: p.Notice) -> None:
-        if self.identity is not None:
-            try:
-                self.inbox.save_receipt(frame.receipt)
-            except (sqlite3.Error, OSError) as exc:
-                log.error("cannot save a receipt to the inbox: %s", exc)
-                return  # not acknowledged: the broker keeps it queued for the next registration
-        self._ack(frame.key)
-        self.incoming.put_nowait(Incoming("receipt", receipt=frame.receipt))
 
     def _ack(self, key: str, refused: str | None = None) -> None:
         self._conn.post(p.Ack(key, refused))
@@ -250,8 +274,9 @@ class AsyncClient:
         return result
 
     def _confirm(self, message_id: str) -> None:
-        """Tell the broker we have the outcome, so its dedup record can go at once."""
-        self._conn.post(p.Confirm([message_id]))
+        """Tell the broker we have the outcome, so its dedup record can go: with the next
+        request's write, or alone after a moment (``BrokerConnection.post_later``)."""
+        self._conn.post_later(p.Confirm([message_id]))
 
     async def send(
         self,
@@ -357,6 +382,13 @@ class AsyncClient:
 
     async def set_status(self, status: str | None) -> None:
         expect(await self.request(p.SetStatus(0, status)), p.Ok)
+
+    def drain_incoming(self) -> list[Incoming]:
+        """Everything that arrived and was not taken yet, without waiting."""
+        out: list[Incoming] = []
+        while not self.incoming.empty():
+            out.append(self.incoming.get_nowait())
+        return out
 
     async def next_incoming(self, timeout: float | None = None) -> Incoming | None:
         try:

@@ -39,33 +39,33 @@ async def with_retries(
 ) -> p.BrokerFrame | SendResult:
     """The broker's answer to ``request``, retried after recoverable disconnects; a
     ``SendResult`` instead when there is none (not sent, unknown, or refused)."""
+    # A plain loop, not a retry library: the first attempt, which nearly every operation is,
+    # then costs nothing beyond the request itself (docs/performance.md).
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + OPERATION_DEADLINE_S
     maybe_sent = False
-    retrying = tenacity.AsyncRetrying(
-        stop=tenacity.stop_after_attempt(1 + len(RETRY_WAITS_S))
-        | tenacity.stop_after_delay(OPERATION_DEADLINE_S),
-        wait=tenacity.wait_chain(*[tenacity.wait_fixed(w) for w in RETRY_WAITS_S]),
-        retry=tenacity.retry_if_exception_type(_RECOVERABLE),
-        reraise=True,
-    )
-    try:
-        async for attempt in retrying:
-            with attempt:
-                await connect()
-                try:
-                    resp = await asyncio.wait_for(request(), OPERATION_DEADLINE_S)
-                except Disconnected as exc:
-                    # Lost before the frame was written: that attempt sent nothing.
-                    maybe_sent = maybe_sent or exc.details.get("written", True)
-                    raise
-    except _RECOVERABLE as exc:
-        if maybe_sent:
-            return SendResult(msg_id, Outcome.UNKNOWN, Code.DISCONNECTED, str(exc))
-        return SendResult(msg_id, Outcome.NOT_SENT, Code.BROKER_UNAVAILABLE, exc.message)
-    except TimeoutError:
-        return SendResult(msg_id, Outcome.UNKNOWN, Code.DEADLINE, "no outcome within 11 min")
-    except RemoteError as exc:
-        return SendResult.refused(msg_id, exc.code, exc.message)
-    return resp
+    waits = iter(RETRY_WAITS_S)
+    while True:
+        try:
+            await connect()
+            try:
+                async with asyncio.timeout_at(deadline):
+                    return await request()
+            except Disconnected as exc:
+                # Lost before the frame was written: that attempt sent nothing.
+                maybe_sent = maybe_sent or exc.details.get("written", True)
+                raise
+        except _RECOVERABLE as exc:
+            wait = next(waits, None)
+            if wait is None or loop.time() + wait >= deadline:
+                if maybe_sent:
+                    return SendResult(msg_id, Outcome.UNKNOWN, Code.DISCONNECTED, str(exc))
+                return SendResult(msg_id, Outcome.NOT_SENT, Code.BROKER_UNAVAILABLE, exc.message)
+            await asyncio.sleep(wait)
+        except TimeoutError:
+            return SendResult(msg_id, Outcome.UNKNOWN, Code.DEADLINE, "no outcome within 11 min")
+        except RemoteError as exc:
+            return SendResult.refused(msg_id, exc.code, exc.message)
 
 
 def _log_reconnect(state: tenacity.RetryCallState) -> None:

@@ -47,9 +47,10 @@ class Aftercare:
     def _tell(self, receipts: list[tuple[Peer, Receipt]]) -> None:
         """Receipts for messages' senders: shown here, or carried to their hosts together."""
         remote: list[p.ReceiptFor] = []
+        local: list[tuple[str, Receipt]] = []
         for sender, receipt in receipts:
             if sender.host == self.host:
-                self.delivery.notify_sender(sender.id, receipt)
+                local.append((sender.id, receipt))
             elif receipt.recipient is not None:
                 outcome: p.HostReceiptOutcome = (
                     "shown" if receipt.outcome is Outcome.SHOWN else "expired"
@@ -57,6 +58,7 @@ class Aftercare:
                 remote.append(
                     p.ReceiptFor(receipt.id, receipt.recipient, sender, outcome, receipt.code)
                 )
+        self.delivery.notify_senders(local)
         self.relay.send_receipts(remote)
 
     def shown(self, conn: Conn, frame: p.Shown) -> None:

@@ -43,88 +43,35 @@ import sqlite3
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Literal
+from typing import Any
 
 from crossintercom.config import synchronous_pragma
 from crossintercom.errors import CrossintercomError
 from crossintercom.local_broker import authority_files as files
-from crossintercom.local_broker.authority_files import HMAC_HEX_LEN, MAX_OP_ID_LEN
+from crossintercom.local_broker import authority_records as records
+from crossintercom.local_broker.authority_records import (
+    CONFLICT,
+    FORWARD_AGAIN,
+    NEW,
+    OVER_CAPACITY,
+    UNCERTAIN,
+    Decision,
+    DecisionKind,
+    Entry,
+    check_op_id,
+    record_size,
+)
 from crossintercom.runtime import WAL_MAX_BYTES, bound_wal
 
 __all__ = ["AuthorityUnavailable", "Decision", "DecisionKind", "DedupAuthority"]
-
-# Fixed per-record cost added to id + hmac + outcome, standing in for index and row overhead.
-RECORD_OVERHEAD = 64
-
-DecisionKind = Literal["new", "retained", "conflict", "uncertain", "forward_again", "over_capacity"]
 
 
 class AuthorityUnavailable(CrossintercomError):
     """The dedup authority could not record the operation (local disk error)."""
 
     code = "authority_unavailable"
-
-
-@dataclass(frozen=True)
-class Decision:
-    """What ``reserve`` found. ``outcome`` is set only for ``retained`` (a fresh copy each time)."""
-
-    kind: DecisionKind
-    outcome: dict[str, Any] | None = None
-
-
-_NEW = Decision("new")
-_CONFLICT = Decision("conflict")
-_UNCERTAIN = Decision("uncertain")
-_FORWARD_AGAIN = Decision("forward_again")
-_OVER_CAPACITY = Decision("over_capacity")
-
-
-class _Entry:
-    """In-memory mirror of one row, so ``reserve`` needs no read round trip."""
-
-    __slots__ = ("accepted", "deadline", "digest", "size")
-
-    def __init__(self, deadline: float, digest: str, accepted: bool, size: int) -> None:
-        self.deadline = deadline
-        self.digest = digest
-        self.accepted = accepted
-        self.size = size
-
-
-def _record_size(op_id: str, outcome_json: str | None) -> int:
-    size = len(op_id.encode()) + HMAC_HEX_LEN + RECORD_OVERHEAD
-    if outcome_json is not None:
-        size += len(outcome_json.encode())
-    return size
-
-
-def _check_op_id(op_id: str) -> None:
-    if not isinstance(op_id, str) or not op_id or len(op_id) > MAX_OP_ID_LEN:
-        raise ValueError(f"operation id must be a non-empty string of at most {MAX_OP_ID_LEN}")
-
-
-def _carries_text(value: Any) -> bool:
-    if isinstance(value, dict):
-        return any(k == "text" or _carries_text(v) for k, v in value.items())
-    if isinstance(value, list):
-        return any(_carries_text(v) for v in value)
-    return False
-
-
-def _encode_outcome(outcome: dict[str, Any]) -> str:
-    if not isinstance(outcome, dict):
-        raise ValueError("outcome must be a JSON object")
-    # The file promises to hold no message text; a "text" key means the caller passed a message.
-    if _carries_text(outcome):
-        raise ValueError("outcome must not carry message text")
-    try:
-        return json.dumps(outcome, sort_keys=True, separators=(",", ":"), allow_nan=False)
-    except (TypeError, ValueError) as e:
-        raise ValueError(f"outcome is not JSON-serialisable: {e}") from None
 
 
 class DedupAuthority:
@@ -165,7 +112,7 @@ class DedupAuthority:
         self._wall = wall
         # Ordered by deadline: new records get now + ttl from a monotonic clock, so appending
         # keeps the order and sweep only looks at the front.
-        self._entries: OrderedDict[str, _Entry] = OrderedDict()
+        self._entries: OrderedDict[str, Entry] = OrderedDict()
         self._bytes = 0
         self._conn: sqlite3.Connection | None = None
         # Released ids whose DELETE has not been written yet (see the module docstring).
@@ -175,7 +122,7 @@ class DedupAuthority:
             self._dir, mode=file_mode, ttl=self._ttl, wall=wall, clock=clock
         )
         for r in records:
-            entry = _Entry(r.deadline, r.digest, r.accepted, _record_size(r.op_id, r.outcome))
+            entry = Entry(r.deadline, r.digest, r.accepted, record_size(r.op_id, r.outcome))
             self._entries[r.op_id] = entry
             self._bytes += entry.size
         try:
@@ -205,27 +152,10 @@ class DedupAuthority:
         been delivered), ``forward_again`` for a remote one (the shared store answers by id).
         Unknown id past a bound (after dropping expired records): ``over_capacity``.
         """
-        self._require_open()
-        _check_op_id(op_id)
-        digest = hmac.new(self._key, payload, hashlib.sha256).hexdigest()
-        now = self._clock()
-        self._expire(now)
-        entry = self._entries.get(op_id)
-        if entry is not None:
-            if not hmac.compare_digest(entry.digest, digest):
-                return _CONFLICT
-            if entry.accepted:
-                return Decision("retained", self._stored_outcome(op_id))
-            return _FORWARD_AGAIN if remote else _UNCERTAIN
-        size = _record_size(op_id, None)
-        if len(self._entries) >= self._max_records or self._bytes + size > self._max_bytes:
-            return _OVER_CAPACITY
-        self._write(
-            files.INSERT_RESERVED, [(op_id, digest, files.RESERVED, self._wall() + self._ttl)]
-        )
-        self._entries[op_id] = _Entry(now + self._ttl, digest, False, size)
-        self._bytes += size
-        return _NEW
+        [decision], _ = self.commit([(op_id, payload, remote)], [])
+        if isinstance(decision, AuthorityUnavailable):
+            raise decision
+        return decision
 
     def accept(self, op_id: str, outcome: dict[str, Any]) -> None:
         """Mark a reserved id accepted, retaining ``outcome`` (ids, outcome, codes, receipts).
@@ -239,23 +169,76 @@ class DedupAuthority:
     def accept_many(self, items: Iterable[tuple[str, dict[str, Any]]]) -> None:
         """``accept`` for several ids in one transaction; validates all before writing any."""
         self._require_open()
-        updates: dict[str, str] = {}
-        for op_id, outcome in items:
-            if op_id not in self._entries:
-                raise KeyError(op_id)
-            updates[op_id] = _encode_outcome(outcome)
-        if not updates:
-            return
-        self._write(
-            files.SET_ACCEPTED,
-            [(files.ACCEPTED, text, op_id) for op_id, text in updates.items()],
-        )
-        for op_id, text in updates.items():
-            entry = self._entries[op_id]
-            size = _record_size(op_id, text)
+        updates = {op_id: self.encode_outcome(op_id, outcome) for op_id, outcome in items}
+        _, error = self.commit([], list(updates.items()))
+        if error is not None:
+            raise error
+
+    check_op_id = staticmethod(check_op_id)
+
+    def encode_outcome(self, op_id: str, outcome: dict[str, Any]) -> str:
+        """The text ``accept`` retains for ``op_id``; raises as ``accept`` does."""
+        if op_id not in self._entries:
+            raise KeyError(op_id)
+        return records.encode_outcome(outcome)
+
+    def commit(
+        self, reserves: Sequence[tuple[str, bytes, bool]], accepts: Sequence[tuple[str, str]]
+    ) -> tuple[list[Decision | AuthorityUnavailable], AuthorityUnavailable | None]:
+        """Reservations (id, payload, remote) and acceptances (id, encoded outcome, of
+        reserved ids) in one transaction: a group commit. Returns each reservation's decision,
+        in order (as ``reserve`` would have made them one after another), and the error that
+        failed the write, if one did: every write then failed and nothing changed, so each
+        reservation that needed one is that error, and so is the acceptances' outcome."""
+        self._require_open()
+        for op_id, _, _ in reserves:
+            check_op_id(op_id)
+        now = self._clock()
+        self._expire(now)
+        staged: dict[str, Entry] = {}
+        staged_bytes = 0
+        decisions: list[Decision | None] = []
+        rows: list[tuple[Any, ...]] = []
+        for op_id, payload, remote in reserves:
+            digest = hmac.new(self._key, payload, hashlib.sha256).hexdigest()
+            entry = self._entries.get(op_id) or staged.get(op_id)
+            if entry is not None:
+                decisions.append(self._known(op_id, entry, digest, remote))
+                continue
+            size = record_size(op_id, None)
+            total = len(self._entries) + len(staged)
+            if total >= self._max_records or self._bytes + staged_bytes + size > self._max_bytes:
+                decisions.append(OVER_CAPACITY)
+                continue
+            staged[op_id] = Entry(now + self._ttl, digest, False, size)
+            staged_bytes += size
+            rows.append((op_id, digest, files.RESERVED, self._wall() + self._ttl))
+            decisions.append(None)  # new, once the write succeeded
+        writes = [(files.INSERT_RESERVED, rows)] if rows else []
+        if accepts:
+            writes.append((files.SET_ACCEPTED, [(files.ACCEPTED, t, i) for i, t in accepts]))
+        try:
+            self._write_all(writes)
+        except AuthorityUnavailable as exc:
+            return [exc if d is None else d for d in decisions], exc
+        self._entries.update(staged)
+        self._bytes += staged_bytes
+        for op_id, text in accepts:
+            entry = self._entries.get(op_id)
+            if entry is None:  # released meanwhile: its DELETE went first, the UPDATE found none
+                continue
+            size = record_size(op_id, text)
             self._bytes += size - entry.size
             entry.size = size
             entry.accepted = True
+        return [NEW if d is None else d for d in decisions], None
+
+    def _known(self, op_id: str, entry: Entry, digest: str, remote: bool) -> Decision:
+        if not hmac.compare_digest(entry.digest, digest):
+            return CONFLICT
+        if entry.accepted:
+            return Decision("retained", self._stored_outcome(op_id))
+        return FORWARD_AGAIN if remote else UNCERTAIN
 
     def abandon(self, op_id: str) -> None:
         """Drop a reservation whose message was not sent at all, so a retry may go through.
@@ -338,23 +321,29 @@ class DedupAuthority:
         return outcome
 
     def _write(self, sql: str, params: list[tuple[Any, ...]]) -> None:
-        """Run one statement per parameter tuple as a single transaction, after the DELETEs of
-        released records (so a released id reserved again is deleted before it is inserted).
+        self._write_all([(sql, params)])
+
+    def _write_all(self, writes: list[tuple[str, list[tuple[Any, ...]]]]) -> None:
+        """Run each statement once per parameter tuple, all as a single transaction, after the
+        DELETEs of released records (so a released id reserved again is deleted before it is
+        inserted).
 
         Callers update the in-memory mirror only after this returns, so a failed write leaves
         memory and file in agreement; released ids stay pending until a write succeeds.
         """
         conn = self._require_open()
         released = self._released
+        if released:
+            writes = [(files.DELETE_OP, [(op_id,) for op_id in released]), *writes]
+        writes = [(sql, params) for sql, params in writes if params]
         try:
-            if len(params) == 1 and not released:
-                conn.execute(sql, params[0])  # autocommit: one statement, one transaction
-            else:
+            if len(writes) == 1 and len(writes[0][1]) == 1:
+                conn.execute(writes[0][0], writes[0][1][0])  # autocommit: one statement
+            elif writes:
                 conn.execute("BEGIN IMMEDIATE")
                 try:
-                    if released:
-                        conn.executemany(files.DELETE_OP, [(op_id,) for op_id in released])
-                    conn.executemany(sql, params)
+                    for sql, params in writes:
+                        conn.executemany(sql, params)
                     conn.execute("COMMIT")
                 except BaseException:
                     if conn.in_transaction:

@@ -90,6 +90,7 @@ class Broker:
         if self.registry.detach(conn):
             self.relay.send_local_roster()
         if not conn.writer.is_closing():
+            conn.out.flush()  # what this turn still held for it (an error frame) goes first
             conn.writer.close()
         if not self.conns:
             self.idle_since = time.monotonic()
@@ -207,9 +208,11 @@ class Broker:
     # --- sending ---------------------------------------------------------------------------
 
     async def _on_send(self, conn: Conn, f: p.Send) -> None:
+        self.ops.commits.busy += 1  # counted from its arrival: see GroupCommit
         self.spawn(self._answer(conn, f.request_id, f.message.id, self.ops.send(conn, f.message)))
 
     async def _on_reply(self, conn: Conn, f: p.Reply) -> None:
+        self.ops.commits.busy += 1
         self.spawn(self._answer(conn, f.request_id, f.message.id, self.ops.reply(conn, f.message)))
 
     async def _answer(
@@ -222,6 +225,8 @@ class Broker:
         except Exception as exc:
             log.exception("send failed", extra={"id": message_id})
             result = SendResult(message_id, Outcome.UNKNOWN, Code.INTERNAL, str(exc))
+        finally:
+            self.ops.commits.busy -= 1
         conn.write(p.Result.of(request_id, result))
 
     async def _on_ack(self, conn: Conn, f: p.Ack) -> None:
@@ -261,10 +266,13 @@ class Broker:
         self.relay.archive_enabled = f.enabled
 
     async def _on_remote_receipt(self, conn: Conn, f: p.RemoteReceipt) -> None:
-        for r in f.receipts:
-            if r.sender:
-                receipt = Receipt(r.id, r.outcome, r.recipient, r.code, r.message, r.host)
-                self.delivery.notify_sender(r.sender, receipt)
+        self.delivery.notify_senders(
+            [
+                (r.sender, Receipt(r.id, r.outcome, r.recipient, r.code, r.message, r.host))
+                for r in f.receipts
+                if r.sender
+            ]
+        )
 
     # --- housekeeping ---------------------------------------------------------------------------
 

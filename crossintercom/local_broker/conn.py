@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 from crossintercom import protocol as p
@@ -32,6 +33,7 @@ class Conn:
         self.max_backlog = max_backlog
         self.reader = reader
         self.writer = writer
+        self.out = p.Coalescer(writer)
         self.session_id: str | None = None
         self.owner = False
         self.control = False
@@ -41,10 +43,14 @@ class Conn:
 
     def write(self, frame: p.BrokerFrame | p.ToRelayFrame | Any) -> bool:
         """Queue a frame; False if the connection can no longer be written."""
+        return self.write_many((frame,))
+
+    def write_many(self, frames: Sequence[p.BrokerFrame | p.ToRelayFrame | Any]) -> bool:
+        """Queue frames in one write; False if the connection can no longer be written."""
         if self.closed or self.writer.is_closing():
             return False
         transport = self.writer.transport
-        if transport.get_write_buffer_size() > self.max_backlog:
+        if transport.get_write_buffer_size() + self.out.held_bytes > self.max_backlog:
             # The peer stopped reading: drop it (as a failed write would) rather than queue on.
             log.warning(
                 "connection %d dropped: its peer is not reading (%d bytes queued)",
@@ -55,7 +61,7 @@ class Conn:
             transport.abort()
             return False
         try:
-            self.writer.write(p.encode(frame))
+            self.out.write(b"".join(p.encode(f) for f in frames))
         except (OSError, RuntimeError):
             return False
         return True

@@ -7,7 +7,6 @@ this host. Outcome rules are in ``outcomes``; this module does the waiting and w
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import sqlite3
 from collections.abc import Callable, Coroutine
@@ -41,6 +40,7 @@ class Delivery:
         self._spawn = spawn
         # ask id -> the connection waiting on it (the one-shot `ask`, or the listener).
         self.ask_waiters: dict[str, Conn] = {}
+        self._acked_receipts: list[tuple[str, str, str]] = []
 
     def forget_conn(self, conn: Conn) -> None:
         for ask_id in [a for a, c in self.ask_waiters.items() if c is conn]:
@@ -52,13 +52,17 @@ class Delivery:
         if not conn.write(p.Deliver(msg, reply=reply)):
             self._retire(conn)
             return outcomes.CONNECTION_LOST
+        # Drained only when the socket did not take the whole frame: a drain wrapped in a
+        # timeout is a task and a loop turn of its own on every push (docs/performance.md).
+        if conn.writer.transport.get_write_buffer_size():
+            try:
+                await asyncio.wait_for(conn.writer.drain(), self.settings.ack_timeout_s)
+            except OSError:  # TimeoutError included: a client that stops reading cannot be written
+                self._retire(conn)  # a write that fails retires the session at once
+                return outcomes.CONNECTION_LOST
         try:
-            await asyncio.wait_for(conn.writer.drain(), self.settings.ack_timeout_s)
-        except OSError:  # TimeoutError included: a client that stops reading cannot be written
-            self._retire(conn)  # a write that fails retires the session at once
-            return outcomes.CONNECTION_LOST
-        try:
-            code = await asyncio.wait_for(asyncio.shield(fut), self.settings.ack_timeout_s)
+            async with asyncio.timeout(self.settings.ack_timeout_s):
+                code = await asyncio.shield(fut)
         except TimeoutError:  # written, but not acknowledged in time: the session stays
             conn.acks.pop(msg.id, None)
             return outcomes.TIMEOUT
@@ -157,22 +161,47 @@ class Delivery:
 
     def notify_sender(self, sender_id: str, receipt: Receipt) -> None:
         """A receipt for a sender on this host: shown live, or queued for its return."""
-        key = receipt.key
-        durable = self.registry.is_durable(sender_id)
+        self.notify_senders([(sender_id, receipt)])
+
+    def notify_senders(self, receipts: list[tuple[str, Receipt]]) -> None:
+        """``notify_sender`` for several receipts: queued in one transaction, pushed with one
+        write per sender, dequeued together once acknowledged."""
+        durable = [(s, r) for s, r in receipts if self.registry.is_durable(s)]
         if durable:
             # Queued first: a live push whose connection dies before the ack is not lost.
-            self.state.enqueue(
-                sender_id, "receipt", key, receipt.to_dict(), self.settings.retention_s
+            self.state.enqueue_many(
+                [(s, "receipt", r.key, r.to_dict()) for s, r in durable],
+                self.settings.retention_s,
             )
-        owner = self.registry.owner(sender_id)
-        if owner is not None:
-            fut = owner.expect_ack(key)
-            if owner.write(p.Notice(key, receipt)) and durable:
-                self._spawn(self._dequeue_on_ack(sender_id, key, fut))
+        by_owner: dict[Conn, list[tuple[str, Receipt]]] = {}
+        for sender_id, receipt in receipts:
+            owner = self.registry.owner(sender_id)
+            if owner is not None:
+                by_owner.setdefault(owner, []).append((sender_id, receipt))
+        for owner, items in by_owner.items():
+            futs = [(s, r.key, owner.expect_ack(r.key)) for s, r in items]
+            if owner.write_many([p.Notice(r.key, r) for _, r in items]):
+                for sender_id, key, fut in futs:
+                    if self.registry.is_durable(sender_id):
+                        fut.add_done_callback(self._dequeue_on_ack(sender_id, key))
 
-    async def _dequeue_on_ack(
-        self, sender_id: str, key: str, fut: asyncio.Future[str | None]
-    ) -> None:
-        with contextlib.suppress(TimeoutError):
-            if await asyncio.wait_for(fut, self.settings.ack_timeout_s) is None:
-                self.state.dequeue_item(sender_id, "receipt", key)
+    def _dequeue_on_ack(
+        self, sender_id: str, key: str
+    ) -> Callable[[asyncio.Future[str | None]], None]:
+        def acked(fut: asyncio.Future[str | None]) -> None:
+            if not fut.cancelled() and fut.result() is None:
+                self._acked_receipts.append((sender_id, "receipt", key))
+                if len(self._acked_receipts) == 1:
+                    asyncio.get_running_loop().call_soon(self._dequeue_acked)
+
+        return acked
+
+    def _dequeue_acked(self) -> None:
+        """Every receipt acknowledged since the loop last turned, dequeued in one transaction.
+        A failed write leaves them queued: the next registration hands them over again, and
+        the client's inbox holds each receipt once."""
+        items, self._acked_receipts = self._acked_receipts, []
+        try:
+            self.state.dequeue_items(items)
+        except sqlite3.Error as exc:
+            log.error("cannot dequeue acknowledged receipts: %s", exc, extra={"error": str(exc)})

@@ -90,6 +90,7 @@ class Registration:
                 live = self.registry.live[s.id] = Live(info, conn)
             else:
                 live.owner, live.info = conn, info
+                self.registry.changed()
             conn.owner = True
         conn.session_id = s.id
         for ask_id in f.awaiting:

@@ -6,13 +6,14 @@ it to resolve targets, route replies and answer ``list``.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
 
 from crossintercom.local_broker.state import BrokerState, KnownSession
-from crossintercom.models import WAKE_POLICIES, Peer, SessionInfo, WakePolicy
+from crossintercom.models import WAKE_POLICIES, Peer, SessionInfo, WakePolicy, fallback_alias
 
 if TYPE_CHECKING:
     from crossintercom.local_broker.conn import Conn
@@ -27,13 +28,96 @@ class Live:
     attached: set[Conn] = field(default_factory=set)
 
 
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+class _Tracked(dict[K, V]):
+    """A dict that reports each change, so the registry knows when its snapshot is stale."""
+
+    def __init__(self, changed: Callable[[], None], items: Mapping[K, V] | None = None) -> None:
+        super().__init__(items or {})
+        self._changed = changed
+
+    def __setitem__(self, key: K, value: V) -> None:
+        super().__setitem__(key, value)
+        self._changed()
+
+    def __delitem__(self, key: K) -> None:
+        super().__delitem__(key)
+        self._changed()
+
+    def pop(self, key: K, *default: Any) -> Any:
+        self._changed()
+        return super().pop(key, *default)
+
+    def setdefault(self, key: K, default: V) -> V:
+        self._changed()
+        return super().setdefault(key, default)
+
+    def popitem(self) -> tuple[K, V]:
+        self._changed()
+        return super().popitem()
+
+    def clear(self) -> None:
+        super().clear()
+        self._changed()
+
+    def update(self, *args: Any, **kw: Any) -> None:
+        super().update(*args, **kw)
+        self._changed()
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Every session as ``resolve`` and ``list`` see them, indexed by id and by name (and
+    fallback alias), built once per change instead of once per send: resolving a name is then
+    a dict look-up whatever the number of sessions (docs/performance.md)."""
+
+    local: list[SessionInfo]
+    remote: list[SessionInfo]
+    by_id: dict[str, SessionInfo]
+    by_name: dict[str, list[SessionInfo]]
+
+    @classmethod
+    def of(cls, local: list[SessionInfo], remote: list[SessionInfo]) -> Snapshot:
+        by_id: dict[str, SessionInfo] = {}
+        by_name: dict[str, list[SessionInfo]] = {}
+        for s in (*local, *remote):
+            by_id.setdefault(s.id, s)
+            for name in dict.fromkeys((s.name, fallback_alias(s.id))):
+                if name is not None:
+                    by_name.setdefault(name, []).append(s)
+        return cls(local, remote, by_id, by_name)
+
+
 class Registry:
     def __init__(self, host: str, state: BrokerState) -> None:
         self.host = host
         self.state = state
-        self.live: dict[str, Live] = {}
-        self.known = state.known_sessions()
-        self.remote: dict[str, SessionInfo] = {}
+        self._snapshot: Snapshot | None = None
+        self.live: dict[str, Live] = _Tracked(self.changed)
+        self.known: dict[str, KnownSession] = _Tracked(self.changed, state.known_sessions())
+        self._remote: dict[str, SessionInfo] = _Tracked(self.changed)
+
+    def changed(self) -> None:
+        """Any change to who is here or how they are seen: the next snapshot is rebuilt.
+        Every change to ``live``, ``known`` and ``remote`` calls it; so must a new ``info``."""
+        self._snapshot = None
+
+    @property
+    def remote(self) -> dict[str, SessionInfo]:
+        return self._remote
+
+    @remote.setter
+    def remote(self, sessions: dict[str, SessionInfo]) -> None:
+        self._remote = _Tracked(self.changed, sessions)
+        self.changed()
+
+    def snapshot(self) -> Snapshot:
+        if self._snapshot is None:
+            self._snapshot = Snapshot.of(self._local_sessions(), list(self._remote.values()))
+        return self._snapshot
 
     def owner(self, session_id: str) -> Conn | None:
         live = self.live.get(session_id)
@@ -46,6 +130,9 @@ class Registry:
         return session_id in self.live or session_id in self.known
 
     def local_sessions(self) -> list[SessionInfo]:
+        return list(self.snapshot().local)
+
+    def _local_sessions(self) -> list[SessionInfo]:
         out = [lv.info for lv in self.live.values() if lv.info.purpose == "agent"]
         for sid, known in self.known.items():
             if sid not in self.live:
@@ -63,10 +150,11 @@ class Registry:
         return out
 
     def remote_sessions(self) -> list[SessionInfo]:
-        return list(self.remote.values())
+        return list(self.snapshot().remote)
 
     def all_sessions(self) -> list[SessionInfo]:
-        return self.local_sessions() + self.remote_sessions()
+        snap = self.snapshot()
+        return snap.local + snap.remote
 
     def initial_groups(
         self, session_id: str, given: list[str] | None, durable: bool
@@ -99,6 +187,7 @@ class Registry:
     def update(self, session_id: str, **changes: object) -> SessionInfo:
         live = self.live[session_id]
         live.info = msgspec.structs.replace(live.info, **changes)
+        self.changed()
         self.remember(live.info)
         return live.info
 

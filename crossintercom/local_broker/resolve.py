@@ -8,7 +8,7 @@ then other hosts; refused as ambiguous with candidates at the first level that m
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from crossintercom.errors import Code
@@ -40,14 +40,24 @@ def resolve(
     host: str,
     local: Sequence[SessionInfo],
     remote: Sequence[SessionInfo],
+    by_id: Mapping[str, SessionInfo] | None = None,
+    by_name: Mapping[str, Sequence[SessionInfo]] | None = None,
 ) -> list[Target]:
-    """The sessions ``target`` means, seen from ``host``; raises ``Refusal`` otherwise."""
+    """The sessions ``target`` means, seen from ``host``; raises ``Refusal`` otherwise.
+
+    ``by_id`` and ``by_name`` (the registry's snapshot index of ``local`` and ``remote``, local
+    first, in their order) make an id or a name a look-up instead of a scan; the answer is
+    the same with or without them.
+    """
 
     def as_target(s: SessionInfo) -> Target:
         return Target(s.id, s.host, s.name, s.host == host)
 
-    def named(pool: Sequence[SessionInfo], name: str) -> list[SessionInfo]:
-        return [s for s in pool if s.name == name or fallback_alias(s.id) == name]
+    def named(name: str) -> Sequence[SessionInfo]:
+        """Sessions called ``name``, local first, in order: a look-up with the index."""
+        if by_name is not None:
+            return by_name.get(name, ())
+        return [s for s in (*local, *remote) if s.name == name or fallback_alias(s.id) == name]
 
     if is_group(target):
         group = target[len(GROUP_PREFIX) :]
@@ -58,14 +68,19 @@ def resolve(
             raise Refusal(Code.NOT_FOUND, f"group {group!r} has no members")
         return members
     if UUID_RE.match(target):
+        if by_id is not None:
+            hit = by_id.get(target)
+            if hit is not None:
+                return [as_target(hit)]
+            raise Refusal(Code.NOT_FOUND, f"no session with id {target}")
         for s in (*local, *remote):
             if s.id == target:
                 return [as_target(s)]
         raise Refusal(Code.NOT_FOUND, f"no session with id {target}")
     name, _, at_host = target.partition("@")
     if at_host:
-        pool = local if at_host == host else [s for s in remote if s.host == at_host]
-        found = named(pool, name)
+        # Local sessions are this host's; the remote ones never are (the registry drops them).
+        found = [s for s in named(name) if s.host == at_host]
         if len(found) == 1:
             return [as_target(found[0])]
         if not found:
@@ -75,14 +90,11 @@ def resolve(
             f"{len(found)} sessions named {name!r} on {at_host!r}; use a session id: "
             + ", ".join(s.id for s in found),
         )
-    levels = (
-        [s for s in local if s.online],
-        [s for s in local if not s.online],
-        [s for s in remote if s.online],
-        [s for s in remote if not s.online],
-    )
-    for level in levels:
-        found = named(level, target)
+    candidates = named(target)
+    # This host first, live before offline, then other hosts.
+    levels = [(True, True), (True, False), (False, True), (False, False)]
+    for here, online in levels:
+        found = [s for s in candidates if (s.host == host) is here and s.online == online]
         if len(found) == 1:
             return [as_target(found[0])]
         if len(found) > 1:

@@ -23,6 +23,7 @@ from crossintercom.local_broker import outcomes
 from crossintercom.local_broker.authority import AuthorityUnavailable, Decision, DedupAuthority
 from crossintercom.local_broker.conn import Conn
 from crossintercom.local_broker.delivery import Delivery
+from crossintercom.local_broker.groupcommit import GroupCommit
 from crossintercom.local_broker.outcomes import Refusal
 from crossintercom.local_broker.ratelimit import RateLimiter
 from crossintercom.local_broker.registry import Registry
@@ -61,6 +62,7 @@ class Operations:
         self.settings = settings
         self.host = settings.host_id
         self.authority = authority
+        self.commits = GroupCommit(authority)
         self.state = state
         self.registry = registry
         self.delivery = delivery
@@ -128,13 +130,15 @@ class Operations:
         return self._resolve_once(target, sender_id)
 
     def _resolve_once(self, target: str, sender_id: str) -> list[Target]:
-        reg = self.registry
+        snap = self.registry.snapshot()
         return resolve(
             target,
             sender_id,
             host=self.host,
-            local=reg.local_sessions(),
-            remote=reg.remote_sessions(),
+            local=snap.local,
+            remote=snap.remote,
+            by_id=snap.by_id,
+            by_name=snap.by_name,
         )
 
     async def send(self, conn: Conn, body: p.OutgoingBody) -> SendResult:
@@ -150,7 +154,7 @@ class Operations:
             self._check_crossing(conn.session_id, targets[0])
         self._check_rate(conn.session_id, msg.id)
         remote = any(not t.local for t in targets)
-        answer = outcomes.reserved(self._reserve(msg, remote), msg.id)
+        answer = outcomes.reserved(await self._reserve(msg, remote), msg.id)
         if answer is not None:
             return answer
         crash_at("after_reserve")
@@ -168,24 +172,24 @@ class Operations:
         if result.outcome is Outcome.REFUSED and not group:
             self.delivery.ask_waiters.pop(msg.id, None)
         stop_at("broker_before_settle")
-        self._settle(result, remote)
+        await self._settle(result, remote)
         crash_at("after_accept")
         return result
 
-    def _reserve(self, msg: Message, remote: bool) -> Decision:
+    async def _reserve(self, msg: Message, remote: bool) -> Decision:
         try:
-            return self.authority.reserve(msg.id, msg.canonical_payload(), remote=remote)
+            return await self.commits.reserve(msg.id, msg.canonical_payload(), remote=remote)
         except AuthorityUnavailable as exc:
             log.error("cannot reserve the message id", extra={"id": msg.id, "error": exc.message})
             raise _storage_refusal(exc) from None
 
-    def _settle(self, result: SendResult, remote: bool) -> None:
+    async def _settle(self, result: SendResult, remote: bool) -> None:
         action = outcomes.settle(result.outcome, remote=remote)
         try:
             if action == "abandon":
                 self.authority.abandon(result.id)
             elif action == "accept":
-                self.authority.accept(result.id, outcomes.to_retain(result))
+                await self.commits.accept(result.id, outcomes.to_retain(result))
         except AuthorityUnavailable as exc:
             # The outcome stands: the message went where ``result`` says (a full disk struck
             # after it did). Only its dedup record was not written: a resend of this id finds
@@ -214,7 +218,7 @@ class Operations:
         # Identity covers the frame as sent, so a retry (same reply_to or none) matches.
         probe = self.build_message(conn, body, body.to or "")
         self._check_rate(replier, body.id)
-        answer = outcomes.reserved(self._reserve(probe, False), body.id)
+        answer = outcomes.reserved(await self._reserve(probe, False), body.id)
         if answer is not None:
             return answer
         try:
@@ -224,7 +228,7 @@ class Operations:
             raise _storage_refusal(exc) from None
         if status != "ok" or entry is None:
             refused = outcomes.reply_refused(body.id, status, body.reply_to)
-            self.authority.accept(body.id, outcomes.to_retain(refused))
+            await self.commits.accept(body.id, outcomes.to_retain(refused))
             return refused
         reply = self.build_message(conn, _in_thread(body, entry), entry.asker_id)
         receipt = await self._route_reply(reply, entry)
@@ -232,7 +236,7 @@ class Operations:
         if outcomes.reopens_ask(receipt.outcome):
             self.state.reopen_pending(entry.ask_id, replier)
         result = SendResult.from_receipt(receipt, reply_to=entry.ask_id)
-        self._settle(result, remote=entry.asker_host != self.host)
+        await self._settle(result, remote=entry.asker_host != self.host)
         return result
 
     async def _route_reply(self, reply: Message, entry: PendingEntry) -> Receipt:

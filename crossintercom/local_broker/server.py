@@ -52,6 +52,7 @@ class Server:
             log.exception("connection failed", extra={"cid": conn.cid})
         finally:
             self.broker.retire(conn)
+            conn.out.flush()
             writer.close()
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
@@ -147,11 +148,13 @@ async def serve(settings: Settings, authority: DedupAuthority, state: BrokerStat
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, broker.stop)
+    # Files made before us (or by another umask) get our modes before any client has had an
+    # answer: a mode changed once a client saw the broker up is the caller's, and stays.
+    secure_tree(settings)
     housekeeping = loop.create_task(broker.housekeeping())
     try:
         await self_check(settings.socket_path)
         log.info("broker ready", extra={"pid": os.getpid(), "host_id": settings.host_id})
-        secure_tree(settings)  # files made before us (or by another umask) get our modes
         await broker.wait_stopped()
     finally:
         housekeeping.cancel()
@@ -159,5 +162,6 @@ async def serve(settings: Settings, authority: DedupAuthority, state: BrokerStat
         with contextlib.suppress(FileNotFoundError):
             settings.socket_path.unlink()
         for conn in list(broker.conns):
+            conn.out.flush()
             conn.writer.close()
         await aserver.wait_closed()

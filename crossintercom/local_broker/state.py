@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -182,12 +183,27 @@ class BrokerState:
     def enqueue(
         self, recipient: str, kind: str, item_id: str, body: dict[str, Any], retention_s: float
     ) -> None:
+        self.enqueue_many([(recipient, kind, item_id, body)], retention_s)
+
+    def enqueue_many(
+        self, items: Sequence[tuple[str, str, str, dict[str, Any]]], retention_s: float
+    ) -> None:
+        """(recipient, kind, item id, body) items queued in one transaction."""
         now = time.time()
-        self._db.execute(
+        rows = [(r, k, i, json.dumps(b), now, now + retention_s) for r, k, i, b in items]
+        self._write_all(
             "INSERT OR IGNORE INTO queue (recipient, kind, item_id, body, enqueued, expires) "
             "VALUES (?, ?, ?, ?, ?, ?)",
-            (recipient, kind, item_id, json.dumps(body), now, now + retention_s),
+            rows,
         )
+
+    def _write_all(self, sql: str, rows: Sequence[tuple[Any, ...]]) -> None:
+        if len(rows) == 1:  # autocommit: one statement, one transaction
+            self._db.execute(sql, rows[0])
+        elif rows:
+            with self._db:
+                self._db.execute("BEGIN IMMEDIATE")
+                self._db.executemany(sql, rows)
 
     def backlog(self, recipient: str) -> list[QueuedItem]:
         rows = self._db.execute(
@@ -200,10 +216,10 @@ class BrokerState:
     def dequeue(self, seq: int) -> None:
         self._db.execute("DELETE FROM queue WHERE seq = ?", (seq,))
 
-    def dequeue_item(self, recipient: str, kind: str, item_id: str) -> None:
-        self._db.execute(
-            "DELETE FROM queue WHERE recipient = ? AND kind = ? AND item_id = ?",
-            (recipient, kind, item_id),
+    def dequeue_items(self, items: Sequence[tuple[str, str, str]]) -> None:
+        """(recipient, kind, item id) items dequeued in one transaction."""
+        self._write_all(
+            "DELETE FROM queue WHERE recipient = ? AND kind = ? AND item_id = ?", list(items)
         )
 
     def queue_size(self) -> int:

@@ -307,6 +307,7 @@ KNOWN_CODES = {
     "relay_in_use",
     "session_in_use",
     "not_agent",
+    "not_found",  # `forget` of a session this host does not know
 }
 
 

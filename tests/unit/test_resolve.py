@@ -7,6 +7,7 @@ import uuid
 import pytest
 
 from crossintercom.local_broker.outcomes import Refusal
+from crossintercom.local_broker.registry import Snapshot
 from crossintercom.local_broker.resolve import Target, resolve, without_relay
 from crossintercom.models import Outcome, SessionInfo, fallback_alias
 
@@ -26,7 +27,29 @@ def session(
 def run(
     target: str, local: list[SessionInfo], remote: list[SessionInfo], sender: str = "me"
 ) -> list[Target]:
-    return resolve(target, sender, host=HERE, local=local, remote=remote)
+    """Resolved by scanning and through the registry's index: both must give one answer."""
+    snap = Snapshot.of(local, remote)
+
+    def indexed() -> list[Target]:
+        return resolve(
+            target,
+            sender,
+            host=HERE,
+            local=local,
+            remote=remote,
+            by_id=snap.by_id,
+            by_name=snap.by_name,
+        )
+
+    try:
+        scanned = resolve(target, sender, host=HERE, local=local, remote=remote)
+    except Refusal as r:
+        with pytest.raises(Refusal) as again:
+            indexed()
+        assert (again.value.code, again.value.message) == (r.code, r.message)
+        raise
+    assert indexed() == scanned
+    return scanned
 
 
 def refusal(target: str, local: list[SessionInfo], remote: list[SessionInfo]) -> Refusal:

@@ -1,0 +1,33 @@
+"""``Inbox.save_many``: one transaction for a group of deliveries and notices, in order."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from crossintercom.inbox import Inbox
+from crossintercom.models import Message, Outcome, Peer, Receipt
+
+
+def _message(n: int) -> Message:
+    return Message(
+        id=f"m{n}", sender=Peer("s1", "planner", "alpha"), to="worker", text=f"hello {n}"
+    )
+
+
+def test_a_group_is_saved_in_arrival_order_and_each_once(tmp_path: Path) -> None:
+    receipt = Receipt("m9", Outcome.SHOWN, "s2")
+    with Inbox(tmp_path, "worker") as box:
+        assert box.save(_message(0))
+        new = box.save_many(
+            [(_message(1), False), (receipt, False), (_message(0), False), (_message(2), True)]
+        )
+        assert new == [True, True, False, True]
+        entries = box.transcript()
+        assert [(e.kind, e.id, e.shown) for e in entries] == [
+            ("message", "m0", False),
+            ("message", "m1", False),
+            ("receipt", receipt.key, False),
+            ("message", "m2", True),
+        ]
+        assert entries[1].body == _message(1).to_dict()
+        assert entries[2].body == {"type": "receipt", **receipt.to_dict()}
