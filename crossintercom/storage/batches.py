@@ -13,6 +13,7 @@ from typing import Any
 import msgspec
 from sqlalchemy import Connection
 
+from crossintercom.errors import Code
 from crossintercom.storage import queries as q
 from crossintercom.storage.interface import (
     DeliveryState,
@@ -41,7 +42,7 @@ def enqueue_batch(
     for i, item in enumerate(items):
         if item.size > limits.max_message_bytes:
             results[i] = EnqueueResult(
-                item.message_id, item.recipient_session, "refused", False, "too_large"
+                item.message_id, item.recipient_session, "refused", False, Code.TOO_LARGE
             )
         else:
             fitting.append((i, item))
@@ -80,7 +81,7 @@ def enqueue_batch(
             # The id exists but is not ours to see (another host's message, under per-host
             # row-level security): the id is taken.
             results[i] = EnqueueResult(
-                item.message_id, item.recipient_session, "refused", False, "id_conflict"
+                item.message_id, item.recipient_session, "refused", False, Code.ID_CONFLICT
             )
         elif found != item.digest:
             results[i] = EnqueueResult(
@@ -88,7 +89,7 @@ def enqueue_batch(
                 item.recipient_session,
                 "refused",
                 False,
-                "payload_conflict",
+                Code.PAYLOAD_CONFLICT,
             )
         else:
             wanted.setdefault((item.message_id, item.recipient_session), (i, item))
@@ -149,7 +150,7 @@ def enqueue_pg(
     for i, item in enumerate(items):
         if item.size > limits.max_message_bytes:
             results[i] = EnqueueResult(
-                item.message_id, item.recipient_session, "refused", False, "too_large"
+                item.message_id, item.recipient_session, "refused", False, Code.TOO_LARGE
             )
         else:
             fitting.append(i)
@@ -205,7 +206,7 @@ def _pg_results(
             again.append(where[k])
             continue
         if digest != item.digest:
-            code = "payload_conflict"
+            code = Code.PAYLOAD_CONFLICT
             results[where[k]] = EnqueueResult(*key, "refused", False, code)
             continue
         first = first_of_pair.setdefault(key, k) == k

@@ -10,6 +10,7 @@ from typing import Any
 
 from sqlalchemy.exc import DBAPIError
 
+from crossintercom.errors import Code
 from crossintercom.models import new_id
 from crossintercom.storage import queries as q
 from crossintercom.storage.engine import store_engine
@@ -90,13 +91,13 @@ def rogue_message(
 
 
 # What each kind of bad row is refused with.
-HOSTILE_KINDS = {
-    "string": "bad_message",
-    "null": "bad_message",
-    "array": "bad_message",
-    "id_object": "bad_message",
-    "text_number": "bad_message",
-    "forged_host": "forged_sender",
+HOSTILE_KINDS: dict[str, str] = {
+    "string": Code.BAD_MESSAGE,
+    "null": Code.BAD_MESSAGE,
+    "array": Code.BAD_MESSAGE,
+    "id_object": Code.BAD_MESSAGE,
+    "text_number": Code.BAD_MESSAGE,
+    "forged_host": Code.FORGED_SENDER,
 }
 
 
