@@ -74,7 +74,9 @@ class AsyncClient:
         self.attached = False
         self.incoming: asyncio.Queue[Incoming] = asyncio.Queue()
         self._conn = BrokerConnection(settings, self._on_frame, self._on_lost)
-        self._reconnect_task: asyncio.Task[None] | None = None
+        # Every reconnect under way: a connection lost again while one runs starts another
+        # (the connect lock makes them take turns), and close cancels them all.
+        self._reconnect_tasks: set[asyncio.Task[None]] = set()
         self._connect_lock = asyncio.Lock()
         self._ask_waiters: dict[str, asyncio.Future[Message]] = {}
         self._in_flight = 0
@@ -141,7 +143,9 @@ class AsyncClient:
     def _on_lost(self) -> None:
         self.connected.clear()
         if self.reconnect and not self._closed and self.identity is not None:
-            self._reconnect_task = asyncio.get_running_loop().create_task(self._reconnect_forever())
+            task = asyncio.get_running_loop().create_task(self._reconnect_forever())
+            self._reconnect_tasks.add(task)
+            task.add_done_callback(self._reconnect_tasks.discard)
 
     async def _reconnect_forever(self) -> None:
         await reconnect_forever(self._ensure_connected, lambda: self._closed)
@@ -237,7 +241,7 @@ class AsyncClient:
 
     async def close(self) -> None:
         self._closed = True
-        for task in (self._reconnect_task, self._conn.read_task):
+        for task in (*self._reconnect_tasks, self._conn.read_task):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
