@@ -22,7 +22,7 @@ import psycopg
 from crossintercom.client import AsyncClient
 from crossintercom.storage import migrate
 from crossintercom.tools.bench import paths
-from crossintercom.tools.bench.store_work import per_message
+from crossintercom.tools.bench.store_work import COMMITS, FLUSH_S, per_message
 from crossintercom.tools.harness import BULK_SENDER, Cluster, SimHost
 from crossintercom.tools.pgcluster import ThrowawayPostgres
 
@@ -30,7 +30,6 @@ HOSTS = ("count-alpha", "count-beta")
 SINK = "sink0"
 # Idle is measured over this long, after the server published the busy counts.
 IDLE_S = 10.0
-FLUSH_S = 1.2
 
 
 async def _count(alpha: SimHost, beta: SimHost, conninfo: str, n: int) -> dict[str, Any]:
@@ -73,13 +72,12 @@ async def _idle(
 ) -> tuple[float, list[tuple[int, float, str]]]:
     """Commits per second of the whole database over ``seconds`` with nothing sent, and the
     statements run meanwhile."""
-    query = "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"
     with psycopg.connect(conninfo, autocommit=True) as conn:
         await asyncio.sleep(FLUSH_S)
         conn.execute("SELECT pg_stat_statements_reset()")
-        row = conn.execute(query).fetchone()
+        row = conn.execute(COMMITS).fetchone()
         await asyncio.sleep(seconds)
-        row2 = conn.execute(query).fetchone()
+        row2 = conn.execute(COMMITS).fetchone()
     assert row is not None and row2 is not None
     # Our own reset and first read are two of the commits counted.
     return (int(row2[0]) - int(row[0]) - 2) / seconds, _top_statements(conninfo)

@@ -21,7 +21,9 @@ from typing import Any
 import psycopg
 
 # The server flushes a backend's statistics at most once a second once it is idle.
-_FLUSH_S = 1.2
+FLUSH_S = 1.2
+# Every committed transaction of the store's database so far.
+COMMITS = "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"
 _IDLE_S = 2.0
 
 
@@ -53,9 +55,7 @@ class StoreCounters:
     def read(self) -> tuple[int, int | None]:
         """(commits, statements or None) of the store's database so far."""
         self.reads += 1
-        row = self._conn.execute(
-            "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"
-        ).fetchone()
+        row = self._conn.execute(COMMITS).fetchone()
         commits = int(row[0]) if row else 0
         statements = None
         if self.statements:
@@ -79,7 +79,7 @@ async def per_message(
     came back ``delivered``."""
     counters = StoreCounters(conninfo)
     try:
-        await sleep(_FLUSH_S)
+        await sleep(FLUSH_S)
         c0, s0 = counters.read()
         t0 = time.monotonic()
         await sleep(_IDLE_S)
@@ -88,7 +88,7 @@ async def per_message(
         idle_rate = max(0, c1 - c0 - 1) / (t1 - t0)
         idle_srate = max(0, (s1 or 0) - (s0 or 0) - 1) / (t1 - t0)
         delivered = await send(n)
-        await sleep(_FLUSH_S)
+        await sleep(FLUSH_S)
         reads_before = counters.reads
         c2, s2 = counters.read()
         t2 = time.monotonic()
