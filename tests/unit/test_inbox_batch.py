@@ -16,11 +16,11 @@ def _message(n: int) -> Message:
 
 def test_a_group_is_saved_in_arrival_order_and_each_once(tmp_path: Path) -> None:
     receipt = Receipt("m9", Outcome.SHOWN, "s2")
+    # Each built once: a message's sent_at is the time it was built.
+    m0, m1, m2 = _message(0), _message(1), _message(2)
     with Inbox(tmp_path, "worker") as box:
-        assert box.save(_message(0))
-        new = box.save_many(
-            [(_message(1), False), (receipt, False), (_message(0), False), (_message(2), True)]
-        )
+        assert box.save(m0)
+        new = box.save_many([(m1, False), (receipt, False), (m0, False), (m2, True)])
         assert new == [True, True, False, True]
         entries = box.transcript()
         assert [(e.kind, e.id, e.shown) for e in entries] == [
@@ -29,5 +29,5 @@ def test_a_group_is_saved_in_arrival_order_and_each_once(tmp_path: Path) -> None
             ("receipt", receipt.key, False),
             ("message", "m2", True),
         ]
-        assert entries[1].body == _message(1).to_dict()
+        assert entries[1].body == m1.to_dict()
         assert entries[2].body == {"type": "receipt", **receipt.to_dict()}
