@@ -14,6 +14,16 @@ from dataclasses import dataclass
 from crossintercom.storage.interface import HostRow
 
 DEFAULT_LEASE_S = 15.0
+# Every relay bumps its counter this often (its one idle commit: docs/performance.md). Rosters
+# do not wait for it: a roster hint wakes every relay when one changes.
+HEARTBEAT_S = 1.25
+# A lease shorter than a few heartbeats would call a live host lapsed whenever one beat is late
+# or an observer's read falls between two beats; shorter settings are raised to this.
+MIN_LEASE_S = 3 * HEARTBEAT_S
+
+
+def effective_lease(lease_s: float) -> float:
+    return max(lease_s, MIN_LEASE_S)
 
 
 @dataclass(slots=True)
@@ -27,7 +37,7 @@ class LeaseTracker:
     def __init__(
         self, lease_s: float = DEFAULT_LEASE_S, clock: Callable[[], float] = time.monotonic
     ) -> None:
-        self.lease_s = lease_s
+        self.lease_s = effective_lease(lease_s)
         self._clock = clock
         self._seen: dict[str, _Seen] = {}
 
