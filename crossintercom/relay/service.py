@@ -37,7 +37,7 @@ from crossintercom.storage import (
     MailboxStore,
     Wake,
 )
-from crossintercom.storage.liveness import HEARTBEAT_S, effective_lease
+from crossintercom.storage.liveness import effective_lease
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +77,7 @@ class Relay(RelayCore):
     ) -> None:
         super().__init__(settings, store)
         self.archiver = Archiver(archive, self.host) if archive is not None else None
-        self.leases = LeaseTracker(settings.lease_s)
+        self.leases = LeaseTracker(settings.lease_s, heartbeat_s=settings.heartbeat_s)
         self.outbound = Outbound(self)
         self.inbound = Inbound(self, self.outbound)
         self.late_receipts = LateReceipts(self)
@@ -155,9 +155,9 @@ class Relay(RelayCore):
             return
         other, beat = held
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + effective_lease(self.settings.lease_s)
+        deadline = loop.time() + effective_lease(self.settings.lease_s, self.settings.heartbeat_s)
         while loop.time() < deadline:
-            await asyncio.sleep(min(0.5, HEARTBEAT_S))
+            await asyncio.sleep(min(0.5, self.settings.heartbeat_s))
             now = await self.store_call(self.store.host_claim, self.host)
             if now is None or now[0] != other:
                 return  # released or taken meanwhile: the claim below sorts it out
@@ -314,7 +314,7 @@ class Relay(RelayCore):
                 log.warning("roster import failed: %s", exc.message)
 
     async def _heartbeat_loop(self) -> None:
-        # One statement per HEARTBEAT_S when idle: the heartbeat, whose answer carries the
+        # One statement per heartbeat_s when idle: the heartbeat, whose answer carries the
         # leases, the roster revisions and the poll backstop's probe (docs/storage.md).
         while not self.stopping.is_set():
             try:
@@ -333,7 +333,7 @@ class Relay(RelayCore):
             except StoreError as exc:
                 log.warning("store unreachable; retrying: %s", exc.message)
                 self.report_store(f"WARNING {exc.message}")
-            await asyncio.sleep(HEARTBEAT_S)
+            await asyncio.sleep(self.settings.heartbeat_s)
 
     async def _housekeeping_loop(self) -> None:
         # Finished rows go ``purge_after_s`` after they finished (docs/operations.md): past the

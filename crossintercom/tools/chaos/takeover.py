@@ -24,7 +24,9 @@ from crossintercom.tools.chaos.state import SINK, ChaosState, read_sink
 from crossintercom.tools.harness import ListenerProcess, SimHost
 
 # The lease of every host in a run with takeovers: short, so that one takes seconds.
-TAKEOVER_LEASE_S = 4.0  # just over liveness.MIN_LEASE_S
+TAKEOVER_LEASE_S = 3.0
+# Three heartbeats to a lease (liveness.MIN_LEASE_BEATS).
+TAKEOVER_HEARTBEAT_S = 1.0
 # How long the new machine may take to deliver its first message before the frozen relay wakes.
 FIRST_DELIVERY_S = 10.0
 STALE_EXIT_S = 30.0
