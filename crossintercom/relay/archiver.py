@@ -99,10 +99,12 @@ class Archiver:
                 next_settings = float("inf")
                 if await self.refresh():
                     on_change(self.enabled)
+                await self._release_if_off()
             if now >= next_purge:  # also while off: old copies still go at their time
                 next_purge = now + PURGE_EVERY_S
                 with contextlib.suppress(StoreError):
                     await loop.run_in_executor(self._pool, self.archive.purge_archive)
+                await self._release_if_off()
             batch = await self._take(timeout=max(0.05, min(next_purge - time.monotonic(), 5.0)))
             if not batch:
                 continue
@@ -118,6 +120,13 @@ class Archiver:
             except Exception:
                 self.dropped += len(batch)
                 log.exception("archive write failed; copies dropped")
+
+    async def _release_if_off(self) -> None:
+        """While the archive is off its connection is closed between the rare reads (a host
+        keeps to three database connections: docs/performance.md); it opens again on use."""
+        if not self.enabled:
+            with contextlib.suppress(Exception):
+                await asyncio.get_running_loop().run_in_executor(self._pool, self.archive.release)
 
     async def _take(self, timeout: float) -> list[ArchiveEntry]:
         try:

@@ -41,6 +41,9 @@ class SqlArchive:
     def close(self) -> None:
         self.engine.dispose()
 
+    def release(self) -> None:
+        self.engine.dispose()  # the engine opens a new pool on its next use
+
     # -- settings -------------------------------------------------------------------------
 
     def archive_settings(self) -> ArchiveSettings:

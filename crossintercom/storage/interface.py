@@ -365,6 +365,9 @@ class ArchiveStore(Protocol):
 
     def close(self) -> None: ...
 
+    def release(self) -> None:
+        """Close its idle connections; the next call opens one again."""
+
     def archive_settings(self) -> ArchiveSettings: ...
 
     def set_archive(self, *, enabled: bool, retention_s: int | None = None) -> ArchiveSettings: ...
