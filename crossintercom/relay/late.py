@@ -24,8 +24,9 @@ log = logging.getLogger(__name__)
 MAX_WAITING: Final = 10_000
 RETRY_S: Final = 1.0
 # Receipts that come one per message (a `shown` per message shown) are gathered this long into
-# one write: a notice a quarter second later, one commit for a batch instead of one each.
-LINGER_S: Final = 0.25
+# one write: a notice a second later, at most one commit a second for a stream of them instead
+# of one each (docs/performance.md).
+LINGER_S: Final = 1.0
 
 
 class LateReceipts:

@@ -7,9 +7,10 @@ counts, read-only ones included. Statements: the delta of ``sum(calls)`` in
 ``pg_stat_statements`` for the database, transaction control (BEGIN, COMMIT, ROLLBACK) left
 out, when the server has it loaded: it needs ``shared_preload_libraries`` and so a restart,
 which the bench never does to a server it did not start (``bench --own-postgres`` starts one
-with it loaded); else reported as not available, with why. The server publishes a backend's
-commit counts when it goes idle, at most once a second, so each read waits that out first. See
-docs/performance.md.
+with it loaded); else reported as not available, with why. A backend publishes its commit
+counts when it goes idle, but no sooner than a second after its last report: one that went idle
+right after a burst reports up to 10 s later (PostgreSQL's idle stats interval), so each read
+waits that out first. See docs/performance.md.
 """
 
 from __future__ import annotations
@@ -20,11 +21,12 @@ from typing import Any
 
 import psycopg
 
-# The server flushes a backend's statistics at most once a second once it is idle.
-FLUSH_S = 1.2
+# A backend that reported its statistics less than a second before it went idle reports the
+# rest 10 s later (PGSTAT_IDLE_INTERVAL): a read sooner misses a burst's last commits.
+FLUSH_S = 10.5
 # Every committed transaction of the store's database so far.
 COMMITS = "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"
-_IDLE_S = 2.0
+_IDLE_S = 5.0
 
 
 class StoreCounters:
