@@ -150,6 +150,7 @@ class Relay(RelayCore):
             await self._say_goodbye()
             await self.client.close()
             waiter_thread.join(POLL_BACKSTOP_S + 1)
+            await self.hot.aclose()
             if self.archiver is not None:
                 self.archiver.close()
         if self.failure is not None:
@@ -388,7 +389,9 @@ def _open_store_patiently(url: str, polling_observer: bool) -> MailboxStore:
         ),
         reraise=True,
     )
-    store: MailboxStore = retrying(open_store, url, polling_observer=polling_observer)
+    store: MailboxStore = retrying(
+        open_store, url, polling_observer=polling_observer, hot_path=True
+    )
     return store
 
 

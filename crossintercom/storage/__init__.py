@@ -28,6 +28,7 @@ from crossintercom.storage.interface import (
     EnqueueResult,
     FlowEdge,
     HostRow,
+    HotPath,
     InboundRow,
     InDoubtEnqueue,
     InDoubtResolution,
@@ -47,18 +48,21 @@ from crossintercom.storage.liveness import LeaseTracker
 from crossintercom.storage.urls import mask_url, parse_store_url
 
 
-def open_store(url: str, *, polling_observer: bool = False) -> MailboxStore:
+def open_store(url: str, *, polling_observer: bool = False, hot_path: bool = False) -> MailboxStore:
     """Open the store at ``url`` and check its schema; raises a ``StoreError`` with a clear
-    one-line message (password masked) when it cannot be used."""
+    one-line message (password masked) when it cannot be used. ``hot_path``: the caller runs
+    the delivery path through ``store.hot_path()`` (the relay), which has its own connection
+    on PostgreSQL, so the pool keeps fewer (three connections per host: docs/storage.md)."""
     # The backends are imported here, not with the package: every CLI command imports
     # storage.urls (to mask a URL), and the backends pull in alembic, psycopg and watchdog,
     # which doubled the package's import time. No cycle is involved (see the docstring).
     parsed = parse_store_url(url)
     store: MailboxStore
     if parsed.kind == "postgres":
+        from crossintercom.storage.engine import HOT_PATH_POOL_SIZE, POOL_SIZE
         from crossintercom.storage.postgres import PostgresStore
 
-        store = PostgresStore(parsed)
+        store = PostgresStore(parsed, pool_size=HOT_PATH_POOL_SIZE if hot_path else POOL_SIZE)
     else:
         from crossintercom.storage.sqlite import SqliteStore
 
@@ -92,6 +96,7 @@ __all__ = [
     "EnqueueResult",
     "FlowEdge",
     "HostRow",
+    "HotPath",
     "InDoubtEnqueue",
     "InDoubtResolution",
     "InboundRow",

@@ -206,6 +206,43 @@ class Waiter(Protocol):
     def notify_self(self) -> None: ...
 
 
+class HotPath(Protocol):
+    """The delivery path's operations as coroutines on the caller's event loop, with exactly
+    the semantics, fencing and errors of the ``MailboxStore`` methods of the same names.
+    ``MailboxStore.hot_path`` gives one: on PostgreSQL its own async connection (no thread
+    hop, no SQLAlchemy per statement), elsewhere the blocking methods run in a thread."""
+
+    async def enqueue(
+        self, items: Sequence[OutboundItem], *, generation: int | None = None
+    ) -> list[EnqueueResult]: ...
+
+    async def fetch_inbound(
+        self,
+        host_id: str,
+        generation: int,
+        *,
+        limit: int = 500,
+        session_ids: Collection[str] | None = None,
+        max_payload: int = DEFAULT_MAX_PAYLOAD_CHARS,
+    ) -> list[InboundRow]: ...
+
+    async def ack(self, host_id: str, generation: int, acks: Sequence[Ack]) -> int: ...
+
+    async def receipts(
+        self, host_id: str, generation: int, *, limit: int = 500
+    ) -> list[ReceiptRow]: ...
+
+    async def consume_receipts(
+        self, host_id: str, generation: int, receipt_ids: Sequence[int]
+    ) -> None: ...
+
+    async def add_receipts(
+        self, host_id: str, generation: int, receipts: Sequence[LateReceipt]
+    ) -> int: ...
+
+    async def aclose(self) -> None: ...
+
+
 class MailboxStore(Protocol):
     """The shared mailbox. Every read-for-delivery, ack, receipt and roster write names the
     caller's generation and does nothing unless it is still its host's current one."""
@@ -298,6 +335,10 @@ class MailboxStore(Protocol):
         ...
 
     def waiter(self, host_id: str) -> Waiter: ...
+
+    def hot_path(self) -> HotPath:
+        """The delivery path for one event loop (the relay's); closed with ``aclose``."""
+        ...
 
 
 # --- the archive (docs/archive.md) ----------------------------------------------------------------
