@@ -95,13 +95,16 @@ def _alive(conn: psycopg.AsyncConnection[Row]) -> bool:
         return True  # another statement is under way on it: that one sees a loss
     poller = select.poll()
     poller.register(pgconn.socket, select.POLLIN)
-    if not poller.poll(0):
-        return True
-    try:
-        pgconn.consume_input()  # a notice or a parameter change is harmless; EOF is not
-    except psycopg.OperationalError:
-        return False
-    return pgconn.status == pq.ConnStatus.OK
+    # The server's last words (an error saying why it ends the session) come before its EOF:
+    # read until nothing is left. A notice or a parameter change leaves it quiet and alive.
+    for _ in range(8):
+        if not poller.poll(0):
+            return pgconn.status == pq.ConnStatus.OK
+        try:
+            pgconn.consume_input()
+        except psycopg.OperationalError:
+            return False
+    return False
 
 
 class PgHotPath:
@@ -112,6 +115,12 @@ class PgHotPath:
         self._conn: psycopg.AsyncConnection[Row] | None = None
         self._connecting = asyncio.Lock()
         self._row_security: bool | None = None
+
+    @property
+    def backend_pid(self) -> int | None:
+        """The server process of its connection while it has one (for tests and operators)."""
+        conn = self._conn
+        return conn.info.backend_pid if conn is not None and not conn.closed else None
 
     async def aclose(self) -> None:
         conn, self._conn = self._conn, None
