@@ -94,15 +94,22 @@ class Archiver:
         next_purge = time.monotonic() + PURGE_EVERY_S
         while True:
             now = time.monotonic()
+            used = False
             if now >= next_settings:
                 # Read once at start; afterwards the relay's heartbeat carries it (settle).
                 next_settings = float("inf")
+                used = True
                 if await self.refresh():
                     on_change(self.enabled)
             if now >= next_purge:  # also while off: old copies still go at their time
                 next_purge = now + PURGE_EVERY_S
+                used = True
                 with contextlib.suppress(StoreError):
                     await loop.run_in_executor(self._pool, self.archive.purge_archive)
+            if used and not self.enabled:
+                # Off, it keeps no connection between these rare reads: a relay holds three
+                # (docs/storage.md).
+                await loop.run_in_executor(self._pool, self.archive.release)
             batch = await self._take(timeout=max(0.05, min(next_purge - time.monotonic(), 5.0)))
             if not batch:
                 continue

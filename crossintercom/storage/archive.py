@@ -41,6 +41,9 @@ class SqlArchive:
     def close(self) -> None:
         self.engine.dispose()
 
+    def release(self) -> None:
+        self.engine.dispose()  # the engine stays usable: it connects again on demand
+
     # -- settings -------------------------------------------------------------------------
 
     def archive_settings(self) -> ArchiveSettings:
