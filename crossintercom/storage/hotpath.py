@@ -16,6 +16,7 @@ from crossintercom.storage.interface import (
     MailboxStore,
     OutboundItem,
     ReceiptRow,
+    StuckTransaction,
 )
 
 
@@ -63,6 +64,9 @@ class ThreadHotPath:
         self, host_id: str, generation: int, receipts: Sequence[LateReceipt]
     ) -> int:
         return await asyncio.to_thread(self.store.add_receipts, host_id, generation, receipts)
+
+    async def stuck_transactions(self, idle_s: float) -> list[StuckTransaction]:
+        return await asyncio.to_thread(self.store.stuck_transactions, idle_s)
 
     async def aclose(self) -> None:
         """Nothing of its own to close: the store is its owner's."""

@@ -240,6 +240,10 @@ class HotPath(Protocol):
         self, host_id: str, generation: int, receipts: Sequence[LateReceipt]
     ) -> int: ...
 
+    async def stuck_transactions(self, idle_s: float) -> list[StuckTransaction]:
+        """As the store's: here so it answers while the pool waits behind such a lock."""
+        ...
+
     async def aclose(self) -> None: ...
 
 

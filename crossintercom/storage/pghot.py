@@ -47,8 +47,10 @@ from crossintercom.storage.interface import (
     OutboundItem,
     ReceiptRow,
     StoreSettings,
+    StuckTransaction,
 )
 from crossintercom.storage.sqlstore import inbound_row, utcnow
+from crossintercom.storage.tables import metadata
 from crossintercom.storage.transaction import ATTEMPTS, BACKOFF_MAX_S, BACKOFF_S, cut_socket
 from crossintercom.storage.urls import StoreURL
 
@@ -70,6 +72,15 @@ def compiled(stmt: ClauseElement) -> Statement:
     assert isinstance(done, SQLCompiler)
     fixed = {name: bp.effective_value for bp, name in done.bind_names.items() if not bp.required}
     return Statement(done.string, fixed)
+
+
+def stuck_params(idle_s: float) -> dict[str, Any]:
+    return {"idle_s": idle_s, "tables": sorted(metadata.tables)}
+
+
+def stuck_transaction(row: Sequence[Any]) -> StuckTransaction:
+    pid, user, app, client, idle, tables = row
+    return StuckTransaction(int(pid), user, app or None, client, float(idle), tuple(tables))
 
 
 class PgBacking(MailboxStore, Protocol):
@@ -292,3 +303,9 @@ class PgHotPath:
             return 0
         [row] = await self._run(compiled(q.PG_ADD_RECEIPTS), params)
         return int(row[0])
+
+    async def stuck_transactions(self, idle_s: float) -> list[StuckTransaction]:
+        # The relay's heartbeat may be the pool's one connection, waiting behind the very
+        # lock this names: asked here, on the hot path's own.
+        rows = await self._run(compiled(q.PG_STUCK_TRANSACTIONS), stuck_params(idle_s))
+        return [stuck_transaction(row) for row in rows]

@@ -27,9 +27,8 @@ from crossintercom.storage.interface import (
     OutboundItem,
     StuckTransaction,
 )
-from crossintercom.storage.pghot import PgHotPath
+from crossintercom.storage.pghot import PgHotPath, stuck_params, stuck_transaction
 from crossintercom.storage.sqlstore import SqlMailboxStore, utcnow
-from crossintercom.storage.tables import metadata
 from crossintercom.storage.urls import StoreURL
 from crossintercom.storage.wakeup import DELIVERIES, PostgresWaiter, channel_name
 
@@ -72,14 +71,11 @@ class PostgresStore(SqlMailboxStore):
         return self._row_security
 
     def stuck_transactions(self, idle_s: float) -> list[StuckTransaction]:
-        params = {"idle_s": idle_s, "tables": sorted(metadata.tables)}
+        params = stuck_params(idle_s)
         rows = self._run(
             lambda c: c.execute(q.PG_STUCK_TRANSACTIONS, params).all(), single_statement=True
         )
-        return [
-            StuckTransaction(int(pid), user, app or None, client, float(idle), tuple(tables))
-            for pid, user, app, client, idle, tables in rows
-        ]
+        return [stuck_transaction(row) for row in rows]
 
     def waiter(self, host_id: str) -> PostgresWaiter:
         # Under per-host roles a receipt carried in a hint is not taken as one: any role may
