@@ -79,6 +79,9 @@ class Settings:
     sweep_interval_s: float = 30.0
     remote_ack_wait_s: float = 5.0
     lease_s: float = 15.0
+    # How often the relay bumps its heartbeat (its one idle commit); a lease under three of
+    # these is taken as three (docs/storage.md). Every host of a store should use the same.
+    heartbeat_s: float = 1.5
     max_in_flight: int = 1000
     # Bounds on files that would otherwise only grow (docs/operations.md, "Bounded files").
     inbox_max_entries: int = 10_000

@@ -58,7 +58,7 @@ def broker(ctx: click.Context, reset_authority: bool) -> None:
 def relay(store_url: str | None, password_file: str | None, polling_observer: bool) -> None:
     """Bridge this host's broker to the shared store (run it as a service)."""
     from crossintercom.config import load_settings
-    from crossintercom.relay.service import run_relay
+    from crossintercom.relay.run import run_relay
 
     cfg = load_settings(store_url=store_url, store_password_file=password_file)
     run_relay(cfg, polling_observer=polling_observer)

@@ -13,7 +13,7 @@ import sys
 from crossintercom.config import load_settings
 from crossintercom.errors import CrossintercomError
 from crossintercom.local_broker.logcap import ExtraFormatter
-from crossintercom.relay.service import run_relay
+from crossintercom.relay.run import run_relay
 
 
 def main() -> int:

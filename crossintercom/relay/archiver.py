@@ -94,22 +94,17 @@ class Archiver:
         next_purge = time.monotonic() + PURGE_EVERY_S
         while True:
             now = time.monotonic()
-            used = False
             if now >= next_settings:
                 # Read once at start; afterwards the relay's heartbeat carries it (settle).
                 next_settings = float("inf")
-                used = True
                 if await self.refresh():
                     on_change(self.enabled)
+                await self._release_if_off()
             if now >= next_purge:  # also while off: old copies still go at their time
                 next_purge = now + PURGE_EVERY_S
-                used = True
                 with contextlib.suppress(StoreError):
                     await loop.run_in_executor(self._pool, self.archive.purge_archive)
-            if used and not self.enabled:
-                # Off, it keeps no connection between these rare reads: a relay holds three
-                # (docs/storage.md).
-                await loop.run_in_executor(self._pool, self.archive.release)
+                await self._release_if_off()
             batch = await self._take(timeout=max(0.05, min(next_purge - time.monotonic(), 5.0)))
             if not batch:
                 continue
@@ -125,6 +120,13 @@ class Archiver:
             except Exception:
                 self.dropped += len(batch)
                 log.exception("archive write failed; copies dropped")
+
+    async def _release_if_off(self) -> None:
+        """While the archive is off its connection is closed between the rare reads (a host
+        keeps to three database connections: docs/performance.md); it opens again on use."""
+        if not self.enabled:
+            with contextlib.suppress(Exception):
+                await asyncio.get_running_loop().run_in_executor(self._pool, self.archive.release)
 
     async def _take(self, timeout: float) -> list[ArchiveEntry]:
         try:

@@ -31,6 +31,8 @@ class RelayCore:
         # The other hosts' sessions, from the roster (who may send as which session id).
         self.remote_sessions: list[SessionInfo] = []
         self.stopping = asyncio.Event()
+        # Set by a roster hint: another host published its roster (relay.service imports it).
+        self.roster_hinted = asyncio.Event()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._reported: str | None = None
 

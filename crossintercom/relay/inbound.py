@@ -94,6 +94,8 @@ class Inbound:
             wake, self._pending = self._pending, Wake()
             if wake.hinted:
                 self.receipts.take(wake.hinted)
+            if wake.roster:
+                self.relay.roster_hinted.set()
             jobs = []
             if wake.receipts:
                 jobs.append(self.receipts.read())

@@ -11,19 +11,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
-import signal
 import threading
 from collections.abc import Sequence
 from typing import Final, ParamSpec, TypeVar
 
 import msgspec
-import tenacity
 
 from crossintercom import protocol as p
 from crossintercom.client import AsyncClient, Identity
-from crossintercom.config import ENV_STORE, Settings
-from crossintercom.errors import CrossintercomError, StoreError, StoreUnavailable
+from crossintercom.config import Settings
+from crossintercom.errors import CrossintercomError, StoreError
 from crossintercom.models import SessionInfo, new_id
 from crossintercom.relay.archiver import Archiver
 from crossintercom.relay.core import RelayCore
@@ -31,7 +28,7 @@ from crossintercom.relay.inbound import POLL_BACKSTOP_S, Inbound
 from crossintercom.relay.late import LateReceipts
 from crossintercom.relay.outbound import Outbound
 from crossintercom.relay.stuck import StuckWatch
-from crossintercom.runtime import LockHeld, ensure_runtime_dir, hold_pid_lock, machine_identity
+from crossintercom.runtime import machine_identity
 from crossintercom.storage import (
     ArchiveStore,
     Beat,
@@ -39,15 +36,11 @@ from crossintercom.storage import (
     LeaseTracker,
     MailboxStore,
     Wake,
-    mask_url,
-    open_archive,
-    open_store,
 )
-from crossintercom.storage.urls import with_password_file
+from crossintercom.storage.liveness import effective_lease
 
 log = logging.getLogger(__name__)
 
-HEARTBEAT_S: Final = 1.0
 STALL_REPORT_S: Final = 5.0
 
 P = ParamSpec("P")
@@ -78,24 +71,13 @@ class Fenced(RelayError):
     code = "relay_fenced"
 
 
-def hold_relay_lock(settings: Settings) -> int:
-    """flock relay.lock: one relay per host id per machine; held until the process ends."""
-    try:
-        return hold_pid_lock(settings, "relay.lock")
-    except LockHeld:
-        raise RelayInUse(
-            f"a relay is already running for host id {settings.host_id!r} on this machine "
-            f"({settings.file('relay.lock')} is locked)"
-        ) from None
-
-
 class Relay(RelayCore):
     def __init__(
         self, settings: Settings, store: MailboxStore, archive: ArchiveStore | None = None
     ) -> None:
         super().__init__(settings, store)
         self.archiver = Archiver(archive, self.host) if archive is not None else None
-        self.leases = LeaseTracker(settings.lease_s)
+        self.leases = LeaseTracker(settings.lease_s, heartbeat_s=settings.heartbeat_s)
         self.outbound = Outbound(self)
         self.inbound = Inbound(self, self.outbound)
         self.late_receipts = LateReceipts(self)
@@ -125,6 +107,7 @@ class Relay(RelayCore):
         waiter_thread.start()
         jobs = [
             self._heartbeat_loop(),
+            self._roster_loop(),
             self.outbound.loop(),
             self.inbound.loop(),
             self.late_receipts.loop(),
@@ -173,9 +156,9 @@ class Relay(RelayCore):
             return
         other, beat = held
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.settings.lease_s
+        deadline = loop.time() + effective_lease(self.settings.lease_s, self.settings.heartbeat_s)
         while loop.time() < deadline:
-            await asyncio.sleep(min(0.5, HEARTBEAT_S))
+            await asyncio.sleep(min(0.5, self.settings.heartbeat_s))
             now = await self.store_call(self.store.host_claim, self.host)
             if now is None or now[0] != other:
                 return  # released or taken meanwhile: the claim below sorts it out
@@ -320,9 +303,20 @@ class Relay(RelayCore):
             self.report_store(named or why)
         return await beat
 
+    async def _roster_loop(self) -> None:
+        """Import the rosters when a roster hint says one changed (the heartbeat's revisions
+        catch a lost hint): one hosts read, and the roster read only if a revision moved."""
+        while not self.stopping.is_set():
+            await self.roster_hinted.wait()
+            self.roster_hinted.clear()
+            try:
+                await self._import_roster()
+            except StoreError as exc:
+                log.warning("roster import failed: %s", exc.message)
+
     async def _heartbeat_loop(self) -> None:
-        # One statement a second when idle: the heartbeat, whose answer carries the leases,
-        # the roster revisions and the poll backstop's probe (docs/storage.md).
+        # One statement per heartbeat_s when idle: the heartbeat, whose answer carries the
+        # leases, the roster revisions and the poll backstop's probe (docs/storage.md).
         while not self.stopping.is_set():
             try:
                 beat = await self._watched_heartbeat()
@@ -340,7 +334,7 @@ class Relay(RelayCore):
             except StoreError as exc:
                 log.warning("store unreachable; retrying: %s", exc.message)
                 self.report_store(f"WARNING {exc.message}")
-            await asyncio.sleep(HEARTBEAT_S)
+            await asyncio.sleep(self.settings.heartbeat_s)
 
     async def _housekeeping_loop(self) -> None:
         # Finished rows go ``purge_after_s`` after they finished (docs/operations.md): past the
@@ -358,46 +352,3 @@ class Relay(RelayCore):
                 await self.store_call(self.store.purge, older_than_s=keep)
             except StoreError as exc:
                 log.warning("housekeeping failed: %s", exc.message, extra={"error": exc.message})
-
-
-def run_relay(settings: Settings, *, polling_observer: bool = False) -> None:
-    """`crossintercom relay`: run until SIGTERM/SIGINT; raises a clear error when it cannot."""
-    if not settings.store_url:
-        raise RelayError(f"no store configured: pass --store URL or set {ENV_STORE}")
-    ensure_runtime_dir(settings)
-    lock_fd = hold_relay_lock(settings)
-    try:
-        url = with_password_file(settings.store_url, settings.store_password_file)
-        store = _open_store_patiently(url, polling_observer)
-        try:
-            asyncio.run(_serve(settings, store, open_archive(settings.store_url)))
-        finally:
-            store.close()
-    finally:
-        os.close(lock_fd)
-
-
-def _open_store_patiently(url: str, polling_observer: bool) -> MailboxStore:
-    """An unreachable store is retried (the database may be starting); a wrong one is not."""
-    retrying = tenacity.Retrying(
-        wait=tenacity.wait_chain(
-            *[tenacity.wait_fixed(w) for w in (1, 2, 5, 10)], tenacity.wait_fixed(30)
-        ),
-        retry=tenacity.retry_if_exception_type(StoreUnavailable),
-        before_sleep=lambda rs: log.warning(
-            "store %s unreachable (attempt %d); retrying", mask_url(url), rs.attempt_number
-        ),
-        reraise=True,
-    )
-    store: MailboxStore = retrying(
-        open_store, url, polling_observer=polling_observer, hot_path=True
-    )
-    return store
-
-
-async def _serve(settings: Settings, store: MailboxStore, archive: ArchiveStore) -> None:
-    relay = Relay(settings, store, archive)
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, relay.stop)
-    await relay.run()

@@ -20,7 +20,7 @@ log = logging.getLogger(__name__)
 
 # Idle in a transaction this long is no relay's own (theirs last milliseconds).
 STUCK_IDLE_S: Final = 5.0
-CHECK_EVERY_S: Final = 5.0
+CHECK_EVERY_S: Final = 15.0
 
 
 def describe(stuck: list[StuckTransaction]) -> str | None:

@@ -3,15 +3,16 @@
 ``open_store(url)`` picks the backend from the URL scheme alone and refuses to run against a
 store whose schema is missing or from another version.
 
-Inside the package, imports run one way (no cycle): ``interface`` (the protocol and its rows),
-``archive_types`` (the archive's) and ``urls`` at the bottom; ``tables``, then ``queries``; ``engine`` (engines and error
-translation); over it ``migrate`` (Alembic), ``transaction`` (one operation, one transaction)
-and ``wakeup``; ``batches`` (batch writes over one connection); ``hosts`` (host claims and
-rosters, and the plumbing both halves run on), under ``sqlstore`` (messages, receipts and
-settings: together, the logic both backends share), with ``hotpath`` (its delivery path by a
-thread hop); ``pghot`` (PostgreSQL's on the event loop) under the backends ``postgres`` and
-``sqlite`` on top; ``liveness`` apart, over ``interface``; ``rogue`` (rows a rogue host writes,
-for the chaos run and the tests) over ``engine`` and ``queries``.
+Inside the package, imports run one way (no cycle): ``interface`` (the protocol and its
+rows), ``archive_types`` (the archive's) and ``urls`` at the bottom; ``tables``, then
+``queries``; ``engine`` (engines and error translation); over it ``migrate`` (Alembic),
+``transaction`` (one operation, one transaction) and ``wakeup``; ``batches`` (batch writes
+over one connection); ``hosts`` (host claims and rosters, and the plumbing both halves run
+on), under ``sqlstore`` (messages, receipts and settings: together, the logic both backends
+share), with ``hotpath`` (its delivery path by a thread hop); ``pghot`` (PostgreSQL's on the
+event loop) under the backends ``postgres`` and ``sqlite`` on top; ``liveness`` apart, over
+``interface``; ``rogue`` (rows a rogue host writes, for the chaos run and the tests) over
+``engine`` and ``queries``.
 """
 
 from __future__ import annotations

@@ -42,7 +42,7 @@ class SqlArchive:
         self.engine.dispose()
 
     def release(self) -> None:
-        self.engine.dispose()  # the engine stays usable: it connects again on demand
+        self.engine.dispose()  # the engine opens a new pool on its next use
 
     # -- settings -------------------------------------------------------------------------
 

@@ -72,8 +72,7 @@ class ArchiveStore(Protocol):
     def close(self) -> None: ...
 
     def release(self) -> None:
-        """Close its idle connection (the archive is off); the next call opens one again."""
-        ...
+        """Close its idle connections; the next call opens one again."""
 
     def archive_settings(self) -> ArchiveSettings: ...
 

@@ -49,6 +49,12 @@ class SqlHostStore:
     def _after_commit(self, host_ids: Collection[str], kind: str) -> None:
         """Send wake-ups that need the commit to have happened (SQLite doorbells)."""
 
+    def _notify_roster_in_txn(self, conn: Connection) -> None:
+        """Queue the roster hint to every host, sent on commit (Postgres NOTIFY)."""
+
+    def _after_roster_commit(self) -> None:
+        """Send the roster hint to every host once the commit happened (SQLite doorbell)."""
+
     # -- schema ---------------------------------------------------------------------------
 
     def check_schema(self) -> None:
@@ -165,6 +171,8 @@ class SqlHostStore:
             for s in sessions
         ]
 
+        published = [False]
+
         def write(conn: Connection) -> bool:
             # The revision bump is the fence (see BUMP_ROSTER_REV) and tells the other relays.
             if conn.execute(q.BUMP_ROSTER_REV, {"host": host_id, "gen": generation}).rowcount != 1:
@@ -172,9 +180,15 @@ class SqlHostStore:
             conn.execute(q.DELETE_ROSTER, {"host_id": host_id})
             if rows:
                 conn.execute(q.INSERT_ROSTER, rows)
+            self._notify_roster_in_txn(conn)
+            published[0] = True
             return True
 
-        return self._run(write)
+        def hint() -> None:
+            if published[0]:
+                self._after_roster_commit()
+
+        return self._run(write, after=hint)
 
     def roster(self) -> list[SessionInfo]:
         def read(conn: Connection) -> list[SessionInfo]:

@@ -150,22 +150,25 @@ class StoreSettings:
 @dataclass(frozen=True, slots=True)
 class Wake:
     """What a wake-up says to look at: deliveries queued for the host, receipts for it (read
-    them), and receipts the hint carried itself (``hinted``: committed rows, resolved without a
-    read; the rows stay the truth and are consumed later). A catch-up wakes for both."""
+    them), receipts the hint carried itself (``hinted``: committed rows, resolved without a
+    read; the rows stay the truth and are consumed later), and whether some host published a
+    new roster. A catch-up wakes for all of them."""
 
     deliveries: bool = False
     receipts: bool = False
     hinted: tuple[ReceiptRow, ...] = ()
+    roster: bool = False
 
     def __or__(self, other: Wake) -> Wake:
         return Wake(
             self.deliveries or other.deliveries,
             self.receipts or other.receipts,
             self.hinted + other.hinted,
+            self.roster or other.roster,
         )
 
 
-CATCH_UP = Wake(deliveries=True, receipts=True)
+CATCH_UP = Wake(deliveries=True, receipts=True, roster=True)
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,6 +14,17 @@ from dataclasses import dataclass
 from crossintercom.storage.interface import HostRow
 
 DEFAULT_LEASE_S = 15.0
+# A relay bumps its counter every ``heartbeat_s`` (settings; its one idle commit:
+# docs/performance.md). Rosters do not wait for it: a roster hint wakes every relay when one
+# changes.
+DEFAULT_HEARTBEAT_S = 1.5
+# A lease shorter than a few heartbeats would call a live host lapsed whenever one beat is late
+# or an observer's read falls between two beats; shorter settings are raised to this many.
+MIN_LEASE_BEATS = 3
+
+
+def effective_lease(lease_s: float, heartbeat_s: float = DEFAULT_HEARTBEAT_S) -> float:
+    return max(lease_s, MIN_LEASE_BEATS * heartbeat_s)
 
 
 @dataclass(slots=True)
@@ -25,9 +36,13 @@ class _Seen:
 
 class LeaseTracker:
     def __init__(
-        self, lease_s: float = DEFAULT_LEASE_S, clock: Callable[[], float] = time.monotonic
+        self,
+        lease_s: float = DEFAULT_LEASE_S,
+        clock: Callable[[], float] = time.monotonic,
+        *,
+        heartbeat_s: float = DEFAULT_HEARTBEAT_S,
     ) -> None:
-        self.lease_s = lease_s
+        self.lease_s = effective_lease(lease_s, heartbeat_s)
         self._clock = clock
         self._seen: dict[str, _Seen] = {}
 

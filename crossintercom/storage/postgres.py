@@ -30,7 +30,13 @@ from crossintercom.storage.interface import (
 from crossintercom.storage.pghot import PgHotPath, stuck_params, stuck_transaction
 from crossintercom.storage.sqlstore import SqlMailboxStore, utcnow
 from crossintercom.storage.urls import StoreURL
-from crossintercom.storage.wakeup import DELIVERIES, PostgresWaiter, channel_name
+from crossintercom.storage.wakeup import (
+    DELIVERIES,
+    ROSTER,
+    ROSTER_CHANNEL,
+    PostgresWaiter,
+    channel_name,
+)
 
 
 class PostgresStore(SqlMailboxStore):
@@ -57,6 +63,9 @@ class PostgresStore(SqlMailboxStore):
         # duplicates).
         channels = sorted({channel_name(host_id) for host_id in host_ids})
         conn.execute(q.PG_NOTIFY, {"channels": channels, "kind": kind})
+
+    def _notify_roster_in_txn(self, conn: Connection) -> None:
+        conn.execute(q.PG_NOTIFY, {"channels": [ROSTER_CHANNEL], "kind": ROSTER})
 
     def notify_hosts(self, host_ids: Collection[str]) -> None:
         """A catch-up hint (an empty payload: look at everything)."""

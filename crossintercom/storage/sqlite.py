@@ -12,7 +12,7 @@ from collections.abc import Collection
 from crossintercom.storage import engine as db
 from crossintercom.storage.sqlstore import SqlMailboxStore
 from crossintercom.storage.urls import StoreURL
-from crossintercom.storage.wakeup import DoorbellWaiter, ring_doorbell
+from crossintercom.storage.wakeup import ROSTER, DoorbellWaiter, ring_doorbell
 
 log = logging.getLogger(__name__)
 
@@ -30,17 +30,24 @@ class SqliteStore(SqlMailboxStore):
 
     def _after_commit(self, host_ids: Collection[str], kind: str) -> None:
         for host_id in host_ids:
-            try:
-                ring_doorbell(self.path, host_id, kind)
-            except OSError as exc:
-                # The write committed: a doorbell is only a hint, and the recipient's poll
-                # backstop finds the row. Failing here would report a committed write as lost.
-                log.warning(
-                    "doorbell for host %s not rung: %s; its relay finds the rows by polling",
-                    host_id,
-                    exc,
-                    extra={"host_id": host_id, "error": str(exc)},
-                )
+            self._ring(host_id, kind)
+
+    def _after_roster_commit(self) -> None:
+        self._ring("", ROSTER)  # the one roster doorbell (wakeup.doorbell_path)
+
+    def _ring(self, host_id: str, kind: str) -> None:
+        try:
+            ring_doorbell(self.path, host_id, kind)
+        except OSError as exc:
+            # The write committed: a doorbell is only a hint, and the recipient's poll
+            # backstop finds the row. Failing here would report a committed write as lost.
+            log.warning(
+                "doorbell for host %s (%s) not rung: %s; its relay finds the rows by polling",
+                host_id or "every host",
+                kind,
+                exc,
+                extra={"host_id": host_id, "error": str(exc)},
+            )
 
     def waiter(self, host_id: str) -> DoorbellWaiter:
         return DoorbellWaiter(self.path, host_id, polling=self.polling_observer)

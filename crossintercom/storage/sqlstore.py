@@ -239,11 +239,16 @@ class SqlMailboxStore(SqlHostStore):
             keys = [(mid, sid) for mid, sid in conn.execute(q.FORGET_DELIVERIES, params)]
             conn.execute(q.DELETE_ROSTER_SESSION, {"host_id": host_id, "session_id": session_id})
             conn.execute(q.BUMP_ROSTER_REV, {"host": host_id, "gen": generation})
+            self._notify_roster_in_txn(conn)
             if keys:
                 self._write_receipts(conn, keys, now, woken)
             return len(keys)
 
-        return self._run(write, after=lambda: self._after_commit(woken, RECEIPTS))
+        def hints() -> None:
+            self._after_commit(woken, RECEIPTS)
+            self._after_roster_commit()
+
+        return self._run(write, after=hints)
 
     def expire(self) -> int:
         total = 0

@@ -1,10 +1,11 @@
 """Wake-up hints: Postgres LISTEN/NOTIFY, and doorbell files watched with watchdog for SQLite.
 
 A hint says what to look at: deliveries queued for the host, or receipts for it; on
-PostgreSQL a receipts hint may carry the committed receipts themselves (docs/storage.md,
-"Wake-ups"). Every waiter reports a catch-up (both kinds) on its first ``wake`` and on every
-reconnect, and ``wake`` returns None after a quiet ``timeout``; the caller's poll backstop
-(the heartbeat's probe) covers lost hints.
+PostgreSQL a receipts hint may carry the committed receipts themselves; a roster hint, sent to
+every host, says some host published a new roster (docs/storage.md, "Wake-ups"). Every waiter
+reports a catch-up (every kind) on its first ``wake`` and on every reconnect, and ``wake``
+returns None after a quiet ``timeout``; the caller's poll backstop (the heartbeat's probe)
+covers lost hints.
 """
 
 from __future__ import annotations
@@ -41,6 +42,10 @@ HEALTH_EVERY_S = 60.0
 # What a hint names (the NOTIFY payload's first character, the doorbell file's suffix).
 DELIVERIES: Final = "d"
 RECEIPTS: Final = "r"
+# Some host published its roster: one channel (PostgreSQL) or doorbell (SQLite) every relay
+# watches, so rosters are imported when they change rather than on the next heartbeat.
+ROSTER: Final = "o"
+ROSTER_CHANNEL: Final = "ci_roster"
 # A receipts hint carrying the receipts as JSON: "R" + [[id, message id, recipient session,
 # recipient host, outcome, code, sender session], ...] (queries.PG_RECEIPT_HINT writes it).
 RECEIPT_ROWS: Final = "R"
@@ -57,6 +62,8 @@ def parse_hint(payload: str) -> Wake:
         return Wake(deliveries=True)
     if kind == RECEIPTS:
         return Wake(receipts=True)
+    if kind == ROSTER:
+        return Wake(roster=True)
     if kind == RECEIPT_ROWS:
         try:
             return Wake(hinted=tuple(ReceiptRow(*row) for row in _hint_rows.decode(body)))
@@ -79,7 +86,10 @@ def doorbell_dir(db_path: Path) -> Path:
 
 
 def doorbell_path(db_path: Path, host_id: str, kind: str = DELIVERIES) -> Path:
-    """One doorbell file per host and kind: deliveries, receipts."""
+    """One doorbell file per host and kind (deliveries, receipts), and one roster doorbell
+    that every host watches."""
+    if kind == ROSTER:
+        return doorbell_dir(db_path) / "roster"
     key = host_key(host_id)
     return doorbell_dir(db_path) / (key if kind == DELIVERIES else f"{key}.{kind}")
 
@@ -150,6 +160,7 @@ class PostgresWaiter(_ClosedOnExit):
             **PG_KEEPALIVES,
         )
         conn.execute(q.pg_listen(self.channel))
+        conn.execute(q.pg_listen(ROSTER_CHANNEL))
         self._conn = conn
         # Anything sent while nobody listened is found by the caller's catch-up query.
         self._reconnected = True
@@ -243,7 +254,8 @@ class DoorbellWaiter(_ClosedOnExit):
         self._host_id = host_id
         self.bell = doorbell_path(db_path, host_id)
         self._event = threading.Event()
-        bells = {str(doorbell_path(db_path, host_id, k)): k for k in (DELIVERIES, RECEIPTS)}
+        kinds = (DELIVERIES, RECEIPTS, ROSTER)
+        bells = {str(doorbell_path(db_path, host_id, k)): k for k in kinds}
         self._handler = _Bell(bells, self._event)
         self._polling = polling
         self._observer: Any = None
@@ -254,8 +266,8 @@ class DoorbellWaiter(_ClosedOnExit):
         observer.schedule(self._handler, str(self.bell.parent), recursive=False)
         observer.start()
         self._observer = observer
-        # The first wait reports a wake-up for both kinds: the caller catches up.
-        self._handler.ring({DELIVERIES, RECEIPTS})
+        # The first wait reports a wake-up for every kind: the caller catches up.
+        self._handler.ring({DELIVERIES, RECEIPTS, ROSTER})
         return self
 
     def close(self) -> None:
@@ -274,7 +286,7 @@ class DoorbellWaiter(_ClosedOnExit):
         rung = self._handler.take()
         if not rung:
             return None
-        return Wake(deliveries=DELIVERIES in rung, receipts=RECEIPTS in rung)
+        return Wake(deliveries=DELIVERIES in rung, receipts=RECEIPTS in rung, roster=ROSTER in rung)
 
     def notify_self(self) -> None:
         ring_doorbell(self._db_path, self._host_id)

@@ -58,7 +58,7 @@ class Overseer:
         self.store: MailboxStore | None = None
         self.archive: ArchiveStore | None = None
         self.archive_on = False
-        self.leases = LeaseTracker(settings.lease_s)
+        self.leases = LeaseTracker(settings.lease_s, heartbeat_s=settings.heartbeat_s)
         self.feed: deque[dict[str, Any]] = deque(maxlen=FEED_KEEP)
         self._seen: set[str] = set()
         self._cursor = 0

@@ -47,7 +47,7 @@ def test_idle_transaction_holding_locks_is_named_in_status(
         store = a.cli_json("status")["store"]
         # A row lock on the settings no relay writes: it blocks nobody's heartbeat.
         holder.execute("SELECT * FROM settings FOR SHARE").fetchall()
-        wait_for(lambda: named(a), 30, "status to name the idle transaction")
+        wait_for(lambda: named(a), 60, "status to name the idle transaction")
         assert "settings" in store_line(a)
         assert HOLDER in a.relay_log()
         holder.rollback()

@@ -87,9 +87,23 @@ def test_the_sql_channel_is_the_python_one(pg_url: str) -> None:
     assert row is not None and row[0] == channel_name(host)
 
 
+def test_a_published_roster_wakes_every_host(store: MailboxStore) -> None:
+    gen = store.claim_host(RECIPIENT)
+    sender_gen = store.claim_host(SENDER)
+    with store.waiter(RECIPIENT) as recipient, store.waiter(SENDER) as sender:
+        assert recipient.wake(1.0) == CATCH_UP and sender.wake(1.0) == CATCH_UP
+        s = SessionInfo(id="s7", host=SENDER, name="planner")
+        assert store.publish_sessions(SENDER, sender_gen, [s])
+        assert _wake(recipient.wake(5.0)) == Wake(roster=True)
+        assert _wake(sender.wake(5.0)) == Wake(roster=True)  # its own too: one hint for all
+        assert not store.publish_sessions(RECIPIENT, gen - 1, [])  # fenced: no hint
+        assert recipient.wake(0.3) is None and sender.wake(0.3) is None
+
+
 def test_hints_parse_by_kind() -> None:
     assert parse_hint("d") == Wake(deliveries=True)
     assert parse_hint("r") == Wake(receipts=True)
+    assert parse_hint("o") == Wake(roster=True)
     assert parse_hint("") == CATCH_UP
     assert parse_hint("R[not json") == Wake(receipts=True)
     [row] = parse_hint('R[[7,"m","s","h","refused","bad",null]]').hinted

@@ -23,7 +23,7 @@ from crossintercom.tools.chaos.state import (
     RunSetup,
     Sent,
 )
-from crossintercom.tools.chaos.takeover import TAKEOVER_LEASE_S
+from crossintercom.tools.chaos.takeover import TAKEOVER_HEARTBEAT_S, TAKEOVER_LEASE_S
 from crossintercom.tools.common import Store, prepare_store, scratch_dir, utc_now
 from crossintercom.tools.harness import BULK_SENDER, Cluster, SimHost
 from crossintercom.tools.pgcluster import ThrowawayPostgres
@@ -209,6 +209,7 @@ def run_chaos(
         config = dict(BULK_SENDER)
         if "relay_takeover" in kinds:
             config["lease_s"] = TAKEOVER_LEASE_S
+            config["heartbeat_s"] = TAKEOVER_HEARTBEAT_S
         immutable = disk.Immutable()
 
         def on_tmpfs(machine: SimHost) -> None:

@@ -25,6 +25,8 @@ from crossintercom.tools.harness import ListenerProcess, SimHost
 
 # The lease of every host in a run with takeovers: short, so that one takes seconds.
 TAKEOVER_LEASE_S = 3.0
+# Three heartbeats to a lease (liveness.MIN_LEASE_BEATS).
+TAKEOVER_HEARTBEAT_S = 1.0
 # How long the new machine may take to deliver its first message before the frozen relay wakes.
 FIRST_DELIVERY_S = 10.0
 STALE_EXIT_S = 30.0
@@ -109,8 +111,13 @@ def take_over(state: ChaosState, i: int) -> Moved | None:
         "took_over_s": round(took_over, 2),
         "frozen_s": round(frozen, 2),
         "stale_exit": code,
-        # It stopped because it found itself fenced, not for some other reason.
-        "fenced": code not in (None, 0) and "took over" in log,
+        # It stopped because it found itself fenced, not for some other reason; a relay
+        # frozen while it was still starting (a restart after an earlier fault) wakes before
+        # it claimed the host id and is refused it instead, which hands over nothing either.
+        "fenced": code not in (None, 0)
+        and ("took over" in log or "is in use by another machine" in log),
         "stale_handovers": len(late),
     }
+    if not entry["fenced"]:
+        entry["stale_log_tail"] = log[-1500:]  # why it stopped otherwise
     return Moved(new, listener, entry)
