@@ -21,6 +21,9 @@ class RelayCore:
         self.settings = settings
         self.host = settings.host_id
         self.store = store
+        # The delivery path's store calls (enqueue, fetch, ack, receipts): on PostgreSQL on
+        # this loop's own connection, elsewhere in a thread; every other call is store_call's.
+        self.hot = store.hot_path()
         # Taken at start (claim_host); every write is fenced by it.
         self.generation = 0
         self.client: AsyncClient | None = None

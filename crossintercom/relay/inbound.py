@@ -121,8 +121,7 @@ class Inbound:
             return False
         await self._refresh_store_limit()
         read_at = self._fetched_at = time.monotonic()
-        rows = await relay.store_call(
-            relay.store.fetch_inbound,
+        rows = await relay.hot.fetch_inbound(
             relay.host,
             relay.generation,
             limit=INBOUND_BATCH,
@@ -144,7 +143,7 @@ class Inbound:
         )
         acks = [a for part in parts for a in part]
         if acks:
-            await relay.store_call(relay.store.ack, relay.host, relay.generation, acks)
+            await relay.hot.ack(relay.host, relay.generation, acks)
         return len(rows) == INBOUND_BATCH and len(acks) == len(rows)
 
     async def _hand_over(self, rows: list[InboundRow], fresh_until: float) -> list[Ack]:

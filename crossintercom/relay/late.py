@@ -80,7 +80,7 @@ class LateReceipts:
         batch = list(self._receipts)
         self._receipts.clear()
         try:
-            await relay.store_call(relay.store.add_receipts, relay.host, relay.generation, batch)
+            await relay.hot.add_receipts(relay.host, relay.generation, batch)
         except StoreError:
             self._receipts.extendleft(reversed(batch))  # kept in order for the next attempt
             raise

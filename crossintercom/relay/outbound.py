@@ -83,8 +83,8 @@ class Outbound:
                     )
                 )
         try:
-            results: Sequence[EnqueueResult | InDoubtEnqueue] = await relay.store_call(
-                relay.store.enqueue, items, generation=relay.generation
+            results: Sequence[EnqueueResult | InDoubtEnqueue] = await relay.hot.enqueue(
+                items, generation=relay.generation
             )
         except StoreInDoubt:
             results = await self._resolve_in_doubt(items)
@@ -146,9 +146,7 @@ class Outbound:
             async for attempt in retrying:
                 with attempt:
                     found: list[EnqueueResult | InDoubtEnqueue] = list(
-                        await relay.store_call(
-                            relay.store.enqueue, items, generation=relay.generation
-                        )
+                        await relay.hot.enqueue(items, generation=relay.generation)
                     )
                     log.info(
                         "in-doubt commit settled by enqueueing again",

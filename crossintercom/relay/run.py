@@ -60,7 +60,9 @@ def _open_store_patiently(url: str, polling_observer: bool) -> MailboxStore:
         ),
         reraise=True,
     )
-    store: MailboxStore = retrying(open_store, url, polling_observer=polling_observer)
+    store: MailboxStore = retrying(
+        open_store, url, polling_observer=polling_observer, hot_path=True
+    )
     return store
 
 

@@ -133,6 +133,7 @@ class Relay(RelayCore):
             await self._say_goodbye()
             await self.client.close()
             waiter_thread.join(POLL_BACKSTOP_S + 1)
+            await self.hot.aclose()
             if self.archiver is not None:
                 self.archiver.close()
         if self.failure is not None:

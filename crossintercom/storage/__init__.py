@@ -3,31 +3,37 @@
 ``open_store(url)`` picks the backend from the URL scheme alone and refuses to run against a
 store whose schema is missing or from another version.
 
-Inside the package, imports run one way (no cycle): ``interface`` (the protocol and its rows)
-and ``urls`` at the bottom; ``tables``, then ``queries``; ``engine`` (engines and error
-translation); over it ``migrate`` (Alembic), ``transaction`` (one operation, one transaction)
-and ``wakeup``; ``batches`` (batch writes over one connection); ``hosts`` (host claims and
-rosters, and the plumbing both halves run on), under ``sqlstore`` (messages, receipts and
-settings: together, the logic both backends share); the backends ``postgres`` and
-``sqlite`` on top; ``liveness`` apart, over ``interface``; ``rogue`` (rows a rogue host writes,
-for the chaos run and the tests) over ``engine`` and ``queries``.
+Inside the package, imports run one way (no cycle): ``interface`` (the protocol and its
+rows), ``archive_types`` (the archive's) and ``urls`` at the bottom; ``tables``, then
+``queries``; ``engine`` (engines and error translation); over it ``migrate`` (Alembic),
+``transaction`` (one operation, one transaction) and ``wakeup``; ``batches`` (batch writes
+over one connection); ``hosts`` (host claims and rosters, and the plumbing both halves run
+on), under ``sqlstore`` (messages, receipts and settings: together, the logic both backends
+share), with ``hotpath`` (its delivery path by a thread hop); ``pghot`` (PostgreSQL's on the
+event loop) under the backends ``postgres`` and ``sqlite`` on top; ``liveness`` apart, over
+``interface``; ``rogue`` (rows a rogue host writes, for the chaos run and the tests) over
+``engine`` and ``queries``.
 """
 
 from __future__ import annotations
 
-from crossintercom.storage.interface import (
-    Ack,
-    AckOutcome,
+from crossintercom.storage.archive_types import (
     ArchivedMessage,
     ArchiveEntry,
     ArchiveRecipient,
     ArchiveSettings,
     ArchiveStore,
+    FlowEdge,
+    ThreadSummary,
+)
+from crossintercom.storage.interface import (
+    Ack,
+    AckOutcome,
     Beat,
     DeliveryState,
     EnqueueResult,
-    FlowEdge,
     HostRow,
+    HotPath,
     InboundRow,
     InDoubtEnqueue,
     InDoubtResolution,
@@ -39,7 +45,6 @@ from crossintercom.storage.interface import (
     ReceiptRow,
     StoreSettings,
     StuckTransaction,
-    ThreadSummary,
     Waiter,
     Wake,
 )
@@ -47,18 +52,21 @@ from crossintercom.storage.liveness import LeaseTracker
 from crossintercom.storage.urls import mask_url, parse_store_url
 
 
-def open_store(url: str, *, polling_observer: bool = False) -> MailboxStore:
+def open_store(url: str, *, polling_observer: bool = False, hot_path: bool = False) -> MailboxStore:
     """Open the store at ``url`` and check its schema; raises a ``StoreError`` with a clear
-    one-line message (password masked) when it cannot be used."""
+    one-line message (password masked) when it cannot be used. ``hot_path``: the caller runs
+    the delivery path through ``store.hot_path()`` (the relay), which has its own connection
+    on PostgreSQL, so the pool keeps fewer (three connections per host: docs/storage.md)."""
     # The backends are imported here, not with the package: every CLI command imports
     # storage.urls (to mask a URL), and the backends pull in alembic, psycopg and watchdog,
     # which doubled the package's import time. No cycle is involved (see the docstring).
     parsed = parse_store_url(url)
     store: MailboxStore
     if parsed.kind == "postgres":
+        from crossintercom.storage.engine import HOT_PATH_POOL_SIZE, POOL_SIZE
         from crossintercom.storage.postgres import PostgresStore
 
-        store = PostgresStore(parsed)
+        store = PostgresStore(parsed, pool_size=HOT_PATH_POOL_SIZE if hot_path else POOL_SIZE)
     else:
         from crossintercom.storage.sqlite import SqliteStore
 
@@ -92,6 +100,7 @@ __all__ = [
     "EnqueueResult",
     "FlowEdge",
     "HostRow",
+    "HotPath",
     "InDoubtEnqueue",
     "InDoubtResolution",
     "InboundRow",

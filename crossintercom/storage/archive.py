@@ -16,7 +16,7 @@ from sqlalchemy import Connection, Engine
 from crossintercom.models import Message, SearchHit, SearchQuery, parse_sent_at, search_terms
 from crossintercom.storage import engine as db
 from crossintercom.storage import queries as q
-from crossintercom.storage.interface import (
+from crossintercom.storage.archive_types import (
     ArchivedMessage,
     ArchiveEntry,
     ArchiveRecipient,

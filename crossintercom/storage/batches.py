@@ -7,17 +7,20 @@ Each function runs inside the caller's transaction; the caller commits and sends
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 import msgspec
 from sqlalchemy import Connection
 
-from crossintercom.errors import Code
+from crossintercom.errors import Code, StoreFenced
 from crossintercom.storage import queries as q
 from crossintercom.storage.interface import (
+    Ack,
     DeliveryState,
     EnqueueResult,
+    LateReceipt,
     OutboundItem,
     StoreSettings,
 )
@@ -131,6 +134,61 @@ def enqueue_batch(
     return [r for r in results if r is not None], woken
 
 
+@dataclass
+class PgEnqueue:
+    """One ``queries.pg_enqueue`` run: its parameters (None when no item fits the size limit),
+    the results known before it (``too_large``), and which items it carries."""
+
+    items: Sequence[OutboundItem]
+    generation: int | None
+    results: list[EnqueueResult | None]
+    fitting: list[int]
+    params: dict[str, Any] | None
+
+    def finish(self, rows: Sequence[Any]) -> list[int] | None:
+        """Fill the results from the statement's rows; the positions to run again in a new
+        statement (see ``enqueue_pg``), or None when the generation was stale."""
+        if self.generation is not None and rows and not rows[0][1]:
+            return None
+        batch = [self.items[i] for i in self.fitting]
+        return _pg_results(batch, rows, self.results, self.fitting)
+
+    def done(self) -> list[EnqueueResult]:
+        return [r for r in self.results if r is not None]
+
+
+def plan_pg_enqueue(
+    items: Sequence[OutboundItem], limits: StoreSettings, now: datetime, generation: int | None
+) -> PgEnqueue:
+    """The parameters of ``queries.pg_enqueue`` for ``items`` (those over the size limit are
+    refused here); the sync store and the relay's async hot path both run it."""
+    results: list[EnqueueResult | None] = [None] * len(items)
+    fitting: list[int] = []
+    for i, item in enumerate(items):
+        if item.size > limits.max_message_bytes:
+            results[i] = EnqueueResult(
+                item.message_id, item.recipient_session, "refused", False, Code.TOO_LARGE
+            )
+        else:
+            fitting.append(i)
+    if not fitting:
+        return PgEnqueue(items, generation, results, fitting, None)
+    batch = [items[i] for i in fitting]
+    params = {
+        "host_id": batch[0].sender_host,
+        "generation": generation,
+        "now": now,
+        "expires": now + timedelta(seconds=limits.retention_s),
+        "mids": [it.message_id for it in batch],
+        "rhosts": [it.recipient_host for it in batch],
+        "rsessions": [it.recipient_session for it in batch],
+        "digests": [it.digest for it in batch],
+        "payloads": [_json.encode(it.payload).decode() for it in batch],
+        "sizes": [it.size for it in batch],
+    }
+    return PgEnqueue(items, generation, results, fitting, params)
+
+
 def enqueue_pg(
     conn: Connection,
     items: Sequence[OutboundItem],
@@ -145,44 +203,19 @@ def enqueue_pg(
     Items whose rows a concurrent transaction committed while the statement waited on them
     (a retried in-doubt enqueue, two relays sending one id) are not in its snapshot: they go
     through ``enqueue_batch`` again, whose statements each see the latest commits."""
-    results: list[EnqueueResult | None] = [None] * len(items)
-    fitting: list[int] = []
-    for i, item in enumerate(items):
-        if item.size > limits.max_message_bytes:
-            results[i] = EnqueueResult(
-                item.message_id, item.recipient_session, "refused", False, Code.TOO_LARGE
-            )
-        else:
-            fitting.append(i)
+    run = plan_pg_enqueue(items, limits, now, generation)
     woken: set[str] = set()
-    if fitting:
-        sender = items[fitting[0]].sender_host
-        batch = [items[i] for i in fitting]
-        rows = conn.execute(
-            q.pg_enqueue(generation is not None),
-            {
-                "host_id": sender,
-                "generation": generation,
-                "now": now,
-                "expires": now + timedelta(seconds=limits.retention_s),
-                "mids": [it.message_id for it in batch],
-                "rhosts": [it.recipient_host for it in batch],
-                "rsessions": [it.recipient_session for it in batch],
-                "digests": [it.digest for it in batch],
-                "payloads": [_json.encode(it.payload).decode() for it in batch],
-                "sizes": [it.size for it in batch],
-            },
-        ).all()
-        if generation is not None and rows and not rows[0][1]:
+    if run.params is not None:
+        again = run.finish(conn.execute(q.pg_enqueue(generation is not None), run.params).all())
+        if again is None:
             return None
-        again = _pg_results(batch, rows, results, fitting)
         if again:
             retried, woken = enqueue_batch(
                 conn, "postgresql", [items[i] for i in again], limits, now
             )
             for i, r in zip(again, retried, strict=True):
-                results[i] = r
-    return [r for r in results if r is not None], woken
+                run.results[i] = r
+    return run.done(), woken
 
 
 def _pg_results(
@@ -217,3 +250,51 @@ def _pg_results(
         else:
             again.append(where[k])
     return again
+
+
+# -- parameters of the other path statements, shared with the async hot path (pghot) ----------
+
+
+def ack_params(
+    host_id: str, generation: int, acks: Sequence[Ack], now: datetime
+) -> dict[str, Any] | None:
+    """``PG_ACK``'s parameters; None when there is nothing to ack."""
+    # The first ack of a row wins, as it would one by one; the rest change nothing.
+    first: dict[tuple[str, str], Ack] = {}
+    for a in acks:
+        first.setdefault((a.message_id, a.recipient_session), a)
+    if not first:
+        return None
+    return {
+        "host_id": host_id,
+        "generation": generation,
+        "finished": now,
+        "mids": [a.message_id for a in first.values()],
+        "sessions": [a.recipient_session for a in first.values()],
+        "states": [a.outcome for a in first.values()],
+        "codes": [a.code for a in first.values()],
+    }
+
+
+def add_receipts_params(
+    host_id: str, generation: int, receipts: Sequence[LateReceipt], now: datetime
+) -> dict[str, Any] | None:
+    """``PG_ADD_RECEIPTS``'s parameters; None when there is nothing to write."""
+    if not receipts:
+        return None
+    return {
+        "host_id": host_id,
+        "generation": generation,
+        "created": now,
+        "mids": [r.message_id for r in receipts],
+        "sessions": [r.recipient_session for r in receipts],
+        "sender_hosts": [r.sender_host for r in receipts],
+        "sender_sessions": [r.sender_session for r in receipts],
+        "outcomes": [r.outcome for r in receipts],
+        "codes": [r.code for r in receipts],
+    }
+
+
+def stale_enqueue(items: Sequence[OutboundItem], generation: int | None) -> StoreFenced:
+    sender = items[0].sender_host
+    return StoreFenced(f"generation {generation} of host {sender!r} is stale; nothing written")

@@ -34,6 +34,9 @@ from crossintercom.storage.urls import StoreURL
 # Two pooled connections per engine (plus the listener a Postgres waiter opens): at most three
 # database connections per store object.
 POOL_SIZE = 2
+# A relay's store: the delivery path has its own async connection (pghot), so the pool keeps
+# one for the rest (heartbeat, roster, housekeeping); with the listener, three in all.
+HOT_PATH_POOL_SIZE = 1
 
 PG_CONNECT_TIMEOUT_S = 5
 PG_IDLE_IN_TXN_MS = 30_000
@@ -78,25 +81,30 @@ def store_engine(
     return sqlite_engine(parsed, pool_size)
 
 
-def postgres_engine(
-    parsed: StoreURL, pool_size: int = POOL_SIZE, statement_timeout_ms: int | None = None
-) -> Engine:
+def pg_connect_args(statement_timeout_ms: int | None = None) -> dict[str, Any]:
+    """libpq options of every store connection (the pool's and the relay's hot path's)."""
     options = f"-c idle_in_transaction_session_timeout={PG_IDLE_IN_TXN_MS}"
     if statement_timeout_ms:
         options += f" -c statement_timeout={statement_timeout_ms}"
+    return {
+        "connect_timeout": PG_CONNECT_TIMEOUT_S,
+        # A relay frozen inside a transaction (SIGSTOP, a paused VM) must not hold its
+        # locks forever: the server ends such a session, so a successor can take over.
+        "options": options,
+        **PG_KEEPALIVES,
+    }
+
+
+def postgres_engine(
+    parsed: StoreURL, pool_size: int = POOL_SIZE, statement_timeout_ms: int | None = None
+) -> Engine:
     return create_engine(
         parsed.url,
         pool_size=pool_size,
         max_overflow=0,
         # No pre-ping (a round trip per transaction): a dropped pooled connection fails
         # before COMMIT, is discarded and the transaction retried (transaction.py).
-        connect_args={
-            "connect_timeout": PG_CONNECT_TIMEOUT_S,
-            # A relay frozen inside a transaction (SIGSTOP, a paused VM) must not hold its
-            # locks forever: the server ends such a session, so a successor can take over.
-            "options": options,
-            **PG_KEEPALIVES,
-        },
+        connect_args=pg_connect_args(statement_timeout_ms),
     )
 
 
@@ -224,9 +232,10 @@ def translate(parsed: StoreURL, exc: SQLAlchemyError) -> StoreError:
     return StoreError(f"store {parsed.masked} failed: {one_line(exc)}")
 
 
-def commit_failed(parsed: StoreURL, exc: SQLAlchemyError) -> StoreError:
-    """A failed COMMIT. On a network database its outcome is unknown; a failed SQLite COMMIT
-    leaves the transaction unapplied: not in doubt, just failed."""
+def commit_failed(parsed: StoreURL, exc: BaseException) -> StoreError:
+    """A failed COMMIT (or a lost write sent in autocommit, which is its own COMMIT). On a
+    network database its outcome is unknown; a failed SQLite COMMIT leaves the transaction
+    unapplied: not in doubt, just failed."""
     if parsed.kind == "sqlite":
         return StoreUnavailable(f"could not commit to the store {parsed.masked}: {one_line(exc)}")
     return StoreInDoubt(

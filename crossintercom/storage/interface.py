@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Literal, Protocol, Self
 
-from crossintercom.models import Message, SearchHit, SearchQuery, SessionInfo
+from crossintercom.models import SessionInfo
 
 # A delivery row's state: queued until acknowledged (delivered, refused) or expired.
 DeliveryState = Literal["queued", "delivered", "refused", "expired"]
@@ -209,6 +209,47 @@ class Waiter(Protocol):
     def notify_self(self) -> None: ...
 
 
+class HotPath(Protocol):
+    """The delivery path's operations as coroutines on the caller's event loop, with exactly
+    the semantics, fencing and errors of the ``MailboxStore`` methods of the same names.
+    ``MailboxStore.hot_path`` gives one: on PostgreSQL its own async connection (no thread
+    hop, no SQLAlchemy per statement), elsewhere the blocking methods run in a thread."""
+
+    async def enqueue(
+        self, items: Sequence[OutboundItem], *, generation: int | None = None
+    ) -> list[EnqueueResult]: ...
+
+    async def fetch_inbound(
+        self,
+        host_id: str,
+        generation: int,
+        *,
+        limit: int = 500,
+        session_ids: Collection[str] | None = None,
+        max_payload: int = DEFAULT_MAX_PAYLOAD_CHARS,
+    ) -> list[InboundRow]: ...
+
+    async def ack(self, host_id: str, generation: int, acks: Sequence[Ack]) -> int: ...
+
+    async def receipts(
+        self, host_id: str, generation: int, *, limit: int = 500
+    ) -> list[ReceiptRow]: ...
+
+    async def consume_receipts(
+        self, host_id: str, generation: int, receipt_ids: Sequence[int]
+    ) -> None: ...
+
+    async def add_receipts(
+        self, host_id: str, generation: int, receipts: Sequence[LateReceipt]
+    ) -> int: ...
+
+    async def stuck_transactions(self, idle_s: float) -> list[StuckTransaction]:
+        """As the store's: here so it answers while the pool waits behind such a lock."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
 class MailboxStore(Protocol):
     """The shared mailbox. Every read-for-delivery, ack, receipt and roster write names the
     caller's generation and does nothing unless it is still its host's current one."""
@@ -302,86 +343,6 @@ class MailboxStore(Protocol):
 
     def waiter(self, host_id: str) -> Waiter: ...
 
-
-# --- the archive (docs/archive.md) ----------------------------------------------------------------
-
-DEFAULT_ARCHIVE_RETENTION_S = 30 * 86400
-
-
-@dataclass(frozen=True, slots=True)
-class ArchiveSettings:
-    """Off unless an operator turned it on for the whole store."""
-
-    enabled: bool = False
-    retention_s: int = DEFAULT_ARCHIVE_RETENTION_S
-
-
-@dataclass(frozen=True, slots=True)
-class ArchiveRecipient:
-    session_id: str
-    host_id: str
-    outcome: str
-    name: str | None = None
-    code: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class ArchiveEntry:
-    """What a relay copies: a message its host saw and what it knows of its recipients."""
-
-    message: Message
-    recipients: tuple[ArchiveRecipient, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class ArchivedMessage:
-    seq: int
-    message: Message
-    recipients: tuple[ArchiveRecipient, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class ThreadSummary:
-    thread_id: str
-    subject: str | None
-    messages: int
-    last_seq: int
-
-
-@dataclass(frozen=True, slots=True)
-class FlowEdge:
-    """Messages from one host to another (the same host for local ones) in the archive."""
-
-    sender_host: str
-    recipient_host: str
-    messages: int
-
-
-class ArchiveStore(Protocol):
-    """The shared archive: written by relays off the delivery path (batched, its own
-    connection), read by ``search`` and the overseer page. Never part of a delivery."""
-
-    url_masked: str
-
-    def close(self) -> None: ...
-
-    def release(self) -> None:
-        """Close its idle connections; the next call opens one again."""
-
-    def archive_settings(self) -> ArchiveSettings: ...
-
-    def set_archive(self, *, enabled: bool, retention_s: int | None = None) -> ArchiveSettings: ...
-
-    def archive(self, entries: Sequence[ArchiveEntry]) -> int: ...
-
-    def search(self, query: SearchQuery) -> list[SearchHit]: ...
-
-    def feed(self, after_seq: int, *, limit: int = 200) -> list[ArchivedMessage]: ...
-
-    def thread(self, thread_id: str, *, limit: int = 500) -> list[ArchivedMessage]: ...
-
-    def threads(self, *, limit: int = 50) -> list[ThreadSummary]: ...
-
-    def flow(self) -> list[FlowEdge]: ...
-
-    def purge_archive(self, *, batch: int = 1000) -> int: ...
+    def hot_path(self) -> HotPath:
+        """The delivery path for one event loop (the relay's); closed with ``aclose``."""
+        ...

@@ -12,10 +12,14 @@ from collections.abc import Collection, Sequence
 
 from sqlalchemy import Connection
 
-from crossintercom.errors import StoreFenced
 from crossintercom.storage import engine as db
 from crossintercom.storage import queries as q
-from crossintercom.storage.batches import enqueue_pg
+from crossintercom.storage.batches import (
+    ack_params,
+    add_receipts_params,
+    enqueue_pg,
+    stale_enqueue,
+)
 from crossintercom.storage.interface import (
     Ack,
     EnqueueResult,
@@ -23,8 +27,8 @@ from crossintercom.storage.interface import (
     OutboundItem,
     StuckTransaction,
 )
+from crossintercom.storage.pghot import PgHotPath, stuck_params, stuck_transaction
 from crossintercom.storage.sqlstore import SqlMailboxStore, utcnow
-from crossintercom.storage.tables import metadata
 from crossintercom.storage.urls import StoreURL
 from crossintercom.storage.wakeup import (
     DELIVERIES,
@@ -45,8 +49,10 @@ class PostgresStore(SqlMailboxStore):
     fetch_in_autocommit = True
     arrays = True
 
-    def __init__(self, parsed: StoreURL) -> None:
-        engine = db.store_engine(parsed, statement_timeout_ms=db.PG_STATEMENT_TIMEOUT_MS)
+    def __init__(self, parsed: StoreURL, *, pool_size: int = db.POOL_SIZE) -> None:
+        engine = db.store_engine(
+            parsed, pool_size=pool_size, statement_timeout_ms=db.PG_STATEMENT_TIMEOUT_MS
+        )
         super().__init__(parsed, engine, deadline_s=db.PG_OPERATION_DEADLINE_S)
         # Whether row-level security applies to this store's role (a per-host role, `db
         # grant-host`): asked once, on the first enqueue.
@@ -74,14 +80,11 @@ class PostgresStore(SqlMailboxStore):
         return self._row_security
 
     def stuck_transactions(self, idle_s: float) -> list[StuckTransaction]:
-        params = {"idle_s": idle_s, "tables": sorted(metadata.tables)}
+        params = stuck_params(idle_s)
         rows = self._run(
             lambda c: c.execute(q.PG_STUCK_TRANSACTIONS, params).all(), single_statement=True
         )
-        return [
-            StuckTransaction(int(pid), user, app or None, client, float(idle), tuple(tables))
-            for pid, user, app, client, idle, tables in rows
-        ]
+        return [stuck_transaction(row) for row in rows]
 
     def waiter(self, host_id: str) -> PostgresWaiter:
         # Under per-host roles a receipt carried in a hint is not taken as one: any role may
@@ -92,6 +95,10 @@ class PostgresStore(SqlMailboxStore):
             lambda: self.notify_hosts({host_id}),
             trust_hints=not self.row_security(),
         )
+
+    def hot_path(self) -> PgHotPath:
+        """The delivery path on its own async connection, on the caller's loop (pghot)."""
+        return PgHotPath(self)
 
     # -- the delivery path, one statement each --------------------------------------------
 
@@ -111,10 +118,7 @@ class PostgresStore(SqlMailboxStore):
                 return self._enqueue_in(conn, items, generation)
             done = enqueue_pg(conn, items, self._current_settings(conn), utcnow(), generation)
             if done is None:
-                sender = items[0].sender_host
-                raise StoreFenced(
-                    f"generation {generation} of host {sender!r} is stale; nothing written"
-                )
+                raise stale_enqueue(items, generation)
             results, woken = done
             self._notify(conn, woken, DELIVERIES)  # only rows the fallback wrote
             return results
@@ -124,40 +128,18 @@ class PostgresStore(SqlMailboxStore):
         return self._run(write)
 
     def ack(self, host_id: str, generation: int, acks: Sequence[Ack]) -> int:
-        # The first ack of a row wins, as it would one by one; the rest change nothing.
-        first: dict[tuple[str, str], Ack] = {}
-        for a in acks:
-            first.setdefault((a.message_id, a.recipient_session), a)
-        if not first:
+        params = ack_params(host_id, generation, acks, utcnow())
+        if params is None:
             return 0
-        params = {
-            "host_id": host_id,
-            "generation": generation,
-            "finished": utcnow(),
-            "mids": [a.message_id for a in first.values()],
-            "sessions": [a.recipient_session for a in first.values()],
-            "states": [a.outcome for a in first.values()],
-            "codes": [a.code for a in first.values()],
-        }
         # Autocommit: one statement is atomic by itself, and repeating it after a lost
         # connection changes nothing (the rows are finished; their receipts were written).
         run = self._run(lambda c: c.execute(q.PG_ACK, params).one(), single_statement=True)
         return int(run[0])
 
     def add_receipts(self, host_id: str, generation: int, receipts: Sequence[LateReceipt]) -> int:
-        if not receipts:
+        params = add_receipts_params(host_id, generation, receipts, utcnow())
+        if params is None:
             return 0
-        params = {
-            "host_id": host_id,
-            "generation": generation,
-            "created": utcnow(),
-            "mids": [r.message_id for r in receipts],
-            "sessions": [r.recipient_session for r in receipts],
-            "sender_hosts": [r.sender_host for r in receipts],
-            "sender_sessions": [r.sender_session for r in receipts],
-            "outcomes": [r.outcome for r in receipts],
-            "codes": [r.code for r in receipts],
-        }
         # Autocommit, as ack; a repeat after a lost connection can write a notice twice, as
         # a retried transaction could (late.py), never a message.
         run = self._run(lambda c: c.execute(q.PG_ADD_RECEIPTS, params).one(), single_statement=True)

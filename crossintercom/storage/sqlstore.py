@@ -14,14 +14,15 @@ from typing import Any
 import msgspec
 from sqlalchemy import Connection, Engine
 
-from crossintercom.errors import StoreFenced
 from crossintercom.storage import queries as q
-from crossintercom.storage.batches import enqueue_batch
+from crossintercom.storage.batches import enqueue_batch, stale_enqueue
 from crossintercom.storage.hosts import SqlHostStore
+from crossintercom.storage.hotpath import ThreadHotPath
 from crossintercom.storage.interface import (
     DEFAULT_MAX_PAYLOAD_CHARS,
     Ack,
     EnqueueResult,
+    HotPath,
     InboundRow,
     LateReceipt,
     MessageRow,
@@ -44,7 +45,7 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
-def _inbound_row(
+def inbound_row(
     seq: int,
     message_id: str,
     session: str,
@@ -101,12 +102,9 @@ class SqlMailboxStore(SqlHostStore):
     ) -> list[EnqueueResult]:
         """The enqueue's statements inside the caller's transaction, NOTIFY included; the
         hosts to ring after the commit are added to ``woken``."""
-        if generation is not None and items:
-            sender = items[0].sender_host
-            if not self._is_current(conn, sender, generation):
-                raise StoreFenced(
-                    f"generation {generation} of host {sender!r} is stale; nothing written"
-                )
+        sender = items[0].sender_host if items else ""
+        if generation is not None and items and not self._is_current(conn, sender, generation):
+            raise stale_enqueue(items, generation)
         limits = self._current_settings(conn)
         results, hosts = enqueue_batch(conn, self.dialect, items, limits, utcnow())
         if woken is not None:
@@ -150,7 +148,7 @@ class SqlMailboxStore(SqlHostStore):
         rows = self._run(
             lambda c: c.execute(stmt, params).all(), single_statement=self.fetch_in_autocommit
         )
-        return [_inbound_row(*row, max_payload=max_payload) for row in rows]
+        return [inbound_row(*row, max_payload=max_payload) for row in rows]
 
     def ack(self, host_id: str, generation: int, acks: Sequence[Ack]) -> int:
         """One UPDATE per distinct (outcome, code) in the batch (usually one), then one
@@ -299,22 +297,32 @@ class SqlMailboxStore(SqlHostStore):
     # -- settings -------------------------------------------------------------------------
 
     def _read_settings(self, conn: Connection) -> StoreSettings:
-        row = conn.execute(q.READ_SETTINGS).one_or_none()
+        return self.remember_settings(conn.execute(q.READ_SETTINGS).one_or_none())
+
+    def remember_settings(self, row: Sequence[Any] | None) -> StoreSettings:
+        """The settings from a ``READ_SETTINGS`` row (none: the defaults), kept for reuse."""
         found = StoreSettings(*row) if row is not None else StoreSettings()
         with self._settings_lock:
             self._settings_cache = (time.monotonic(), found)
         return found
 
-    def _current_settings(self, conn: Connection) -> StoreSettings:
-        """The settings, read through ``conn`` only when the cached copy is older than
-        ``SETTINGS_TTL_S``: another host's change is seen within that time."""
+    def fresh_settings(self) -> StoreSettings | None:
+        """The cached settings while younger than ``SETTINGS_TTL_S`` (another host's change
+        is seen within that time), else None: read them again."""
         cached = self._settings_cache
         if cached is not None and time.monotonic() - cached[0] < SETTINGS_TTL_S:
             return cached[1]
-        return self._read_settings(conn)
+        return None
+
+    def _current_settings(self, conn: Connection) -> StoreSettings:
+        """The settings, read through ``conn`` only when the cached copy is stale."""
+        return self.fresh_settings() or self._read_settings(conn)
 
     def settings(self) -> StoreSettings:
         return self._run(self._read_settings, single_statement=True)
+
+    def hot_path(self) -> HotPath:
+        return ThreadHotPath(self)
 
     def stuck_transactions(self, idle_s: float) -> list[StuckTransaction]:
         return []  # SQLite: a held file lock shows as its writers' busy timeouts instead

@@ -27,6 +27,11 @@ from crossintercom.storage.urls import StoreURL
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
+# An operation that lost its connection before anything committed runs this many times in all,
+# waiting BACKOFF_S, then twice that, up to BACKOFF_MAX_S, between attempts.
+ATTEMPTS = 3
+BACKOFF_S = 0.1
+BACKOFF_MAX_S = 1.0
 
 
 class TransactionRunner:
@@ -40,8 +45,8 @@ class TransactionRunner:
         # Short, bounded reconnect: a longer outage is the caller's to handle (not_sent).
         self._retry = Retrying(
             retry=retry_if_exception_type(StoreUnavailable),
-            stop=stop_after_attempt(3),
-            wait=wait_exponential(multiplier=0.1, max=1.0),
+            stop=stop_after_attempt(ATTEMPTS),
+            wait=wait_exponential(multiplier=BACKOFF_S, max=BACKOFF_MAX_S),
             reraise=True,
         )
 
@@ -115,24 +120,13 @@ class TransactionRunner:
             yield
             return
         cut = threading.Event()
+        deadline_s = self.deadline_s
 
         def on_deadline() -> None:
             cut.set()
-            log.error(
-                "store %s did not answer within %.0f s; cutting the connection and using a new one",
-                self.parsed.masked,
-                self.deadline_s,
-            )
-            with contextlib.suppress(OSError):
-                # A duplicate of the driver's fd: shutdown acts on the shared socket and closing
-                # the duplicate leaves the driver's own fd for it to close.
-                sock = socket.socket(fileno=os.dup(fd))
-                try:
-                    sock.shutdown(socket.SHUT_RDWR)
-                finally:
-                    sock.close()
+            cut_socket(self.parsed, fd, deadline_s)
 
-        token = _DEADLINES.arm(self.deadline_s, on_deadline)
+        token = _DEADLINES.arm(deadline_s, on_deadline)
         try:
             yield
         finally:
@@ -140,6 +134,23 @@ class TransactionRunner:
             if cut.is_set() and not conn.invalidated:
                 with contextlib.suppress(Exception):
                     conn.invalidate()
+
+
+def cut_socket(parsed: StoreURL, fd: int, deadline_s: float) -> None:
+    """Shut down a driver's socket that outlived ``deadline_s``, so its operation fails now."""
+    log.error(
+        "store %s did not answer within %.0f s; cutting the connection and using a new one",
+        parsed.masked,
+        deadline_s,
+    )
+    with contextlib.suppress(OSError):
+        # A duplicate of the driver's fd: shutdown acts on the shared socket and closing the
+        # duplicate leaves the driver's own fd for it to close.
+        sock = socket.socket(fileno=os.dup(fd))
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        finally:
+            sock.close()
 
 
 class _Deadlines:

@@ -1,6 +1,7 @@
-"""A host keeps to three database connections on PostgreSQL: the store's pool of two and the
-LISTEN connection; the archive's own connection is closed while the archive is off
-(docs/performance.md, "Idle")."""
+"""A host keeps to three database connections on PostgreSQL: the store's pool of one, the
+relay's hot path and the LISTEN connection; the archive's own connection is closed while the
+archive is off (docs/performance.md, "Idle"; tests/relay/test_pg_connections.py counts them
+for each relay)."""
 
 from __future__ import annotations
 

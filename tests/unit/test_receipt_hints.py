@@ -14,19 +14,16 @@ from crossintercom.storage import ReceiptRow
 
 
 class _Relay:
-    """What Receipts uses of a relay: no broker client, a store that records consumes."""
+    """What Receipts uses of a relay: no broker client, a hot path that records consumes."""
 
     host, generation, client = "A", 1, None
 
     def __init__(self) -> None:
         self.consumed: list[list[int]] = []
-        self.store = self
+        self.hot = self
 
-    def consume_receipts(self, host: str, generation: int, ids: list[int]) -> None:
+    async def consume_receipts(self, host: str, generation: int, ids: list[int]) -> None:
         self.consumed.append(list(ids))
-
-    async def store_call(self, fn: Any, *args: Any, **kw: Any) -> Any:
-        return fn(*args, **kw)
 
     def spawn(self, coro: Any) -> None:
         asyncio.get_running_loop().create_task(coro)

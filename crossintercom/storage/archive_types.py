@@ -1,0 +1,93 @@
+"""The archive's interface (docs/archive.md): what a relay copies and what ``search`` and the
+overseer page read back. Never part of a delivery; apart from ``interface`` (the mailbox's)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from crossintercom.models import Message, SearchHit, SearchQuery
+
+# --- the archive (docs/archive.md) ----------------------------------------------------------------
+
+DEFAULT_ARCHIVE_RETENTION_S = 30 * 86400
+
+
+@dataclass(frozen=True, slots=True)
+class ArchiveSettings:
+    """Off unless an operator turned it on for the whole store."""
+
+    enabled: bool = False
+    retention_s: int = DEFAULT_ARCHIVE_RETENTION_S
+
+
+@dataclass(frozen=True, slots=True)
+class ArchiveRecipient:
+    session_id: str
+    host_id: str
+    outcome: str
+    name: str | None = None
+    code: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ArchiveEntry:
+    """What a relay copies: a message its host saw and what it knows of its recipients."""
+
+    message: Message
+    recipients: tuple[ArchiveRecipient, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ArchivedMessage:
+    seq: int
+    message: Message
+    recipients: tuple[ArchiveRecipient, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ThreadSummary:
+    thread_id: str
+    subject: str | None
+    messages: int
+    last_seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class FlowEdge:
+    """Messages from one host to another (the same host for local ones) in the archive."""
+
+    sender_host: str
+    recipient_host: str
+    messages: int
+
+
+class ArchiveStore(Protocol):
+    """The shared archive: written by relays off the delivery path (batched, its own
+    connection), read by ``search`` and the overseer page. Never part of a delivery."""
+
+    url_masked: str
+
+    def close(self) -> None: ...
+
+    def release(self) -> None:
+        """Close its idle connections; the next call opens one again."""
+
+    def archive_settings(self) -> ArchiveSettings: ...
+
+    def set_archive(self, *, enabled: bool, retention_s: int | None = None) -> ArchiveSettings: ...
+
+    def archive(self, entries: Sequence[ArchiveEntry]) -> int: ...
+
+    def search(self, query: SearchQuery) -> list[SearchHit]: ...
+
+    def feed(self, after_seq: int, *, limit: int = 200) -> list[ArchivedMessage]: ...
+
+    def thread(self, thread_id: str, *, limit: int = 500) -> list[ArchivedMessage]: ...
+
+    def threads(self, *, limit: int = 50) -> list[ThreadSummary]: ...
+
+    def flow(self) -> list[FlowEdge]: ...
+
+    def purge_archive(self, *, batch: int = 1000) -> int: ...
