@@ -313,6 +313,9 @@ KNOWN_CODES = {
 
 @pytest.fixture
 def live_home(runtime_home: Path) -> Iterator[Path]:
+    # One broker serves every example of a property test; a loaded machine can leave more
+    # than the default idle exit (5 s) between two examples' connections.
+    (runtime_home / "config.json").write_text(json.dumps({"idle_exit_s": 600}))
     start_broker(make_env(runtime_home))
     yield runtime_home
 
