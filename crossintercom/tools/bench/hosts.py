@@ -182,6 +182,7 @@ class HostsBench:
             await asyncio.sleep(FLUSH_S)
             reads = counters.reads
             calls0 = counters.calls()
+            vacuums0 = counters.vacuums()
             c0, _ = counters.read()
             own = counters.reads - reads  # these reads' transactions count in the second
             t0 = time.monotonic()
@@ -189,6 +190,7 @@ class HostsBench:
             c1, _ = counters.read()
             seconds = time.monotonic() - t0
             calls1 = counters.calls()
+            vacuums = counters.vacuums() - vacuums0
         finally:
             counters.close()
         commits = max(0, c1 - c0 - own)
@@ -200,6 +202,9 @@ class HostsBench:
             "seconds": round(seconds, 2),
             "commits": commits,
             "commits_per_s_per_relay": commits / self.n / seconds,
+            # The server's own: autovacuum and autoanalyze runs finished in the window.
+            "autovacuum_runs": vacuums,
+            "statements_per_s_per_relay_all": round(sum(ran.values()) / self.n / seconds, 2),
             # Calls per second per relay of each statement, most first (the bench's own too).
             "statements_per_s_per_relay": [
                 (round(n / self.n / seconds, 2), q[:_STATEMENT_CHARS]) for q, n in top

@@ -83,6 +83,15 @@ class StoreCounters:
         ).fetchall()
         return {str(q): int(n) for q, n in rows}
 
+    def vacuums(self) -> int:
+        """Autovacuum and autoanalyze runs so far on the store's tables: their transactions are
+        counted in ``xact_commit`` too."""
+        self.reads += 1
+        row = self._conn.execute(
+            "SELECT coalesce(sum(autovacuum_count + autoanalyze_count), 0) FROM pg_stat_user_tables"
+        ).fetchone()
+        return int(row[0]) if row else 0
+
 
 async def per_message(
     conninfo: str,
