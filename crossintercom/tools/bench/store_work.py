@@ -83,6 +83,15 @@ class StoreCounters:
         ).fetchall()
         return {str(q): int(n) for q, n in rows}
 
+    def sessions(self) -> int:
+        """Sessions (connections) opened on the store's database so far: each one's start-up
+        transaction is counted in ``xact_commit`` too."""
+        self.reads += 1
+        row = self._conn.execute(
+            "SELECT sessions FROM pg_stat_database WHERE datname = current_database()"
+        ).fetchone()
+        return int(row[0]) if row else 0
+
     def vacuums(self) -> int:
         """Autovacuum and autoanalyze runs so far on the store's tables: their transactions are
         counted in ``xact_commit`` too."""
