@@ -31,7 +31,7 @@ from crossintercom.errors import CrossintercomError
 from crossintercom.storage.engine import application_name
 from crossintercom.tools.bench import paths
 from crossintercom.tools.bench.report import Figure, percentile
-from crossintercom.tools.bench.store_work import StoreCounters
+from crossintercom.tools.bench.store_work import FLUSH_S, StoreCounters
 from crossintercom.tools.harness import BULK_SENDER, Cluster, SimHost
 
 LATENCY_TARGET = 1.2
@@ -48,10 +48,6 @@ _SAMPLE_EVERY_S = 0.1
 _SETTLE_S = 3.0
 _WAIT_S = 120.0
 _TOP_STATEMENTS = 8
-# A backend that went idle less than a second after its last flush publishes its counts only
-# when its idle timer fires, up to 10 s later (PostgreSQL's PGSTAT_IDLE_INTERVAL): the start-up
-# work of the hosts would land in the quiet window unless the window waits that out first.
-_IDLE_FLUSH_S = 11.0
 _STATEMENT_CHARS = 160
 
 
@@ -183,7 +179,8 @@ class HostsBench:
         pg_stat_statements) and each host's backends."""
         counters = StoreCounters(self.conninfo)
         try:
-            await asyncio.sleep(_IDLE_FLUSH_S)
+            # The hosts' start-up work is published before the window opens (FLUSH_S).
+            await asyncio.sleep(FLUSH_S)
             reads = counters.reads
             calls0 = counters.calls()
             vacuums0 = counters.vacuums()
