@@ -29,7 +29,7 @@ class Counts:
     def for_run(cls, quick: bool) -> Counts:
         if quick:
             return cls(2, 20, 5, 160, 1000, 50, 150, 200, 6, 5)
-        return cls(5, 300, 100, 3000, 20_000, 1000, 10_000, 1000, 20, 10)
+        return cls(5, 300, 100, 3000, 20_000, 1000, 10_000, 1000, 20, 15)
 
 
 def text(i: int) -> str:
