@@ -83,7 +83,10 @@ def demo(as_json: bool) -> None:
 )
 @click.option("--quick", is_flag=True, help="Small counts (CI): under a minute.")
 @click.option(
-    "--scale", is_flag=True, help="Also one broker with 1,000 sessions (200 with --quick)."
+    "--scale",
+    is_flag=True,
+    help="Also one broker with 1,000 sessions (200 with --quick) and, on PostgreSQL, 20 "
+    "hosts on the one database (6 with --quick).",
 )
 @click.option(
     "--chart",

@@ -39,16 +39,17 @@ def run_relay(settings: Settings, *, polling_observer: bool = False) -> None:
     lock_fd = hold_relay_lock(settings)
     try:
         url = with_password_file(settings.store_url, settings.store_password_file)
-        store = _open_store_patiently(url, polling_observer)
+        store = _open_store_patiently(url, polling_observer, settings.host_id)
         try:
-            asyncio.run(_serve(settings, store, open_archive(settings.store_url)))
+            archive = open_archive(settings.store_url, host_id=settings.host_id)
+            asyncio.run(_serve(settings, store, archive))
         finally:
             store.close()
     finally:
         os.close(lock_fd)
 
 
-def _open_store_patiently(url: str, polling_observer: bool) -> MailboxStore:
+def _open_store_patiently(url: str, polling_observer: bool, host_id: str) -> MailboxStore:
     """An unreachable store is retried (the database may be starting); a wrong one is not."""
     retrying = tenacity.Retrying(
         wait=tenacity.wait_chain(
@@ -61,7 +62,7 @@ def _open_store_patiently(url: str, polling_observer: bool) -> MailboxStore:
         reraise=True,
     )
     store: MailboxStore = retrying(
-        open_store, url, polling_observer=polling_observer, hot_path=True
+        open_store, url, polling_observer=polling_observer, hot_path=True, host_id=host_id
     )
     return store
 

@@ -52,11 +52,14 @@ from crossintercom.storage.liveness import LeaseTracker
 from crossintercom.storage.urls import mask_url, parse_store_url
 
 
-def open_store(url: str, *, polling_observer: bool = False, hot_path: bool = False) -> MailboxStore:
+def open_store(
+    url: str, *, polling_observer: bool = False, hot_path: bool = False, host_id: str | None = None
+) -> MailboxStore:
     """Open the store at ``url`` and check its schema; raises a ``StoreError`` with a clear
     one-line message (password masked) when it cannot be used. ``hot_path``: the caller runs
     the delivery path through ``store.hot_path()`` (the relay), which has its own connection
-    on PostgreSQL, so the pool keeps fewer (three connections per host: docs/storage.md)."""
+    on PostgreSQL, so the pool keeps fewer (three connections per host: docs/storage.md).
+    ``host_id``: the relay's host, named in its PostgreSQL connections' ``application_name``."""
     # The backends are imported here, not with the package: every CLI command imports
     # storage.urls (to mask a URL), and the backends pull in alembic, psycopg and watchdog,
     # which doubled the package's import time. No cycle is involved (see the docstring).
@@ -66,7 +69,8 @@ def open_store(url: str, *, polling_observer: bool = False, hot_path: bool = Fal
         from crossintercom.storage.engine import HOT_PATH_POOL_SIZE, POOL_SIZE
         from crossintercom.storage.postgres import PostgresStore
 
-        store = PostgresStore(parsed, pool_size=HOT_PATH_POOL_SIZE if hot_path else POOL_SIZE)
+        pool_size = HOT_PATH_POOL_SIZE if hot_path else POOL_SIZE
+        store = PostgresStore(parsed, pool_size=pool_size, host_id=host_id)
     else:
         from crossintercom.storage.sqlite import SqliteStore
 
@@ -79,12 +83,13 @@ def open_store(url: str, *, polling_observer: bool = False, hot_path: bool = Fal
     return store
 
 
-def open_archive(url: str) -> ArchiveStore:
+def open_archive(url: str, *, host_id: str | None = None) -> ArchiveStore:
     """The shared archive of the store at ``url`` (docs/archive.md): its own connection, so it
-    never holds one the mailbox needs. Open the store first where the schema must be checked."""
+    never holds one the mailbox needs. Open the store first where the schema must be checked.
+    ``host_id``: the relay's host, named in the connection's ``application_name``."""
     from crossintercom.storage.archive import open_archive as open_sql_archive
 
-    return open_sql_archive(url)
+    return open_sql_archive(url, host_id)
 
 
 __all__ = [

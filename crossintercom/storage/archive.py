@@ -200,8 +200,9 @@ def _message_row(msg: Message, now: datetime) -> dict[str, Any]:
     }
 
 
-def open_archive(url: str) -> SqlArchive:
+def open_archive(url: str, host_id: str | None = None) -> SqlArchive:
     """The archive of the store at ``url`` (whose schema ``open_store`` checks); one pooled
-    connection of its own."""
+    connection of its own, named after ``host_id`` (the relay's) when given."""
     parsed = parse_store_url(url)
-    return SqlArchive(parsed, db.store_engine(parsed, pool_size=1))
+    app_name = db.application_name("archive", host_id) if host_id is not None else None
+    return SqlArchive(parsed, db.store_engine(parsed, pool_size=1, app_name=app_name))

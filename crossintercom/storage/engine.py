@@ -57,6 +57,9 @@ PG_KEEPALIVES: dict[str, Any] = {
     "tcp_user_timeout": 15_000,
 }
 
+# A backend's application_name is cut by the server past NAMEDATALEN - 1 bytes.
+PG_APP_NAME_BYTES = 63
+
 SQLITE_BUSY_TIMEOUT_S = 30
 # Execution option: run each statement in its own (implicit) transaction, no BEGIN IMMEDIATE.
 SQLITE_AUTOCOMMIT = "crossintercom_autocommit"
@@ -65,23 +68,38 @@ SQLITE_AUTOCOMMIT = "crossintercom_autocommit"
 # -- engines -------------------------------------------------------------------------------
 
 
+def application_name(*who: str) -> str:
+    """``crossintercom ROLE HOST``: who holds a backend, in ``pg_stat_activity`` (and so in
+    `status`'s stuck-transaction report, the bench's connections per host). Printable ASCII
+    (anything else escaped, as the server would mangle it) and at most PG_APP_NAME_BYTES."""
+    name = " ".join(("crossintercom", *who))
+    clean = "".join(
+        ch if " " <= ch <= "~" else ch.encode("unicode_escape").decode("ascii") for ch in name
+    )
+    return clean[:PG_APP_NAME_BYTES]
+
+
 def store_engine(
     parsed: StoreURL,
     *,
     must_exist: bool = True,
     pool_size: int = POOL_SIZE,
     statement_timeout_ms: int | None = None,
+    app_name: str | None = None,
 ) -> Engine:
     """The engine for ``parsed``. A SQLite file is checked first (``check_writable``), so an
-    unusable path fails with its reason; ``must_exist=False`` lets a migration create it."""
+    unusable path fails with its reason; ``must_exist=False`` lets a migration create it.
+    ``app_name``: the PostgreSQL connections' ``application_name`` (``application_name()``)."""
     if parsed.kind == "postgres":
-        return postgres_engine(parsed, pool_size, statement_timeout_ms)
+        return postgres_engine(parsed, pool_size, statement_timeout_ms, app_name)
     assert parsed.path is not None
     check_writable(parsed.path, parsed.masked, must_exist=must_exist)
     return sqlite_engine(parsed, pool_size)
 
 
-def pg_connect_args(statement_timeout_ms: int | None = None) -> dict[str, Any]:
+def pg_connect_args(
+    statement_timeout_ms: int | None = None, app_name: str | None = None
+) -> dict[str, Any]:
     """libpq options of every store connection (the pool's and the relay's hot path's)."""
     options = f"-c idle_in_transaction_session_timeout={PG_IDLE_IN_TXN_MS}"
     if statement_timeout_ms:
@@ -91,12 +109,17 @@ def pg_connect_args(statement_timeout_ms: int | None = None) -> dict[str, Any]:
         # A relay frozen inside a transaction (SIGSTOP, a paused VM) must not hold its
         # locks forever: the server ends such a session, so a successor can take over.
         "options": options,
+        # The fallback: an application_name in the URL (or PGAPPNAME) is the user's, and wins.
+        "fallback_application_name": app_name or application_name(),
         **PG_KEEPALIVES,
     }
 
 
 def postgres_engine(
-    parsed: StoreURL, pool_size: int = POOL_SIZE, statement_timeout_ms: int | None = None
+    parsed: StoreURL,
+    pool_size: int = POOL_SIZE,
+    statement_timeout_ms: int | None = None,
+    app_name: str | None = None,
 ) -> Engine:
     return create_engine(
         parsed.url,
@@ -104,7 +127,7 @@ def postgres_engine(
         max_overflow=0,
         # No pre-ping (a round trip per transaction): a dropped pooled connection fails
         # before COMMIT, is discarded and the transaction retried (transaction.py).
-        connect_args=pg_connect_args(statement_timeout_ms),
+        connect_args=pg_connect_args(statement_timeout_ms, app_name),
     )
 
 

@@ -89,6 +89,8 @@ class PgBacking(MailboxStore, Protocol):
     parsed: StoreURL
     skip_locked: bool
     arrays: bool
+    # The connections' application_name (engine.application_name), None for the default.
+    app_name: str | None
 
     def fresh_settings(self) -> StoreSettings | None: ...
 
@@ -152,7 +154,7 @@ class PgHotPath:
                 self._conn = await psycopg.AsyncConnection.connect(
                     self._parsed.libpq_conninfo(),
                     autocommit=True,
-                    **db.pg_connect_args(db.PG_STATEMENT_TIMEOUT_MS),
+                    **db.pg_connect_args(db.PG_STATEMENT_TIMEOUT_MS, self._store.app_name),
                 )
             except psycopg.Error as exc:
                 raise db.unavailable(self._parsed, exc) from exc

@@ -49,9 +49,16 @@ class PostgresStore(SqlMailboxStore):
     fetch_in_autocommit = True
     arrays = True
 
-    def __init__(self, parsed: StoreURL, *, pool_size: int = db.POOL_SIZE) -> None:
+    def __init__(
+        self, parsed: StoreURL, *, pool_size: int = db.POOL_SIZE, host_id: str | None = None
+    ) -> None:
+        # Named after the relay's host in pg_stat_activity (docs/operations.md).
+        self.app_name = db.application_name("relay", host_id) if host_id is not None else None
         engine = db.store_engine(
-            parsed, pool_size=pool_size, statement_timeout_ms=db.PG_STATEMENT_TIMEOUT_MS
+            parsed,
+            pool_size=pool_size,
+            statement_timeout_ms=db.PG_STATEMENT_TIMEOUT_MS,
+            app_name=self.app_name,
         )
         super().__init__(parsed, engine, deadline_s=db.PG_OPERATION_DEADLINE_S)
         # Whether row-level security applies to this store's role (a per-host role, `db

@@ -28,7 +28,7 @@ from watchdog.observers import Observer
 from watchdog.observers.polling import PollingObserver
 
 from crossintercom.storage import queries as q
-from crossintercom.storage.engine import PG_KEEPALIVES
+from crossintercom.storage.engine import PG_KEEPALIVES, application_name
 from crossintercom.storage.interface import CATCH_UP, ReceiptOutcome, ReceiptRow, Wake
 
 log = logging.getLogger(__name__)
@@ -132,6 +132,7 @@ class PostgresWaiter(_ClosedOnExit):
         self._trust_hints = trust_hints
         self._notify = notify
         self.channel = channel_name(host_id)
+        self._host_id = host_id
         self._connect_timeout = connect_timeout
         self._conn: psycopg.Connection[Any] | None = None
         self._reconnected = False
@@ -157,6 +158,8 @@ class PostgresWaiter(_ClosedOnExit):
             self._conninfo,
             autocommit=True,
             connect_timeout=max(1, int(self._connect_timeout)),
+            # A fallback: an application_name of the user's (in the URL) wins.
+            fallback_application_name=application_name("listen", self._host_id),
             **PG_KEEPALIVES,
         )
         conn.execute(q.pg_listen(self.channel))

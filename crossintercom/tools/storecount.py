@@ -45,7 +45,7 @@ async def _count(alpha: SimHost, beta: SimHost, conninfo: str, n: int) -> dict[s
         with psycopg.connect(conninfo, autocommit=True) as conn:
             conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
             conn.execute("SELECT pg_stat_statements_reset()")
-        out = await per_message(conninfo, send, n, asyncio.sleep)
+        out = await per_message(conninfo, send, n, asyncio.sleep, relays=len(HOSTS))
         out["top_statements"] = _top_statements(conninfo)
         rate, idle_statements = await _idle(conninfo)
         out["idle_commits_per_s_per_relay"] = round(rate / len(HOSTS), 2)

@@ -4,7 +4,8 @@ Public (other outputs build on it): ``Figure``, ``BenchReport`` (``to_dict`` is 
 object), ``percentile``, ``median`` and ``render``. A figure's ``ratio`` is the median of the
 per-round ratios in ``ratios`` (each round measures the raw baseline and the path back to back),
 or crossintercom / baseline when there are none; ``crossintercom`` and ``baseline`` are the
-medians of the rounds' values.
+medians of the rounds' values. A ``ceiling`` figure has no raw far end: its baseline is the
+most issue 9 allows (commits/s per idle relay, connections per host) and its target 1.0x.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-PAIRINGS = ("one-way", "round trip", "throughput")
+PAIRINGS = ("one-way", "round trip", "throughput", "ceiling")
 
 
 @dataclass

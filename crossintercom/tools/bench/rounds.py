@@ -141,7 +141,9 @@ class ClusterBench:
                     out.outcomes["store_work"] += seq.outcomes
                     return seq.outcomes["delivered"]
 
-                out.store_work = await per_message(conninfo, send, c.latency, asyncio.sleep)
+                out.store_work = await per_message(
+                    conninfo, send, c.latency, asyncio.sleep, relays=len(hosts)
+                )
                 self.step("store work counted")
         finally:
             for client in clients:

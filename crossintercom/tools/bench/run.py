@@ -54,6 +54,7 @@ TARGETS = {
     ("sqlite", "cross_throughput"): 3.0,
 }
 STORE_WORK_TARGETS = {"statements_per_message": 8, "commits_per_message": 3}
+HOSTS_STEPS = 5  # the progress bar's steps in bench.hosts
 
 
 @contextlib.contextmanager
@@ -173,7 +174,8 @@ def run_bench(
     scale: bool = False,
     own_postgres: bool = False,
 ) -> BenchReport:
-    """Every figure; with ``scale`` also one broker with many sessions (``bench.scale``).
+    """Every figure; with ``scale`` also one broker with many sessions (``bench.scale``) and,
+    on PostgreSQL, many hosts on the one database (``bench.hosts``).
 
     ``own_postgres``: the PostgreSQL store is a throwaway cluster started for this run, with
     ``pg_stat_statements`` loaded so statements per message are counted by the server, and
@@ -208,7 +210,8 @@ def run_bench(
             machine=_machine(conninfo),
             backends=[s.kind for s in stores],
         )
-        steps = sum(counts.repeats + 3 + (s.kind == "postgres") for s in stores) + scale
+        steps = sum(counts.repeats + 3 + (s.kind == "postgres") for s in stores)
+        steps += scale * (1 + HOSTS_STEPS * (conninfo is not None))
         details: dict[str, Any] = {"outcomes": {}, "step_s": {}}
         with _progress(progress, steps, details["step_s"]) as step, RawUDS(root) as uds:
             for k, store in enumerate(stores):
@@ -248,6 +251,21 @@ def run_bench(
                 )
                 report.figures += figures
                 step("scale")
+                if conninfo is not None:  # and many hosts on the PostgreSQL store
+                    from crossintercom.tools.bench.hosts import HostsBench
+
+                    (root / "hosts").mkdir()
+                    figures, details["scale"]["hosts"] = HostsBench(
+                        root / "hosts",
+                        stores[0].url,
+                        conninfo,
+                        hosts=counts.scale_hosts,
+                        sends=counts.latency,
+                        quiet_s=counts.scale_quiet_s,
+                        token=token,
+                        step=step,
+                    ).figures()
+                    report.figures += figures
         report.details = details
     report.elapsed_s = round(time.perf_counter() - started, 1)
     return report

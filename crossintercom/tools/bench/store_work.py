@@ -70,15 +70,48 @@ class StoreCounters:
             statements = int(srow[0]) if srow else 0
         return commits, statements
 
+    def calls(self) -> dict[str, int]:
+        """Calls so far of each statement of the store's database (empty without
+        pg_stat_statements): two of these apart say what ran in between."""
+        if not self.statements:
+            return {}
+        self.reads += 1
+        rows = self._conn.execute(
+            "SELECT regexp_replace(s.query, '\\s+', ' ', 'g'), sum(s.calls) "
+            "FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid "
+            "WHERE d.datname = current_database() GROUP BY 1"
+        ).fetchall()
+        return {str(q): int(n) for q, n in rows}
+
+    def sessions(self) -> int:
+        """Sessions (connections) opened on the store's database so far: each one's start-up
+        transaction is counted in ``xact_commit`` too."""
+        self.reads += 1
+        row = self._conn.execute(
+            "SELECT sessions FROM pg_stat_database WHERE datname = current_database()"
+        ).fetchone()
+        return int(row[0]) if row else 0
+
+    def vacuums(self) -> int:
+        """Autovacuum and autoanalyze runs so far on the store's tables: their transactions are
+        counted in ``xact_commit`` too."""
+        self.reads += 1
+        row = self._conn.execute(
+            "SELECT coalesce(sum(autovacuum_count + autoanalyze_count), 0) FROM pg_stat_user_tables"
+        ).fetchone()
+        return int(row[0]) if row else 0
+
 
 async def per_message(
     conninfo: str,
     send: Callable[[int], Awaitable[int]],
     n: int,
     sleep: Callable[[float], Awaitable[None]],
+    *,
+    relays: int,
 ) -> dict[str, Any]:
     """Commits (and statements) per delivered message over ``send(n)``, which returns how many
-    came back ``delivered``."""
+    came back ``delivered``; the idle rate also per relay (``relays`` of them on the store)."""
     counters = StoreCounters(conninfo)
     try:
         await sleep(FLUSH_S)
@@ -100,6 +133,8 @@ async def per_message(
             "messages": n,
             "delivered": delivered,
             "idle_commits_per_s": round(idle_rate, 2),
+            "idle_commits_per_s_per_relay": round(idle_rate / max(1, relays), 2),
+            "relays": relays,
             "commits_per_message": round(max(0.0, c2 - c1 - own - idle_rate * (t2 - t1)) / busy, 2),
             "statements_per_message": None,
             "statements_why": counters.statements_why,

@@ -17,6 +17,8 @@ class Counts:
     raw_tx: int  # one-row SQLite transactions per round
     backlog: int  # messages queued for the catch-up after a relay restart
     scale_sessions: int  # sessions on one broker for --scale
+    scale_hosts: int  # simulated hosts on one PostgreSQL for --scale
+    scale_quiet_s: int  # the quiet window over which idle commits are counted
     senders: int = 4
     receivers: int = 2
     window: int = 16
@@ -26,8 +28,8 @@ class Counts:
     @classmethod
     def for_run(cls, quick: bool) -> Counts:
         if quick:
-            return cls(2, 20, 5, 160, 1000, 50, 150, 200)
-        return cls(5, 300, 100, 3000, 20_000, 1000, 10_000, 1000)
+            return cls(2, 20, 5, 160, 1000, 50, 150, 200, 6, 5)
+        return cls(5, 300, 100, 3000, 20_000, 1000, 10_000, 1000, 20, 15)
 
 
 def text(i: int) -> str:

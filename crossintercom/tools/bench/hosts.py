@@ -1,0 +1,284 @@
+"""`bench --scale` on PostgreSQL: many simulated hosts on one database beside two.
+
+Two hosts first: a sender session on host 0, a `listen` sink on host 1, and the cross-host
+``delivered`` p50 over sequential sends. Then ``hosts - 2`` more hosts (idle relays, each with
+one session connected from the bench so its roster is not empty) until host 0 sees every one of
+them live, and the same sends again; then those hosts are stopped and the two measured once
+more. The latency figure is the many-host p50 beside each two-host one (issue 9's target:
+within 1.2x), the median of the two ratios.
+
+Counted by the server while the many hosts are up: idle commits per second per relay (the
+``pg_stat_database.xact_commit`` delta over a quiet window, less the bench's own reads, over
+relays and seconds; target at most 1) and database connections per host (each host's backends
+in ``pg_stat_activity``, told apart by the ``application_name`` its relay gives every connection:
+``storage.engine.application_name``), sampled idle and during the sends; the most on any host is
+the figure (target at most 3). See docs/performance.md, "Scale: 20 hosts on one PostgreSQL".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from crossintercom.client import AsyncClient
+from crossintercom.errors import CrossintercomError
+from crossintercom.storage.engine import application_name
+from crossintercom.tools.bench import paths
+from crossintercom.tools.bench.report import Figure, percentile
+from crossintercom.tools.bench.store_work import FLUSH_S, StoreCounters
+from crossintercom.tools.harness import BULK_SENDER, Cluster, SimHost
+
+LATENCY_TARGET = 1.2
+IDLE_COMMITS_CEILING = 1.0  # commits/s per idle relay
+CONNECTIONS_CEILING = 3  # database connections per host
+ROLES = ("relay", "listen", "archive")
+# Backends per application_name on the store's database, now.
+BACKENDS = (
+    "SELECT application_name, count(*) FROM pg_stat_activity "
+    "WHERE datname = current_database() GROUP BY application_name"
+)
+_SAMPLE_EVERY_S = 0.1
+# After every host is seen live: their start-up work (claims, roster, catch-up) is done.
+_SETTLE_S = 3.0
+_WAIT_S = 120.0
+_TOP_STATEMENTS = 8
+_STATEMENT_CHARS = 160
+
+
+class Backends:
+    """Each host's backends on the database, sampled now and then from a thread of its own:
+    ``most`` per host, and ``roles``, the most of each role (connection kind) on any host."""
+
+    def __init__(self, conninfo: str, host_ids: list[str]) -> None:
+        self._conninfo = conninfo
+        self._names = {application_name(r, h): (h, r) for h in host_ids for r in ROLES}
+        self.most: dict[str, int] = {}
+        self.roles: dict[str, int] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._failed: psycopg.Error | None = None
+
+    def count(self, conn: psycopg.Connection[Any]) -> None:
+        per_host = dict.fromkeys((h for h, _ in self._names.values()), 0)
+        for name, n in conn.execute(BACKENDS).fetchall():
+            host, role = self._names.get(str(name), (None, ""))
+            if host is not None:
+                per_host[host] += int(n)
+                self.roles[role] = max(int(n), self.roles.get(role, 0))
+        for host, n in per_host.items():
+            self.most[host] = max(n, self.most.get(host, 0))
+
+    def once(self) -> Backends:
+        with psycopg.connect(self._conninfo, autocommit=True) as conn:
+            self.count(conn)
+        return self
+
+    def _sample(self) -> None:
+        try:
+            with psycopg.connect(self._conninfo, autocommit=True) as conn:
+                while True:  # once more after the stop: the pools are still open then
+                    stopping = self._stop.is_set()
+                    self.count(conn)
+                    if stopping:
+                        return
+                    self._stop.wait(_SAMPLE_EVERY_S)
+        except psycopg.Error as exc:
+            self._failed = exc
+
+    def __enter__(self) -> Backends:
+        self._thread = threading.Thread(target=self._sample, name="bench-backends", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        if self._failed is not None:
+            raise CrossintercomError(f"could not count the hosts' backends: {self._failed}")
+
+
+class HostsBench:
+    def __init__(
+        self,
+        root: Path,
+        store_url: str,
+        conninfo: str,
+        *,
+        hosts: int,
+        sends: int,
+        quiet_s: float,
+        token: str,
+        step: Callable[[str], None],
+    ) -> None:
+        self.store_url, self.conninfo = store_url, conninfo
+        self.n, self.sends, self.quiet_s, self.step = hosts, sends, quiet_s, step
+        self.ids = [f"bench-h{k:02d}-{token}" for k in range(hosts)]
+        self.cluster = Cluster(root, store_url, SimHost)
+        self.out: dict[str, Any] = {"hosts": hosts, "sends": sends, "quiet_s": quiet_s}
+
+    def run(self) -> dict[str, Any]:
+        with self.cluster:
+            return asyncio.run(self._measure())
+
+    async def _p50(self, sender: AsyncClient, sink_host: SimHost, key: str) -> float:
+        """Sequential sends host 0 -> host 1, each host's backends sampled meanwhile."""
+        with Backends(self.conninfo, [h.host_id for h in self.cluster.hosts]) as backends:
+            seq = await paths.sequential(sender, sink_host, "sink0", self.sends)
+        p50 = percentile(seq.delivered, 50) * 1000
+        self.out[key] = {
+            "delivered_p50_ms": p50,
+            "delivered_p99_ms": percentile(seq.delivered, 99) * 1000,
+            "outcomes": dict(seq.outcomes),
+            "busy_connections": backends.most,
+            "busy_connections_by_role": backends.roles,
+        }
+        return p50
+
+    async def _measure(self) -> dict[str, Any]:
+        a, b = await asyncio.to_thread(self._start, self.ids[:2])
+        b.listen("sink0")
+        await asyncio.to_thread(a.wait_sees, "sink0", b.host_id, timeout=_WAIT_S)
+        sender = AsyncClient(a.settings, a.identity("scale-sender", cwd="/"))
+        crowd: list[AsyncClient] = []
+        try:
+            await sender.connect()
+            await paths.sequential(sender, b, "sink0", 10)  # warm-up
+            await self._p50(sender, b, "two")
+            self.step("scale: 2 hosts measured")
+            more = await asyncio.to_thread(self._start, self.ids[2:])
+            for h in more:
+                client = AsyncClient(h.settings, h.identity("scale-idle", cwd="/"))
+                crowd.append(client)
+                await client.connect()
+            for h in more:
+                await asyncio.to_thread(a.wait_sees, "scale-idle", h.host_id, timeout=_WAIT_S)
+            await asyncio.sleep(_SETTLE_S)
+            self.step(f"scale: {self.n} hosts up")
+            await self._idle()
+            self.step(f"scale: {self.n} hosts idle counted")
+            await self._p50(sender, b, "many")
+            self.step(f"scale: {self.n} hosts measured")
+            await asyncio.gather(*(c.close() for c in crowd), return_exceptions=True)
+            crowd.clear()
+            await asyncio.to_thread(self._stop, more)
+            await self._p50(sender, b, "two_again")
+            self.step("scale: 2 hosts again")
+        finally:
+            await asyncio.gather(*(c.close() for c in [sender, *crowd]), return_exceptions=True)
+        return self.out
+
+    async def _idle(self) -> None:
+        """Commits per idle relay per second over the quiet window, what ran in it (with
+        pg_stat_statements) and each host's backends."""
+        counters = StoreCounters(self.conninfo)
+        try:
+            # The hosts' start-up work is published before the window opens (FLUSH_S).
+            await asyncio.sleep(FLUSH_S)
+            reads = counters.reads
+            calls0 = counters.calls()
+            vacuums0 = counters.vacuums()
+            sessions0 = counters.sessions()
+            c0, _ = counters.read()
+            own = counters.reads - reads  # these reads' transactions count in the second
+            t0 = time.monotonic()
+            await asyncio.sleep(self.quiet_s)
+            c1, _ = counters.read()
+            seconds = time.monotonic() - t0
+            calls1 = counters.calls()
+            vacuums = counters.vacuums() - vacuums0
+            sessions = counters.sessions() - sessions0
+        finally:
+            counters.close()
+        commits = max(0, c1 - c0 - own)
+        ran = {q: n - calls0.get(q, 0) for q, n in calls1.items() if n > calls0.get(q, 0)}
+        top = sorted(ran.items(), key=lambda qn: -qn[1])[:_TOP_STATEMENTS]
+        backends = await asyncio.to_thread(Backends(self.conninfo, self.ids).once)
+        self.out["idle"] = {
+            "relays": self.n,
+            "seconds": round(seconds, 2),
+            "commits": commits,
+            "commits_per_s_per_relay": commits / self.n / seconds,
+            # The server's own: autovacuum and autoanalyze runs finished in the window.
+            "autovacuum_runs": vacuums,
+            "sessions_opened": sessions,
+            "statements_per_s_per_relay_all": round(sum(ran.values()) / self.n / seconds, 2),
+            # Calls per second per relay of each statement, most first (the bench's own too).
+            "statements_per_s_per_relay": [
+                (round(n / self.n / seconds, 2), q[:_STATEMENT_CHARS]) for q, n in top
+            ],
+            "connections": backends.most,
+            "connections_by_role": backends.roles,
+        }
+
+    def _start(self, host_ids: list[str]) -> list[SimHost]:
+        hosts = [self.cluster.host(h, relay=False) for h in host_ids]
+        for h in hosts:
+            h.configure(**BULK_SENDER)
+            h.start_relay(wait=False)
+        for h in hosts:
+            h.wait_relay(_WAIT_S)
+        return hosts
+
+    def _stop(self, hosts: list[SimHost]) -> None:
+        for h in hosts:
+            h.begin_stop()
+        for h in hosts:
+            h.stop()
+            self.cluster.hosts.remove(h)  # stopped once: its broker pid is not signalled again
+
+    def figures(self) -> tuple[list[Figure], dict[str, Any]]:
+        """The many-hosts figures and their raw numbers (``details.scale.hosts``)."""
+        out = self.run()
+        hosts, sends = self.n, self.sends
+        many = out["many"]["delivered_p50_ms"]
+        twos = [out[k]["delivered_p50_ms"] for k in ("two", "two_again")]
+        seen = [out["idle"]["connections"]] + [out[k]["busy_connections"] for k in ("two", "many")]
+        busiest = max(n for per_host in seen for n in per_host.values())
+        out["connections_per_host_max"] = busiest
+        path = f"scale {hosts} hosts"
+        figures = [
+            Figure(
+                path,
+                "delivered p50",
+                "ms",
+                many,
+                sum(twos) / len(twos),
+                f"the same 2 hosts alone on the database, before and after ({sends} sequential "
+                "sends each)",
+                False,
+                LATENCY_TARGET,
+                pairing="round trip",
+                ratios=[many / t for t in twos if t > 0],
+            ),
+            Figure(
+                path,
+                "idle commits/s per relay",
+                "commits/s",
+                out["idle"]["commits_per_s_per_relay"],
+                IDLE_COMMITS_CEILING,
+                "issue 9's ceiling: 1 commit/s per idle relay (pg_stat_database.xact_commit)",
+                False,
+                1.0,
+                pairing="ceiling",
+            ),
+            Figure(
+                path,
+                "connections per host",
+                "connections",
+                busiest,
+                CONNECTIONS_CEILING,
+                "issue 9's ceiling: 3 database connections per host, the most on any host idle "
+                "or busy (pg_stat_activity by application_name)",
+                False,
+                1.0,
+                pairing="ceiling",
+            ),
+        ]
+        return figures, out
