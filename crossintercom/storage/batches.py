@@ -169,7 +169,7 @@ def enqueue_pg(
                 "rhosts": [it.recipient_host for it in batch],
                 "rsessions": [it.recipient_session for it in batch],
                 "digests": [it.digest for it in batch],
-                "payloads": [_json.encode(it.payload).decode() for it in batch],
+                "payloads": _json.encode([it.payload for it in batch]).decode(),
                 "sizes": [it.size for it in batch],
             },
         ).all()
