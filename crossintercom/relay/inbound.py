@@ -10,7 +10,7 @@ import contextlib
 import logging
 import time
 from collections import Counter, defaultdict
-from typing import Any, Final
+from typing import Final
 
 from crossintercom import protocol as p
 from crossintercom.errors import Code, StoreError
@@ -111,34 +111,9 @@ class Inbound:
                 self.poke(Wake(wake.deliveries, wake.receipts))
 
     async def _fetch_all(self) -> None:
-        """Hand over every batch waiting. While a full batch is handed over the next one is
-        read, and while that one is handed over the last one's ack runs: one of each at a time,
-        a batch handed over only after the one before it (per-recipient order), each read
-        skipping the rows the others in flight hold (docs/performance.md, "Cross-host
-        throughput and catch-up")."""
         try:
-            batch = await self._read(frozenset())
-            while batch is not None:
-                rows, read_at = batch
-                ahead = None
-                if len(rows) == INBOUND_BATCH:
-                    skip = frozenset((r.message_id, r.recipient_session) for r in rows)
-                    ahead = asyncio.ensure_future(self._read(skip))
-                    ahead.add_done_callback(_retrieved)
-                try:
-                    moved = await self._move(rows, read_at)
-                except BaseException:
-                    if ahead is not None:
-                        ahead.cancel()
-                    raise
-                if ahead is None:
-                    return
-                if not moved:
-                    # A row did not land and stays queued: the rows read behind it stay queued
-                    # too (read again next time), rather than overtake it.
-                    ahead.cancel()
-                    return
-                batch = await ahead
+            while await self._fetch_once():
+                pass
         finally:
             await self._acked()
 
@@ -149,37 +124,28 @@ class Inbound:
         if task is not None:
             await task
 
-    async def _read(
-        self, skip: frozenset[tuple[str, str]]
-    ) -> tuple[list[InboundRow], float] | None:
-        """Up to a batch of rows for the local sessions, in sequence order, less those in
-        ``skip`` and those the ack under way finishes (still queued in this read's snapshot:
-        they were handed over); None when there are none or no broker to hand them to."""
+    async def _fetch_once(self) -> bool:
+        """Hand one batch of inbound rows to the broker; True if a full batch was moved."""
         relay = self.relay
         local_ids = [s.id for s in relay.local_sessions]
         if not local_ids or relay.client is None or not relay.client.connected.is_set():
-            return None
+            return False
         await self._refresh_store_limit()
         read_at = self._fetched_at = time.monotonic()
-        if self._acking is not None:
-            skip |= self._acking_keys
+        acking = self._acking_keys if self._acking is not None else frozenset()
         rows = await relay.store_call(
             relay.store.fetch_inbound,
             relay.host,
             relay.generation,
-            limit=INBOUND_BATCH + len(skip),
+            limit=INBOUND_BATCH + len(acking),
             session_ids=local_ids,
             max_payload=relay.settings.max_frame_bytes,
         )
-        rows = [r for r in rows if (r.message_id, r.recipient_session) not in skip]
+        # Rows the ack under way finishes are still queued in this read: they were handed over.
+        rows = [r for r in rows if (r.message_id, r.recipient_session) not in acking]
         if not rows:
-            return None
+            return False
         stop_at("relay_after_fetch")
-        return rows[:INBOUND_BATCH], read_at
-
-    async def _move(self, rows: list[InboundRow], read_at: float) -> bool:
-        """Hand one batch to the broker and start its ack; True if every row was settled."""
-        relay = self.relay
         # A batch is handed over only while it is fresh: rows read longer ago than a third of
         # the lease may since belong to a newer relay (this one was frozen, SIGSTOP or a paused
         # VM, and another took over). Left alone they stay queued; the next read is fenced.
@@ -191,14 +157,15 @@ class Inbound:
             *(self._hand_over(rs, fresh_until) for rs in per_recipient.values())
         )
         acks = [a for part in parts for a in part]
-        # One ack at a time, each after its batch was handed over.
+        # One ack at a time, each after its batch was handed over; the next batch is read and
+        # handed over while it runs (docs/performance.md, "Cross-host throughput and catch-up").
         await self._acked()
         if acks:
             self._acking_keys = frozenset((a.message_id, a.recipient_session) for a in acks)
             self._acking = asyncio.ensure_future(
                 relay.store_call(relay.store.ack, relay.host, relay.generation, acks)
             )
-        return len(acks) == len(rows)
+        return len(rows) == INBOUND_BATCH and len(acks) == len(rows)
 
     async def _hand_over(self, rows: list[InboundRow], fresh_until: float) -> list[Ack]:
         """One recipient's rows in one ``inbound_batch`` frame (more only past the frame size);
@@ -320,10 +287,3 @@ def _chunks(
         out[-1].append(item)
         size += worst
     return out
-
-
-def _retrieved(fut: asyncio.Future[Any]) -> None:
-    """A read ahead that is dropped may have failed: its error was seen (the next read
-    meets it again), not left for the loop to report."""
-    if not fut.cancelled():
-        fut.exception()
