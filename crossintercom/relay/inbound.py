@@ -34,7 +34,7 @@ STORE_LIMIT_TTL_S: Final = 30.0
 
 
 class _Stale(Exception):
-    """A row read too long ago to be handed over (see ``Inbound._move``)."""
+    """A row read too long ago to be handed over (see ``Inbound._fetch_once``)."""
 
 
 class Inbound:
@@ -46,7 +46,7 @@ class Inbound:
         self._pending = Wake()
         self._fetched_at = -POLL_BACKSTOP_S
         self._failed_handovers: Counter[tuple[str, str]] = Counter()
-        # The batch ack under way (``_move``) and the rows it finishes.
+        # The batch ack under way (``_fetch_once``) and the rows it finishes.
         self._acking: asyncio.Future[int] | None = None
         self._acking_keys: frozenset[tuple[str, str]] = frozenset()
         # The store-wide message size limit, re-read now and then (an operator may change it).
