@@ -262,6 +262,15 @@ class Broker:
         conn.write(p.Result.of_receipt(f.request_id, receipt))
         self.relay.archive(f.message, [receipt])  # the recipient's host saw it too
 
+    async def _on_inbound_batch(self, conn: Conn, f: p.InboundBatch) -> None:
+        self.spawn(self._inbound_batch(conn, f))
+
+    async def _inbound_batch(self, conn: Conn, f: p.InboundBatch) -> None:
+        receipts = await self.handover.receive_many(f.messages, f.recipient)
+        conn.write(p.InboundResult(f.request_id, receipts))
+        for msg, receipt in zip(f.messages, receipts, strict=True):
+            self.relay.archive(msg, [receipt])
+
     async def _on_archive_state(self, conn: Conn, f: p.ArchiveState) -> None:
         self.relay.archive_enabled = f.enabled
 
@@ -327,6 +336,7 @@ class Broker:
         p.Forget: _on_forget,
         p.RemoteRoster: _on_remote_roster,
         p.Inbound: _on_inbound,
+        p.InboundBatch: _on_inbound_batch,
         p.ForwardResult: _on_forward_result,
         p.RemoteReceipt: _on_remote_receipt,
         p.RosterRefreshed: _on_roster_refreshed,

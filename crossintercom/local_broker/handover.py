@@ -5,8 +5,10 @@ failure is a receipt, never an exception, so the relay always learns what became
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import sqlite3
+from collections.abc import Sequence
 
 from crossintercom.errors import Code
 from crossintercom.local_broker import outcomes
@@ -28,6 +30,13 @@ class Handover:
         self.delivery = delivery
         # Sending's limiter: a sender on another host is held to the same limit as local ones.
         self.limiter = limiter
+
+    async def receive_many(self, msgs: Sequence[Message], recipient: str) -> list[Receipt]:
+        """``receive`` for each of one recipient's messages, in their order: each hand-over
+        writes its ``deliver`` frame before its first wait and they start in order, so the
+        recipient gets them in order, in one write, and saves them in one inbox transaction
+        (docs/performance.md, "Cross-host throughput and catch-up")."""
+        return list(await asyncio.gather(*(self.receive(m, recipient) for m in msgs)))
 
     async def receive(self, msg: Message, recipient: str) -> Receipt:
         try:

@@ -58,6 +58,13 @@ class Result(msgspec.Struct, tag="result", frozen=True, omit_defaults=True):
         return SendResult(self.id, self.outcome, self.code, self.message, receipts)
 
 
+class InboundResult(msgspec.Struct, tag="inbound_result", frozen=True):
+    """The broker's answer to an ``inbound_batch``: one receipt per message, in its order."""
+
+    request_id: RequestId
+    receipts: list[Receipt]
+
+
 class Deliver(msgspec.Struct, tag="deliver", frozen=True, omit_defaults=True):
     """A message for this session; the client saves it, then sends ``ack``."""
 
@@ -155,6 +162,7 @@ BrokerFrame = (
     Error
     | Registered
     | Result
+    | InboundResult
     | Deliver
     | Notice
     | Sessions

@@ -35,6 +35,15 @@ class Inbound(msgspec.Struct, tag="inbound", frozen=True):
     recipient: SessionId
 
 
+class InboundBatch(msgspec.Struct, tag="inbound_batch", frozen=True):
+    """Messages from the store for one local session, in the store's order; answered with one
+    ``inbound_result`` carrying a receipt per message, in the same order."""
+
+    request_id: RequestId
+    recipient: SessionId
+    messages: list[Message]
+
+
 class ForwardResult(msgspec.Struct, tag="forward_result", frozen=True):
     """The relay's answer to a ``forward``: one receipt per remote recipient."""
 
@@ -64,7 +73,15 @@ class ArchiveState(msgspec.Struct, tag="archive_state", frozen=True):
     enabled: bool
 
 
-RelayFrame = RemoteRoster | Inbound | ForwardResult | RemoteReceipt | RosterRefreshed | ArchiveState
+RelayFrame = (
+    RemoteRoster
+    | Inbound
+    | InboundBatch
+    | ForwardResult
+    | RemoteReceipt
+    | RosterRefreshed
+    | ArchiveState
+)
 
 # --- broker -> relay --------------------------------------------------------------------------
 

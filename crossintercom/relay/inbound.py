@@ -14,7 +14,7 @@ from typing import Final
 
 from crossintercom import protocol as p
 from crossintercom.errors import Code, StoreError
-from crossintercom.models import Message, Outcome
+from crossintercom.models import Message, Outcome, Receipt
 from crossintercom.relay import screening
 from crossintercom.relay.core import RelayCore
 from crossintercom.relay.outbound import Outbound
@@ -46,6 +46,9 @@ class Inbound:
         self._pending = Wake()
         self._fetched_at = -POLL_BACKSTOP_S
         self._failed_handovers: Counter[tuple[str, str]] = Counter()
+        # The batch ack under way (``_fetch_once``) and the rows it finishes.
+        self._acking: asyncio.Future[int] | None = None
+        self._acking_keys: frozenset[tuple[str, str]] = frozenset()
         # The store-wide message size limit, re-read now and then (an operator may change it).
         self._store_limit = relay.settings.max_message_bytes
         self._store_limit_read = -STORE_LIMIT_TTL_S
@@ -110,8 +113,18 @@ class Inbound:
                 self.poke(Wake(wake.deliveries, wake.receipts))
 
     async def _fetch_all(self) -> None:
-        while await self._fetch_once():
-            pass
+        try:
+            while await self._fetch_once():
+                pass
+        finally:
+            await self._acked()
+
+    async def _acked(self) -> None:
+        """Wait for the ack under way, if any (its failure raises here: the rows it named stay
+        queued and are handed over again; the inbox holds each once)."""
+        task, self._acking = self._acking, None
+        if task is not None:
+            await task
 
     async def _fetch_once(self) -> bool:
         """Hand one batch of inbound rows to the broker; True if a full batch was moved."""
@@ -121,13 +134,16 @@ class Inbound:
             return False
         await self._refresh_store_limit()
         read_at = self._fetched_at = time.monotonic()
+        acking = self._acking_keys if self._acking is not None else frozenset()
         rows = await relay.hot.fetch_inbound(
             relay.host,
             relay.generation,
-            limit=INBOUND_BATCH,
+            limit=INBOUND_BATCH + len(acking),
             session_ids=local_ids,
             max_payload=relay.settings.max_frame_bytes,
         )
+        # Rows the ack under way finishes are still queued in this read: they were handed over.
+        rows = [r for r in rows if (r.message_id, r.recipient_session) not in acking]
         if not rows:
             return False
         stop_at("relay_after_fetch")
@@ -142,20 +158,23 @@ class Inbound:
             *(self._hand_over(rs, fresh_until) for rs in per_recipient.values())
         )
         acks = [a for part in parts for a in part]
+        # One ack at a time, each after its batch was handed over; the next batch is read and
+        # handed over while it runs (docs/performance.md, "Cross-host throughput and catch-up").
+        await self._acked()
         if acks:
-            await relay.hot.ack(relay.host, relay.generation, acks)
+            self._acking_keys = frozenset((a.message_id, a.recipient_session) for a in acks)
+            self._acking = asyncio.ensure_future(relay.hot.ack(relay.host, relay.generation, acks))
         return len(rows) == INBOUND_BATCH and len(acks) == len(rows)
 
     async def _hand_over(self, rows: list[InboundRow], fresh_until: float) -> list[Ack]:
-        """One recipient's rows, all in flight at once; acks for those that landed.
+        """One recipient's rows in one ``inbound_batch`` frame (more only past the frame size);
+        acks for those that landed.
 
-        The frames are written in row order and the broker pushes them to the recipient in the
-        order it reads them, so pipelining keeps per-recipient order. A row that did not land
-        (unknown, broker gone) stays queued and is handed over again next round; the
-        recipient's inbox keys by message id, so that never shows it twice.
+        The broker pushes them to the recipient in the frame's order, so per-recipient order
+        holds. A row that did not land (unknown, broker gone) stays queued and is handed over
+        again next round; the recipient's inbox keys by message id, so that never shows it
+        twice.
         """
-        client = self.relay.client
-        assert client is not None
         acks: list[Ack] = []
         sendable: list[tuple[InboundRow, Message]] = []
         relay = self.relay
@@ -182,21 +201,16 @@ class Inbound:
                 extra={"id": row.message_id, "code": checked.code, "error": checked.reason},
             )
             acks.append(Ack(row.message_id, row.recipient_session, "refused", checked.code))
-        # The broker answers within its ack timeout; past that (a stuck broker) the row stays
-        # queued and is handed over again next round instead of hanging this host's inbound.
+        # The broker answers within its ack timeout; past that (a stuck broker) the rows stay
+        # queued and are handed over again next round instead of hanging this host's inbound.
         answer_wait = self.relay.settings.ack_timeout_s * 2 + 5.0
-
-        async def one(row: InboundRow, msg: Message) -> p.BrokerFrame:
-            # Checked in the same step as the frame is written (request does not yield before
-            # writing while connected), so a freeze cannot fall between check and hand-over.
-            if time.monotonic() > fresh_until:
-                raise _Stale
-            return await client.request(p.Inbound(0, msg, row.recipient_session))
-
-        answers = await asyncio.gather(
-            *(asyncio.wait_for(one(row, msg), answer_wait) for row, msg in sendable),
-            return_exceptions=True,
-        )
+        answers: list[Receipt | BaseException] = []
+        for chunk in _chunks(sendable, relay.settings.max_frame_bytes - screening.FRAME_OVERHEAD):
+            if answers and isinstance(answers[-1], BaseException):
+                # The chunk before did not land: the rows behind it wait too, keeping order.
+                answers += [answers[-1]] * len(chunk)
+                continue
+            answers += await self._hand_over_chunk(chunk, fresh_until, answer_wait)
         stale = sum(isinstance(resp, _Stale) for resp in answers)
         if stale:
             log.warning(
@@ -207,7 +221,7 @@ class Inbound:
         for (row, _), resp in zip(sendable, answers, strict=True):
             if isinstance(resp, _Stale):
                 continue
-            if isinstance(resp, BaseException) or not isinstance(resp, p.Result):
+            if isinstance(resp, BaseException):
                 why = {"id": row.message_id, "error": repr(resp)}
                 log.warning("hand-over failed; the row stays queued", extra=why)
                 continue
@@ -235,3 +249,40 @@ class Inbound:
             else:
                 acks.append(Ack(row.message_id, row.recipient_session, "refused", code))
         return acks
+
+    async def _hand_over_chunk(
+        self, chunk: list[tuple[InboundRow, Message]], fresh_until: float, answer_wait: float
+    ) -> list[Receipt | BaseException]:
+        """One ``inbound_batch`` frame for one recipient's rows; a receipt per row, or why
+        none came for any of them (then they all stay queued)."""
+        client = self.relay.client
+        assert client is not None
+        # Checked in the same step as the frame is written (request does not yield before
+        # writing while connected), so a freeze cannot fall between check and hand-over.
+        if time.monotonic() > fresh_until:
+            return [_Stale()] * len(chunk)
+        frame = p.InboundBatch(0, chunk[0][0].recipient_session, [m for _, m in chunk])
+        try:
+            resp = await asyncio.wait_for(client.request(frame), answer_wait)
+        except Exception as exc:
+            return [exc] * len(chunk)
+        if not isinstance(resp, p.InboundResult) or len(resp.receipts) != len(chunk):
+            return [RuntimeError(f"unexpected answer {resp!r}")] * len(chunk)
+        return list(resp.receipts)
+
+
+def _chunks(
+    sendable: list[tuple[InboundRow, Message]], budget: int
+) -> list[list[tuple[InboundRow, Message]]]:
+    """Consecutive runs of rows whose frame fits ``budget`` bytes at the worst JSON growth (one
+    message alone always fits: screening refused any that would not)."""
+    out: list[list[tuple[InboundRow, Message]]] = []
+    size = budget
+    for item in sendable:
+        worst = item[1].size() * screening.WORST_JSON_GROWTH
+        if size + worst > budget:
+            out.append([])
+            size = 0
+        out[-1].append(item)
+        size += worst
+    return out

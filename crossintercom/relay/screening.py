@@ -23,7 +23,7 @@ from crossintercom.storage import InboundRow
 FRAME_OVERHEAD: Final = 4096
 # A JSON string may take up to 6 bytes per byte of text (\u escapes): below that bound, the
 # exact encoding need not be measured.
-_WORST_JSON_GROWTH: Final = 6
+WORST_JSON_GROWTH: Final = 6
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +72,7 @@ def screen(
             Code.TOO_LARGE, f"message of {size} bytes is over the {max_message_bytes} limit"
         )
     budget = max_frame_bytes - FRAME_OVERHEAD
-    if size * _WORST_JSON_GROWTH > budget and len(msgspec.json.encode(msg)) > budget:
+    if size * WORST_JSON_GROWTH > budget and len(msgspec.json.encode(msg)) > budget:
         return Refusal(Code.TOO_LARGE, f"message does not fit a {max_frame_bytes}-byte frame")
     forged = _forged_sender(row, msg, host, claimed)
     if forged is not None:

@@ -514,13 +514,19 @@ PG_HINT_MAX_BYTES = 7000
 _PG_FENCE = """cur AS (
     SELECT 1 FROM hosts WHERE host_id = :host_id AND generation = :generation FOR SHARE
 )"""
-# Receipts just written (CTE ``made``), one NOTIFY per sender host carrying them as JSON
-# (wakeup.RECEIPT_ROWS), or only their kind when that would be too long.
+# Receipts just written (CTE ``made``), carried as JSON (wakeup.RECEIPT_ROWS) in one NOTIFY
+# per sender host and PG_HINT_ROWS receipts (a batch of 500 acks would not fit one payload, and
+# a kind-only hint costs the sender's relay a read), or only their kind when that would be too
+# long.
+PG_HINT_ROWS = 32
 _PG_RECEIPT_HINTS = f"""hints AS (
     SELECT sender_host, CAST(json_agg(json_build_array(
         id, message_id, recipient_session, recipient_host, outcome, code, sender_session
     ) ORDER BY id) AS text) AS body
-    FROM made GROUP BY sender_host
+    FROM (SELECT made.*, (row_number() OVER (PARTITION BY sender_host ORDER BY id) - 1)
+                         / {PG_HINT_ROWS} AS part
+          FROM made) AS parts
+    GROUP BY sender_host, part
 ), woken AS (
     SELECT count(pg_notify({_PG_CHANNEL.format("sender_host")},
         CASE WHEN octet_length(body) <= {PG_HINT_MAX_BYTES} THEN 'R' || body ELSE 'r' END)) AS n
@@ -585,8 +591,9 @@ WHERE receipts.sender_host = :host_id AND receipts.id = ANY(CAST(:ids AS bigint[
 # inserted, the existing delivery's state. A row made by a transaction that committed while
 # this one waited on it is in neither (not in this statement's snapshot): the caller reads
 # those again in a new statement (batches.enqueue_batch). Params: host_id (the sender),
-# generation, now, expires, and the arrays mids, rhosts, rsessions, digests, payloads (JSON
-# text), sizes.
+# generation, now, expires, the arrays mids, rhosts, rsessions, digests, sizes, and payloads:
+# one JSON array of the payloads (a text[] of JSON texts costs the driver a regex escape per
+# quote of every payload: 20% of a busy relay, docs/performance.md).
 @cache
 def pg_enqueue(fenced: bool) -> TextClause:
     """The statement above; unfenced (no ``:generation``: an operator's or a test's enqueue)
@@ -598,7 +605,9 @@ def pg_enqueue(fenced: bool) -> TextClause:
 _PG_ENQUEUE = f"""WITH {{fence}}, items AS (
     SELECT * FROM unnest(CAST(:mids AS text[]), CAST(:rhosts AS text[]),
                          CAST(:rsessions AS text[]), CAST(:digests AS text[]),
-                         CAST(:payloads AS text[]), CAST(:sizes AS bigint[])) WITH ORDINALITY
+                         ARRAY(SELECT p.e FROM json_array_elements(CAST(:payloads AS json))
+                               WITH ORDINALITY AS p(e, n) ORDER BY p.n),
+                         CAST(:sizes AS bigint[])) WITH ORDINALITY
         AS i(message_id, recipient_host, recipient_session, digest, payload, size, ord)
 ), firsts AS (
     SELECT DISTINCT ON (message_id) message_id, digest, payload, size

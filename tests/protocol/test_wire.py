@@ -89,6 +89,14 @@ SAMPLES: list[Any] = [
     p.Inbound(
         request_id=13, message=Message(id="m", sender=Peer("s", None, "h2")), recipient=sid()
     ),
+    p.InboundBatch(
+        request_id=16,
+        recipient=sid(),
+        messages=[
+            Message(id="m1", sender=Peer("s", None, "h2")),
+            Message(id="m2", sender=Peer("s", None, "h2")),
+        ],
+    ),
     p.ForwardResult(fid=1, receipts=[Receipt(id="m", outcome=Outcome.QUEUED)]),
     p.RemoteReceipt(receipts=[p.SenderReceipt(id="m", outcome=Outcome.DELIVERED, sender="s")]),
     p.RosterRefreshed(fid=2),

@@ -61,17 +61,45 @@ def test_late_receipts_are_hinted_with_their_sender(pg_url: str) -> None:
 
 
 @pytest.mark.pg
+def test_a_batch_of_receipts_rides_in_several_hints(pg_url: str) -> None:
+    from crossintercom.storage import open_store
+
+    store = open_store(pg_url)
+    try:
+        gen = store.claim_host(RECIPIENT)
+        sender_gen = store.claim_host(SENDER)
+        store.enqueue([item(f"many-{i:04d}") for i in range(200)], generation=sender_gen)
+        with store.waiter(SENDER) as waiter:
+            assert waiter.wake(1.0) == CATCH_UP
+            acks = [Ack(f"many-{i:04d}", "s1", "delivered") for i in range(200)]
+            assert store.ack(RECIPIENT, gen, acks) == 200
+            hinted: list[str] = []
+            while len(hinted) < 200:  # the hints may come over more than one wake-up
+                woke = _wake(waiter.wake(5.0))
+                assert not woke.receipts  # no read needed
+                hinted += [r.message_id for r in woke.hinted]
+        assert hinted == [f"many-{i:04d}" for i in range(200)]
+        # The hints are the rows: nothing the store holds for the sender is missing from them.
+        assert {r.message_id for r in store.receipts(SENDER, sender_gen, limit=500)} == set(hinted)
+    finally:
+        store.close()
+
+
+@pytest.mark.pg
 def test_a_long_receipt_hint_names_its_kind_only(pg_url: str) -> None:
     from crossintercom.storage import open_store
 
     store = open_store(pg_url)
     try:
         gen = store.claim_host(RECIPIENT)
-        store.enqueue([item(f"many-{i:04d}") for i in range(200)])
+        # Ids and sessions at their longest: one hint's share of receipts is over the limit.
+        ids = [f"{i:02d}".ljust(128, "x") for i in range(q.PG_HINT_ROWS)]
+        session = "s" * 64
+        store.enqueue([item(mid, session) for mid in ids])
         with store.waiter(SENDER) as waiter:
             assert waiter.wake(1.0) == CATCH_UP
-            acks = [Ack(f"many-{i:04d}", "s1", "delivered") for i in range(200)]
-            assert store.ack(RECIPIENT, gen, acks) == 200
+            acks = [Ack(mid, session, "refused", "c" * 64) for mid in ids]
+            assert store.ack(RECIPIENT, gen, acks) == len(ids)
             woke = _wake(waiter.wake(5.0))
             assert woke.receipts and not woke.hinted
     finally:
