@@ -49,7 +49,7 @@ from crossintercom.storage.interface import (
     StoreSettings,
     StuckTransaction,
 )
-from crossintercom.storage.sqlstore import inbound_row, utcnow
+from crossintercom.storage.sqlstore import inbound_query, inbound_row, utcnow
 from crossintercom.storage.tables import metadata
 from crossintercom.storage.transaction import ATTEMPTS, BACKOFF_MAX_S, BACKOFF_S, cut_socket
 from crossintercom.storage.urls import StoreURL
@@ -261,19 +261,10 @@ class PgHotPath:
     ) -> list[InboundRow]:
         if session_ids is not None and not session_ids:
             return []
-        stmt = q.inbound(
-            by_session=session_ids is not None,
-            skip_locked=self._store.skip_locked,
-            array=self._store.arrays,
+        store = self._store
+        stmt, params = inbound_query(
+            host_id, generation, limit, session_ids, max_payload, store.skip_locked, store.arrays
         )
-        params: dict[str, Any] = {
-            "host_id": host_id,
-            "generation": generation,
-            "limit": limit,
-            "max_payload": max_payload,
-        }
-        if session_ids is not None:
-            params["session_ids"] = list(session_ids)
         rows = await self._run(compiled(stmt), params)
         return [inbound_row(*row, max_payload=max_payload) for row in rows]
 

@@ -45,6 +45,28 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
+def inbound_query(
+    host_id: str,
+    generation: int,
+    limit: int,
+    session_ids: Collection[str] | None,
+    max_payload: int,
+    skip_locked: bool,
+    arrays: bool,
+) -> tuple[Any, dict[str, Any]]:
+    """``fetch_inbound``'s statement and parameters (the blocking store's and the hot path's)."""
+    stmt = q.inbound(by_session=session_ids is not None, skip_locked=skip_locked, array=arrays)
+    params: dict[str, Any] = {
+        "host_id": host_id,
+        "generation": generation,
+        "limit": limit,
+        "max_payload": max_payload,
+    }
+    if session_ids is not None:
+        params["session_ids"] = list(session_ids)
+    return stmt, params
+
+
 def inbound_row(
     seq: int,
     message_id: str,
@@ -134,17 +156,9 @@ class SqlMailboxStore(SqlHostStore):
     ) -> list[InboundRow]:
         if session_ids is not None and not session_ids:
             return []
-        stmt = q.inbound(
-            by_session=session_ids is not None, skip_locked=self.skip_locked, array=self.arrays
+        stmt, params = inbound_query(
+            host_id, generation, limit, session_ids, max_payload, self.skip_locked, self.arrays
         )
-        params: dict[str, Any] = {
-            "host_id": host_id,
-            "generation": generation,
-            "limit": limit,
-            "max_payload": max_payload,
-        }
-        if session_ids is not None:
-            params["session_ids"] = list(session_ids)
         rows = self._run(
             lambda c: c.execute(stmt, params).all(), single_statement=self.fetch_in_autocommit
         )
