@@ -20,7 +20,7 @@ from typing import Any
 
 import psycopg
 from sqlalchemy import Connection, Engine, create_engine, event
-from sqlalchemy.exc import DBAPIError, SQLAlchemyError
+from sqlalchemy.exc import DBAPIError, DisconnectionError, SQLAlchemyError
 
 from crossintercom.errors import (
     SchemaMissing,
@@ -29,6 +29,8 @@ from crossintercom.errors import (
     StoreReadOnly,
     StoreUnavailable,
 )
+from crossintercom.storage.plans import PlanRefresh
+from crossintercom.storage.queries import pg_deallocate_all
 from crossintercom.storage.urls import StoreURL
 
 # Two pooled connections per engine (plus the listener a Postgres waiter opens): at most three
@@ -59,6 +61,7 @@ PG_KEEPALIVES: dict[str, Any] = {
 
 # A backend's application_name is cut by the server past NAMEDATALEN - 1 bytes.
 PG_APP_NAME_BYTES = 63
+PLANS_KEY = "crossintercom_plans"  # a pooled connection's PlanRefresh, in its record's info
 
 SQLITE_BUSY_TIMEOUT_S = 30
 # Execution option: run each statement in its own (implicit) transaction, no BEGIN IMMEDIATE.
@@ -121,7 +124,7 @@ def postgres_engine(
     statement_timeout_ms: int | None = None,
     app_name: str | None = None,
 ) -> Engine:
-    return create_engine(
+    engine = create_engine(
         parsed.url,
         pool_size=pool_size,
         max_overflow=0,
@@ -129,6 +132,20 @@ def postgres_engine(
         # before COMMIT, is discarded and the transaction retried (transaction.py).
         connect_args=pg_connect_args(statement_timeout_ms, app_name),
     )
+
+    @event.listens_for(engine, "checkout")
+    def _on_checkout(dbapi_conn: Any, record: Any, _proxy: Any) -> None:
+        # Plans made on the tables as they are now (storage/plans.py), on the connection's own
+        # schedule; a transaction of its own, so the caller's begins clean.
+        plans = record.info.setdefault(PLANS_KEY, PlanRefresh())
+        if plans.due():
+            try:
+                dbapi_conn.execute(pg_deallocate_all(plans.refreshes))
+                dbapi_conn.commit()
+            except psycopg.Error as exc:  # a connection lost while pooled: take a new one
+                raise DisconnectionError(str(exc)) from exc
+
+    return engine
 
 
 def sqlite_engine(parsed: StoreURL, pool_size: int = POOL_SIZE) -> Engine:

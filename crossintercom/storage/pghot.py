@@ -49,6 +49,7 @@ from crossintercom.storage.interface import (
     StoreSettings,
     StuckTransaction,
 )
+from crossintercom.storage.plans import PlanRefresh
 from crossintercom.storage.sqlstore import inbound_query, inbound_row, utcnow
 from crossintercom.storage.tables import metadata
 from crossintercom.storage.transaction import ATTEMPTS, BACKOFF_MAX_S, BACKOFF_S, cut_socket
@@ -128,6 +129,8 @@ class PgHotPath:
         self._conn: psycopg.AsyncConnection[Row] | None = None
         self._connecting = asyncio.Lock()
         self._row_security: bool | None = None
+        # One schedule for its connections in turn (storage/plans.py).
+        self.plans = PlanRefresh()
 
     @property
     def backend_pid(self) -> int | None:
@@ -182,6 +185,12 @@ class PgHotPath:
         timer = asyncio.get_running_loop().call_later(
             deadline, cut_socket, self._parsed, conn.pgconn.socket, deadline
         )
+        if self.plans.due():  # plans made on the tables as they are now (storage/plans.py)
+            try:
+                await conn.execute(q.pg_deallocate_all(self.plans.refreshes))
+            except psycopg.Error as exc:
+                timer.cancel()
+                raise self._failed(conn, exc, False) from exc
         try:
             cur = await conn.execute(stmt.text, {**stmt.fixed, **params} if stmt.fixed else params)
             return await cur.fetchall() if cur.description is not None else []

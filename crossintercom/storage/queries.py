@@ -496,6 +496,15 @@ PG_NOTIFY: TextClause = text(
     "SELECT pg_notify(channel, :kind) FROM unnest(CAST(:channels AS text[])) AS channel"
 )
 PG_HEALTH = "SELECT 1"
+
+
+def pg_deallocate_all(n: int) -> str:
+    """A connection's prepared statements dropped, to be planned again (storage/plans.py).
+    A new text each time (``n``, the connection's count of them): psycopg forgets what it had
+    prepared when it sees this statement's result, but reads it only for a text new to it."""
+    return f"DEALLOCATE ALL /* refresh {n} */"
+
+
 # True when row-level security applies to the connected role (a per-host role).
 PG_ROW_SECURITY: TextClause = text("SELECT row_security_active('deliveries')")
 # Whether the connected role may read the archive's setting (per-host roles may not).

@@ -108,6 +108,9 @@ def _pg_listen(conninfo: str, channel: str) -> None:
 def _pg_respond(conninfo: str, table: str, channel: str, reply_channel: str) -> None:
     import psycopg
 
+    from crossintercom.storage.plans import PlanRefresh
+    from crossintercom.storage.queries import pg_deallocate_all
+
     # One statement: claim every queued request, insert its reply, notify the asker.
     respond = (
         f"WITH claimed AS (UPDATE {table} SET state = 'done' WHERE state = 'request' "
@@ -122,10 +125,13 @@ def _pg_respond(conninfo: str, table: str, channel: str, reply_channel: str) -> 
         psycopg.connect(conninfo, autocommit=True) as work,
     ):
         listen.execute(f"LISTEN {channel}")
+        plans = PlanRefresh()
         stopping = threading.Event()
         threading.Thread(target=_ready_then_wait, args=(stopping.set,), daemon=True).start()
         while not stopping.is_set():
             for _ in listen.notifies(timeout=0.2):
+                if plans.due():  # on the store's schedule: like with like (storage/plans.py)
+                    work.execute(pg_deallocate_all(plans.refreshes))
                 work.execute(respond)
 
 
