@@ -147,8 +147,10 @@ def test_the_hot_path_plans_again_after_the_tables_grow(pg_url: str, admin: Admi
 def test_without_refreshes_a_plan_of_the_empty_store_keeps_scanning(
     pg_url: str, admin: Admin
 ) -> None:
-    """What the refreshes are for: the same run with none scans on every message (if this
-    stops failing the other way, the server no longer keeps such plans)."""
+    """What the refreshes are for: with none, the messages after the growth scan deliveries.
+    Counted over one burst with no idle gap: an idle backend can miss enough of the server's
+    cache invalidations (other databases' DDL, under load) to have its caches reset, which
+    re-plans on the grown tables, so only "it scanned" is asserted, not on every message."""
     store = open_store(pg_url, hot_path=True)
     assert isinstance(store, PostgresStore)
     cycles = Cycles(store)
@@ -161,13 +163,16 @@ def test_without_refreshes_a_plan_of_the_empty_store_keeps_scanning(
         def run(n: int) -> None:
             asyncio.run_coroutine_threadsafe(cycles.hot(path, n), loop).result()
 
+        def body() -> dict[str, int]:
+            run(30)  # prepared, and planned generically, on tables of a few pages
+            start = _counters(admin, cycles.sent)
+            _grow(admin)
+            run(30)
+            end = _counters(admin, GROWN + cycles.sent)
+            return {t: end[t] - start[t] for t in TABLES}
+
         try:
-            # No refresh ever comes: the loop waiting for one gives up at its deadline, so
-            # stand in a counter that moves.
-            ticks = iter(range(10**6))
-            return await asyncio.to_thread(
-                _scans_after_growth, admin, cycles, run, lambda: next(ticks)
-            )
+            return await asyncio.to_thread(body)
         finally:
             await path.aclose()
 
@@ -175,7 +180,8 @@ def test_without_refreshes_a_plan_of_the_empty_store_keeps_scanning(
         scans = asyncio.run(main())
     finally:
         store.close()
-    assert scans["messages"] >= 30 and scans["deliveries"] >= 30, scans
+    # Deliveries only: the growth's own foreign-key checks may scan messages too.
+    assert scans["deliveries"] > 0, scans
 
 
 def test_pooled_connections_plan_again_after_the_tables_grow(pg_url: str, admin: Admin) -> None:
