@@ -3,9 +3,10 @@
 Two hosts first: a sender session on host 0, a `listen` sink on host 1, and the cross-host
 ``delivered`` p50 over sequential sends. Then ``hosts - 2`` more hosts (idle relays, each with
 one session connected from the bench so its roster is not empty) until host 0 sees every one of
-them live, and the same sends again; then those hosts are stopped and the two measured once
-more. The latency figure is the many-host p50 beside each two-host one (issue 9's target:
-within 1.2x), the median of the two ratios.
+them live, and the same sends again; then those hosts are stopped and the two measured again;
+and once more the same with new other hosts, alternated: two, many, two, many, two. The
+latency figure is each many-host p50 beside the two-host ones just before and after it (issue
+9's target: within 1.2x), the median of those four ratios.
 
 Counted by the server while the many hosts are up: idle commits per second per relay (the
 ``pg_stat_database.xact_commit`` delta over a quiet window, less the bench's own reads, over
@@ -18,6 +19,7 @@ the figure (target at most 3). See docs/performance.md, "Scale: 20 hosts on one 
 from __future__ import annotations
 
 import asyncio
+import statistics
 import threading
 import time
 from collections.abc import Callable
@@ -35,6 +37,9 @@ from crossintercom.tools.bench.store_work import FLUSH_S, StoreCounters
 from crossintercom.tools.harness import BULK_SENDER, Cluster, SimHost
 
 LATENCY_TARGET = 1.2
+# The runs of sends, in order: 2 hosts alone, then all, then 2 alone, all again, 2 alone.
+TWOS = ["two", "two_again", "two_last"]
+MANYS = ["many", "many_again"]
 IDLE_COMMITS_CEILING = 1.0  # commits/s per idle relay
 CONNECTIONS_CEILING = 3  # database connections per host
 ROLES = ("relay", "listen", "archive")
@@ -146,13 +151,36 @@ class HostsBench:
         b.listen("sink0")
         await asyncio.to_thread(a.wait_sees, "sink0", b.host_id, timeout=_WAIT_S)
         sender = AsyncClient(a.settings, a.identity("scale-sender", cwd="/"))
-        crowd: list[AsyncClient] = []
         try:
             await sender.connect()
             await paths.sequential(sender, b, "sink0", 10)  # warm-up
-            await self._p50(sender, b, "two")
+            await self._p50(sender, b, TWOS[0])
             self.step("scale: 2 hosts measured")
-            more = await asyncio.to_thread(self._start, self.ids[2:])
+            for r, (many, two) in enumerate(zip(MANYS, TWOS[1:], strict=True)):
+                # New hosts each time (their dirs and ids): a stopped host is not started again.
+                ids = [f"{i}-{r}" for i in self.ids[2:]] if r else self.ids[2:]
+                await self._with_crowd(a, ids, sender, b, many, idle=r == 0)
+                await self._p50(sender, b, two)
+                self.step("scale: 2 hosts again")
+        finally:
+            await sender.close()
+        return self.out
+
+    async def _with_crowd(
+        self,
+        a: SimHost,
+        ids: list[str],
+        sender: AsyncClient,
+        b: SimHost,
+        key: str,
+        *,
+        idle: bool,
+    ) -> None:
+        """The other hosts up and seen live by host 0 (``idle``: their quiet window counted),
+        the sends measured as ``key``, then those hosts stopped."""
+        more = await asyncio.to_thread(self._start, ids)
+        crowd: list[AsyncClient] = []
+        try:
             for h in more:
                 client = AsyncClient(h.settings, h.identity("scale-idle", cwd="/"))
                 crowd.append(client)
@@ -161,18 +189,14 @@ class HostsBench:
                 await asyncio.to_thread(a.wait_sees, "scale-idle", h.host_id, timeout=_WAIT_S)
             await asyncio.sleep(_SETTLE_S)
             self.step(f"scale: {self.n} hosts up")
-            await self._idle()
-            self.step(f"scale: {self.n} hosts idle counted")
-            await self._p50(sender, b, "many")
+            if idle:
+                await self._idle()
+                self.step(f"scale: {self.n} hosts idle counted")
+            await self._p50(sender, b, key)
             self.step(f"scale: {self.n} hosts measured")
-            await asyncio.gather(*(c.close() for c in crowd), return_exceptions=True)
-            crowd.clear()
-            await asyncio.to_thread(self._stop, more)
-            await self._p50(sender, b, "two_again")
-            self.step("scale: 2 hosts again")
         finally:
-            await asyncio.gather(*(c.close() for c in [sender, *crowd]), return_exceptions=True)
-        return self.out
+            await asyncio.gather(*(c.close() for c in crowd), return_exceptions=True)
+            await asyncio.to_thread(self._stop, more)
 
     async def _idle(self) -> None:
         """Commits per idle relay per second over the quiet window, what ran in it (with
@@ -237,9 +261,11 @@ class HostsBench:
         """The many-hosts figures and their raw numbers (``details.scale.hosts``)."""
         out = self.run()
         hosts, sends = self.n, self.sends
-        many = out["many"]["delivered_p50_ms"]
-        twos = [out[k]["delivered_p50_ms"] for k in ("two", "two_again")]
-        seen = [out["idle"]["connections"]] + [out[k]["busy_connections"] for k in ("two", "many")]
+        manys = [out[k]["delivered_p50_ms"] for k in MANYS]
+        twos = [out[k]["delivered_p50_ms"] for k in TWOS]
+        # Each many-host run beside the two-host runs just before and just after it.
+        ratios = [m / t for k, m in enumerate(manys) for t in twos[k : k + 2] if t > 0]
+        seen = [out["idle"]["connections"]] + [out[k]["busy_connections"] for k in TWOS + MANYS]
         busiest = max(n for per_host in seen for n in per_host.values())
         out["connections_per_host_max"] = busiest
         path = f"scale {hosts} hosts"
@@ -248,14 +274,14 @@ class HostsBench:
                 path,
                 "delivered p50",
                 "ms",
-                many,
-                sum(twos) / len(twos),
-                f"the same 2 hosts alone on the database, before and after ({sends} sequential "
-                "sends each)",
+                statistics.median(manys),
+                statistics.median(twos),
+                f"the same 2 hosts alone on the database, alternated: before, between and after "
+                f"two runs with the others ({sends} sequential sends each)",
                 False,
                 LATENCY_TARGET,
                 pairing="round trip",
-                ratios=[many / t for t in twos if t > 0],
+                ratios=ratios,
             ),
             Figure(
                 path,

@@ -54,7 +54,7 @@ TARGETS = {
     ("sqlite", "cross_throughput"): 3.0,
 }
 STORE_WORK_TARGETS = {"statements_per_message": 8, "commits_per_message": 3}
-HOSTS_STEPS = 5  # the progress bar's steps in bench.hosts
+HOSTS_STEPS = 8  # the progress bar's steps in bench.hosts
 
 
 @contextlib.contextmanager
