@@ -30,7 +30,6 @@ from crossintercom.errors import (
     StoreUnavailable,
 )
 from crossintercom.storage.plans import PlanRefresh
-from crossintercom.storage.queries import pg_deallocate_all
 from crossintercom.storage.urls import StoreURL
 
 # Two pooled connections per engine (plus the listener a Postgres waiter opens): at most three
@@ -137,10 +136,10 @@ def postgres_engine(
     def _on_checkout(dbapi_conn: Any, record: Any, _proxy: Any) -> None:
         # Plans made on the tables as they are now (storage/plans.py), on the connection's own
         # schedule; a transaction of its own, so the caller's begins clean.
-        plans = record.info.setdefault(PLANS_KEY, PlanRefresh())
-        if plans.due():
+        refresh = record.info.setdefault(PLANS_KEY, PlanRefresh()).statement()
+        if refresh is not None:
             try:
-                dbapi_conn.execute(pg_deallocate_all(plans.refreshes))
+                dbapi_conn.execute(refresh)
                 dbapi_conn.commit()
             except psycopg.Error as exc:  # a connection lost while pooled: take a new one
                 raise DisconnectionError(str(exc)) from exc

@@ -185,13 +185,13 @@ class PgHotPath:
         timer = asyncio.get_running_loop().call_later(
             deadline, cut_socket, self._parsed, conn.pgconn.socket, deadline
         )
-        if self.plans.due():  # plans made on the tables as they are now (storage/plans.py)
-            try:
-                await conn.execute(q.pg_deallocate_all(self.plans.refreshes))
-            except psycopg.Error as exc:
-                timer.cancel()
-                raise self._failed(conn, exc, False) from exc
         try:
+            refresh = self.plans.statement()  # plans made on the tables as they are now
+            if refresh is not None:
+                try:
+                    await conn.execute(refresh)
+                except psycopg.Error as exc:  # sent before the statement: never in doubt
+                    raise self._failed(conn, exc, False) from exc
             cur = await conn.execute(stmt.text, {**stmt.fixed, **params} if stmt.fixed else params)
             return await cur.fetchall() if cur.description is not None else []
         except psycopg.Error as exc:

@@ -15,6 +15,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from crossintercom.storage.queries import pg_deallocate_all
+
 FIRST_AFTER_S = 2.0  # the first refresh comes this long after connecting...
 FIRST_AFTER_STATEMENTS = 64  # ...or after this many statements, whichever is first
 MAX_AFTER_S = 600.0  # each gap doubles, up to these
@@ -42,3 +44,8 @@ class PlanRefresh:
         self.since, self.statements = now, 0
         self.refreshes += 1
         return True
+
+    def statement(self) -> str | None:
+        """What to run before the next statement when a refresh is due (a text new each time:
+        ``queries.pg_deallocate_all``), else None; counts that statement as ``due`` does."""
+        return pg_deallocate_all(self.refreshes) if self.due() else None

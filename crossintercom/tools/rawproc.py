@@ -109,7 +109,6 @@ def _pg_respond(conninfo: str, table: str, channel: str, reply_channel: str) -> 
     import psycopg
 
     from crossintercom.storage.plans import PlanRefresh
-    from crossintercom.storage.queries import pg_deallocate_all
 
     # One statement: claim every queued request, insert its reply, notify the asker.
     respond = (
@@ -130,8 +129,9 @@ def _pg_respond(conninfo: str, table: str, channel: str, reply_channel: str) -> 
         threading.Thread(target=_ready_then_wait, args=(stopping.set,), daemon=True).start()
         while not stopping.is_set():
             for _ in listen.notifies(timeout=0.2):
-                if plans.due():  # on the store's schedule: like with like (storage/plans.py)
-                    work.execute(pg_deallocate_all(plans.refreshes))
+                refresh = plans.statement()  # the store's schedule: like with like
+                if refresh is not None:
+                    work.execute(refresh)
                 work.execute(respond)
 
 

@@ -26,7 +26,6 @@ import msgspec
 from crossintercom.errors import CrossintercomError
 from crossintercom.models import new_id
 from crossintercom.storage.plans import PlanRefresh
-from crossintercom.storage.queries import pg_deallocate_all
 from crossintercom.tools.bench.workload import text
 from crossintercom.tools.rawproc import HEADER
 
@@ -224,8 +223,9 @@ class RawPostgres(_Stack):
         return _encoder.encode({"id": new_id(), "message": text(i)}).decode()
 
     def _refresh(self) -> None:
-        if self._plans.due():
-            self.writer.execute(pg_deallocate_all(self._plans.refreshes))
+        refresh = self._plans.statement()
+        if refresh is not None:
+            self.writer.execute(refresh)
             self.writer.commit()
 
     def one_way(self, n: int) -> list[float]:
