@@ -18,6 +18,7 @@ import psycopg
 import pytest
 
 from crossintercom.storage import Ack, OutboundItem, open_store
+from crossintercom.storage.engine import PLANS_KEY
 from crossintercom.storage.pghot import PgHotPath
 from crossintercom.storage.plans import PlanRefresh
 from crossintercom.storage.postgres import PostgresStore
@@ -118,30 +119,42 @@ def _scans_after_growth(
     return {t: end[t] - start[t] for t in TABLES}
 
 
-def test_the_hot_path_plans_again_after_the_tables_grow(pg_url: str, admin: Admin) -> None:
+def _on_hot_path(
+    pg_url: str,
+    body: Callable[[Cycles, Callable[[int], None], PgHotPath], dict[str, int]],
+    plans: PlanRefresh | None = None,
+) -> dict[str, int]:
+    """``body(cycles, run, path)`` in a thread, ``run(n)`` sending n messages through a hot
+    path on its own loop (with ``plans`` as its schedule, if given)."""
     store = open_store(pg_url, hot_path=True)
     assert isinstance(store, PostgresStore)
     cycles = Cycles(store)
 
     async def main() -> dict[str, int]:
         path = store.hot_path()
+        if plans is not None:
+            path.plans = plans
         loop = asyncio.get_running_loop()
 
         def run(n: int) -> None:
             asyncio.run_coroutine_threadsafe(cycles.hot(path, n), loop).result()
 
         try:
-            return await asyncio.to_thread(
-                _scans_after_growth, admin, cycles, run, lambda: path.plans.refreshes
-            )
+            return await asyncio.to_thread(body, cycles, run, path)
         finally:
             await path.aclose()
 
     try:
-        scans = asyncio.run(main())
+        return asyncio.run(main())
     finally:
         store.close()
-    assert scans == {"messages": 0, "deliveries": 0}
+
+
+def test_the_hot_path_plans_again_after_the_tables_grow(pg_url: str, admin: Admin) -> None:
+    def body(cycles: Cycles, run: Callable[[int], None], path: PgHotPath) -> dict[str, int]:
+        return _scans_after_growth(admin, cycles, run, lambda: path.plans.refreshes)
+
+    assert _on_hot_path(pg_url, body) == {"messages": 0, "deliveries": 0}
 
 
 def test_without_refreshes_a_plan_of_the_empty_store_keeps_scanning(
@@ -151,35 +164,17 @@ def test_without_refreshes_a_plan_of_the_empty_store_keeps_scanning(
     Counted over one burst with no idle gap: an idle backend can miss enough of the server's
     cache invalidations (other databases' DDL, under load) to have its caches reset, which
     re-plans on the grown tables, so only "it scanned" is asserted, not on every message."""
-    store = open_store(pg_url, hot_path=True)
-    assert isinstance(store, PostgresStore)
-    cycles = Cycles(store)
 
-    async def main() -> dict[str, int]:
-        path = store.hot_path()
-        path.plans = PlanRefresh(after_s=1e9, after_statements=10**9)
-        loop = asyncio.get_running_loop()
+    def body(cycles: Cycles, run: Callable[[int], None], _path: PgHotPath) -> dict[str, int]:
+        run(30)  # prepared, and planned generically, on tables of a few pages
+        start = _counters(admin, cycles.sent)
+        _grow(admin)
+        run(30)
+        end = _counters(admin, GROWN + cycles.sent)
+        return {t: end[t] - start[t] for t in TABLES}
 
-        def run(n: int) -> None:
-            asyncio.run_coroutine_threadsafe(cycles.hot(path, n), loop).result()
-
-        def body() -> dict[str, int]:
-            run(30)  # prepared, and planned generically, on tables of a few pages
-            start = _counters(admin, cycles.sent)
-            _grow(admin)
-            run(30)
-            end = _counters(admin, GROWN + cycles.sent)
-            return {t: end[t] - start[t] for t in TABLES}
-
-        try:
-            return await asyncio.to_thread(body)
-        finally:
-            await path.aclose()
-
-    try:
-        scans = asyncio.run(main())
-    finally:
-        store.close()
+    never = PlanRefresh(after_s=1e9, after_statements=10**9)
+    scans = _on_hot_path(pg_url, body, never)
     # Deliveries only: the growth's own foreign-key checks may scan messages too.
     assert scans["deliveries"] > 0, scans
 
@@ -192,7 +187,7 @@ def test_pooled_connections_plan_again_after_the_tables_grow(pg_url: str, admin:
 
     def refreshes() -> int:
         with engine.connect() as conn:  # checking one out is when its schedule is looked at
-            record = conn.info.get("crossintercom_plans")
+            record = conn.info.get(PLANS_KEY)
             return 0 if record is None else int(record.refreshes)
 
     try:
