@@ -98,7 +98,7 @@ class MessageRow:
 class InboundRow:
     """A queued delivery as stored. ``payload`` is whatever JSON the row holds (anything a
     writer put there: the relay validates it); ``None`` with ``payload_problem`` saying why
-    when it is not JSON or is over the size the caller asked for."""
+    when it is not UTF-8, not JSON or is over the size the caller asked for."""
 
     seq: int
     message_id: str
@@ -106,6 +106,8 @@ class InboundRow:
     payload: Any
     sender_host: str
     payload_problem: str | None = None
+    # The digest the sender stored with the message: a receiver checks the payload against it.
+    digest: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,6 +15,7 @@ from typing import Any
 from sqlalchemy import (
     DateTime,
     Delete,
+    LargeBinary,
     Select,
     Text,
     TextClause,
@@ -276,15 +277,19 @@ MESSAGE_STATES: Select[str, DeliveryState] = select(
 # The payload as its stored text: decoded by the caller row by row, so one row that is not
 # JSON (a stray writer on SQLite) is refused alone instead of failing the whole read.
 _PAYLOAD_TEXT = cast(messages.c.payload, Text)
+# SQLite hands TEXT over decoded: one value that is not UTF-8 failed the whole result set. Read
+# as its bytes, it is decoded row by row as well (docs/storage.md, "Delivery states").
+_PAYLOAD_BYTES = cast(messages.c.payload, LargeBinary)
 
 
 @cache
 def inbound(
-    *, by_session: bool, skip_locked: bool, array: bool = False
-) -> Select[int, str, str, str | None, str, int]:
+    *, by_session: bool, skip_locked: bool, array: bool = False, raw: bool = False
+) -> Select[int, str, str, str | bytes | None, str, int, str]:
     """Queued rows for one host, by state and in seq order, only for its current generation:
     seq, message_id, recipient_session, payload text (NULL when over ``:max_payload``
-    characters, so an oversized row costs no memory), sender_host, payload length.
+    characters, so an oversized row costs no memory; its bytes when ``raw``, for SQLite),
+    sender_host, payload length, digest (the sender's, checked by the receiver).
 
     Params: host_id, generation, limit, max_payload, and session_ids (a list) when
     ``by_session``, bound as one array when ``array`` (PostgreSQL). Never ``seq > cursor``:
@@ -296,9 +301,13 @@ def inbound(
             deliveries.c.seq,
             deliveries.c.message_id,
             deliveries.c.recipient_session,
-            case((length <= bindparam("max_payload"), _PAYLOAD_TEXT), else_=None),
+            case(
+                (length <= bindparam("max_payload"), _PAYLOAD_BYTES if raw else _PAYLOAD_TEXT),
+                else_=None,
+            ),
             messages.c.sender_host,
             length,
+            messages.c.digest,
         )
         .join(messages, messages.c.message_id == deliveries.c.message_id)
         .where(

@@ -53,9 +53,14 @@ def inbound_query(
     max_payload: int,
     skip_locked: bool,
     arrays: bool,
+    *,
+    raw_payload: bool = False,
 ) -> tuple[Any, dict[str, Any]]:
-    """``fetch_inbound``'s statement and parameters (the blocking store's and the hot path's)."""
-    stmt = q.inbound(by_session=session_ids is not None, skip_locked=skip_locked, array=arrays)
+    """``fetch_inbound``'s statement and parameters (the blocking store's and the hot path's);
+    ``raw_payload``: payloads read as bytes (SQLite, where a writer may store any bytes)."""
+    stmt = q.inbound(
+        by_session=session_ids is not None, skip_locked=skip_locked, array=arrays, raw=raw_payload
+    )
     params: dict[str, Any] = {
         "host_id": host_id,
         "generation": generation,
@@ -71,23 +76,31 @@ def inbound_row(
     seq: int,
     message_id: str,
     session: str,
-    text: str | None,
+    text: str | bytes | None,
     sender_host: str,
     length: int | None,
+    digest: str | None = None,
     *,
     max_payload: int,
 ) -> InboundRow:
-    """One fetched row, its payload decoded here so a row that is not JSON stands alone."""
+    """One fetched row, its payload decoded here so a row that is not UTF-8 or not JSON stands
+    alone (refused by the relay's screening; docs/storage.md, "Delivery states")."""
+
+    def bad(problem: str) -> InboundRow:
+        return InboundRow(seq, message_id, session, None, sender_host, problem, digest)
+
     if text is None:
-        problem = f"payload of {length} characters is over the {max_payload} that can be read"
-        return InboundRow(seq, message_id, session, None, sender_host, problem)
+        return bad(f"payload of {length} characters is over the {max_payload} that can be read")
+    if isinstance(text, bytes):
+        try:
+            text = text.decode()
+        except UnicodeDecodeError as exc:
+            return bad(f"payload is not valid UTF-8 (byte {exc.start})")
     try:
         payload = _json.decode(text)
     except msgspec.DecodeError as exc:
-        return InboundRow(
-            seq, message_id, session, None, sender_host, f"payload is not JSON: {exc}"
-        )
-    return InboundRow(seq, message_id, session, payload, sender_host)
+        return bad(f"payload is not JSON: {exc}")
+    return InboundRow(seq, message_id, session, payload, sender_host, None, digest)
 
 
 class SqlMailboxStore(SqlHostStore):
@@ -157,7 +170,14 @@ class SqlMailboxStore(SqlHostStore):
         if session_ids is not None and not session_ids:
             return []
         stmt, params = inbound_query(
-            host_id, generation, limit, session_ids, max_payload, self.skip_locked, self.arrays
+            host_id,
+            generation,
+            limit,
+            session_ids,
+            max_payload,
+            self.skip_locked,
+            self.arrays,
+            raw_payload=self.dialect == "sqlite",
         )
         rows = self._run(
             lambda c: c.execute(stmt, params).all(), single_statement=self.fetch_in_autocommit
