@@ -35,11 +35,15 @@ class RelayCore:
         self.roster_hinted = asyncio.Event()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._reported: str | None = None
+        # Found at start and shown for as long as the relay runs (storage trust_warnings).
+        self.standing_warnings: list[str] = []
 
     def report_store(self, problem: str | None) -> None:
         """Show the store's state in `crossintercom status` (the relay's status line): its
-        masked URL, and the problem while there is one (a stuck SQLite lock, an outage)."""
-        text = self.store.url_masked if problem is None else f"{self.store.url_masked}: {problem}"
+        masked URL, and the problem while there is one (a stuck SQLite lock, an outage), then the
+        standing warnings."""
+        parts = [w for w in (problem, *self.standing_warnings) if w]
+        text = self.store.url_masked + (f": {'; '.join(parts)}" if parts else "")
         if text == self._reported or self.client is None:
             return
         self._reported = text

@@ -2,13 +2,16 @@
 
 Anyone who can write the store (a buggy or compromised host, a stray writer of a SQLite file)
 can put anything in a row. A row is handed over only when its payload is a message of the
-right shape, its id is the row's, it fits the size limits, and its sender is one the writing
-host may use: its own host id, and a session id no other host claims. Anything else is refused
-once, with a code and a logged reason, and the rows behind it go on (docs/operations.md).
+right shape, its id is the row's, it matches the digest its sender stored (a row rewritten
+since, by a writer or its trigger, does not), it fits the size limits, and its sender is one
+the writing host may use: its own host id, and a session id no other host claims. Anything
+else is refused once, with a code and a logged reason, and the rows behind it go on
+(docs/operations.md).
 """
 
 from __future__ import annotations
 
+import hmac
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Final
@@ -66,6 +69,12 @@ def screen(
         return Refusal(Code.BAD_MESSAGE, f"payload is not a valid message: {exc}")
     if msg.id != row.message_id:
         return Refusal(Code.BAD_MESSAGE, f"payload id {msg.id!r} is not the row's id")
+    if row.digest is not None and not hmac.compare_digest(msg.digest(), row.digest):
+        # The sender stored the digest with the text; a row changed since (a writer of the
+        # store rewriting other hosts' mail, a trigger) no longer matches it.
+        return Refusal(
+            Code.BAD_MESSAGE, "payload does not match the digest its sender stored (rewritten?)"
+        )
     size = msg.size()
     if size > max_message_bytes:
         return Refusal(

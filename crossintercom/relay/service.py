@@ -97,10 +97,12 @@ class Relay(RelayCore):
         await self._check_collision()
         self.generation = await self.store_call(self.store.claim_host, self.host, self.machine)
         log.info("relay started", extra={"host_id": self.host, "generation": self.generation})
+        await self._check_trust()
         ident = Identity(id=new_id(), name="relay", purpose="control", status=self.store.url_masked)
         self.client = AsyncClient(self.settings, ident, mode="own", spawn=True, reconnect=True)
         self.client.on_frame = self._on_frame
         await self.client.connect()
+        self.report_store(None)
         waiter_thread = threading.Thread(
             target=self.inbound.watch_store, args=(loop,), name="relay-wakeups", daemon=True
         )
@@ -138,6 +140,18 @@ class Relay(RelayCore):
                 self.archiver.close()
         if self.failure is not None:
             raise self.failure
+
+    async def _check_trust(self) -> None:
+        """Name what undermines the store's trust boundary (docs/operations.md, "Trust model"),
+        in the log and on the relay's `status` line for as long as it runs."""
+        try:
+            found = await self.store_call(self.store.trust_warnings)
+        except StoreError as exc:
+            log.warning("could not check the store's files: %s", exc.message)
+            return
+        for warning in found:
+            log.warning("%s", warning)
+        self.standing_warnings = found
 
     def stop(self) -> None:
         self.stopping.set()

@@ -262,6 +262,11 @@ class MailboxStore(Protocol):
 
     def check_schema(self) -> None: ...
 
+    def trust_warnings(self) -> list[str]:
+        """What undermines the store's trust boundary, one warning each (a SQLite file others
+        may read, a trigger a writer installed); checked at relay start."""
+        ...
+
     def claim_host(self, host_id: str, machine: str | None = None) -> int:
         """Take the next generation for ``host_id``, recording ``machine`` as its holder."""
         ...

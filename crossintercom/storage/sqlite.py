@@ -10,11 +10,14 @@ import logging
 from collections.abc import Collection
 
 from crossintercom.storage import engine as db
+from crossintercom.storage import sqlitetrust
 from crossintercom.storage.sqlstore import SqlMailboxStore
 from crossintercom.storage.urls import StoreURL
-from crossintercom.storage.wakeup import ROSTER, DoorbellWaiter, ring_doorbell
+from crossintercom.storage.wakeup import ROSTER, DoorbellWaiter, doorbell_dir, ring_doorbell
 
 log = logging.getLogger(__name__)
+
+_OBJECTS = "SELECT type, name, sql FROM sqlite_master WHERE type IN ('trigger', 'view')"
 
 
 class SqliteStore(SqlMailboxStore):
@@ -48,6 +51,15 @@ class SqliteStore(SqlMailboxStore):
                 exc,
                 extra={"host_id": host_id, "error": str(exc)},
             )
+
+    def trust_warnings(self) -> list[str]:
+        """Triggers and views the schema does not define, and files others may use."""
+        rows = self._run(
+            lambda c: [tuple(r) for r in c.exec_driver_sql(_OBJECTS).all()],
+            single_statement=True,
+        )
+        found = sqlitetrust.foreign_objects(rows)
+        return found + sqlitetrust.loose_modes(self.path, doorbell_dir(self.path))
 
     def waiter(self, host_id: str) -> DoorbellWaiter:
         return DoorbellWaiter(self.path, host_id, polling=self.polling_observer)

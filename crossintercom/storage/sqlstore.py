@@ -113,6 +113,9 @@ class SqlMailboxStore(SqlHostStore):
         self._settings_lock = threading.Lock()
         self._settings_cache: tuple[float, StoreSettings] | None = None
 
+    def trust_warnings(self) -> list[str]:
+        return []
+
     # -- messages -------------------------------------------------------------------------
 
     def enqueue(

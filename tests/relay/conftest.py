@@ -125,3 +125,13 @@ def cluster(store_url: str) -> Iterator[Cluster]:
         yield c
     finally:
         c.close()
+
+
+@pytest.fixture
+def sqlite_cluster(sqlite_store: str) -> Iterator[Cluster]:
+    """Hosts over a SQLite store only (attacks on the file itself)."""
+    c = Cluster(sqlite_store)
+    try:
+        yield c
+    finally:
+        c.close()

@@ -8,25 +8,14 @@ import json
 import re
 import sqlite3
 import time
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-import pytest
 from sqlalchemy.engine import make_url
 
 from crossintercom.models import Message, new_id
 from crossintercom.storage.rogue import delivery_reasons, rogue_message
 from tests.relay.conftest import Cluster, wait_for
-
-
-@pytest.fixture
-def sqlite_cluster(sqlite_store: str) -> Iterator[Cluster]:
-    c = Cluster(sqlite_store)
-    try:
-        yield c
-    finally:
-        c.close()
 
 
 def _insert(db: Path, rows: list[tuple[str, bytes | str, str]], session: str) -> None:
