@@ -29,6 +29,7 @@ from crossintercom.errors import (
     StoreReadOnly,
     StoreUnavailable,
 )
+from crossintercom.storage import sqlitetrust
 from crossintercom.storage.plans import PlanRefresh
 from crossintercom.storage.urls import StoreURL
 
@@ -96,6 +97,9 @@ def store_engine(
         return postgres_engine(parsed, pool_size, statement_timeout_ms, app_name)
     assert parsed.path is not None
     check_writable(parsed.path, parsed.masked, must_exist=must_exist)
+    if not must_exist:
+        # Created private before SQLite makes it world-readable (docs/operations.md, "Trust").
+        sqlitetrust.create_private(parsed.path, sqlitetrust.configured_gid())
     return sqlite_engine(parsed, pool_size)
 
 

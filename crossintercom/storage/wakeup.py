@@ -28,6 +28,7 @@ from watchdog.observers import Observer
 from watchdog.observers.polling import PollingObserver
 
 from crossintercom.storage import queries as q
+from crossintercom.storage import sqlitetrust
 from crossintercom.storage.engine import PG_KEEPALIVES, application_name
 from crossintercom.storage.interface import CATCH_UP, ReceiptOutcome, ReceiptRow, Wake
 
@@ -97,10 +98,18 @@ def doorbell_path(db_path: Path, host_id: str, kind: str = DELIVERIES) -> Path:
 def ring_doorbell(db_path: Path, host_id: str, kind: str = DELIVERIES) -> None:
     """Rewrite the host's doorbell file: a content change is seen by inotify and by polling."""
     bell = doorbell_path(db_path, host_id, kind)
-    bell.parent.mkdir(exist_ok=True)
     tmp = bell.with_name(f"{bell.name}.{os.getpid()}.{threading.get_ident()}")
-    tmp.write_text(f"{time.time_ns()}\n")
+    try:
+        tmp.write_text(f"{time.time_ns()}\n")
+    except FileNotFoundError:
+        make_doorbell_dir(db_path)
+        tmp.write_text(f"{time.time_ns()}\n")
     os.replace(tmp, bell)
+
+
+def make_doorbell_dir(db_path: Path) -> None:
+    """The doorbell dir, private like the store file (0700, or 2770 with a group)."""
+    sqlitetrust.private_dir(doorbell_dir(db_path), sqlitetrust.configured_gid())
 
 
 class _ClosedOnExit:
@@ -264,7 +273,7 @@ class DoorbellWaiter(_ClosedOnExit):
         self._observer: Any = None
 
     def __enter__(self) -> Self:
-        self.bell.parent.mkdir(exist_ok=True)
+        make_doorbell_dir(self._db_path)
         observer = PollingObserver(timeout=POLL_INTERVAL_S) if self._polling else Observer()
         observer.schedule(self._handler, str(self.bell.parent), recursive=False)
         observer.start()

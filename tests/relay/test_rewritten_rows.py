@@ -1,12 +1,13 @@
 """A writer of the store installs a trigger that rewrites other hosts' messages as they are
 written (and keeps doing so after its own access is gone). The receiving relay checks each
 row's payload against the digest its sender stored: a rewritten message is refused with a
-logged reason, never delivered. On SQLite the relay names the foreign trigger at start, in its
-log and in `status` (docs/operations.md, "Trust model")."""
+logged reason, never delivered. On SQLite the relay names the foreign trigger at start, and a store
+file others may read, in its log and in `status` (docs/operations.md, "Trust model")."""
 
 from __future__ import annotations
 
 import sqlite3
+from pathlib import Path
 
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
@@ -67,16 +68,22 @@ def test_rewritten_message_refused_by_digest(
     assert b.relay is not None and b.relay.poll() is None
 
 
-def test_relay_names_a_foreign_trigger_at_start(sqlite_cluster: Cluster, sqlite_store: str) -> None:
+def test_relay_names_a_foreign_trigger_and_a_world_readable_store_at_start(
+    sqlite_cluster: Cluster, sqlite_store: str
+) -> None:
     _install_trigger(sqlite_store, "sqlite")
+    db = Path(str(make_url(sqlite_store).database))
+    db.chmod(0o644)
     (b,) = sqlite_cluster.up("B")
-    assert "trigger the schema does not define: 'ci_rewrite'" in b.relay_log()
+    log = b.relay_log()
+    assert "trigger the schema does not define: 'ci_rewrite'" in log
+    assert f"{db} is readable by every local user (mode 644)" in log
 
     def shown() -> str:
         store: str = b.cli_json("status", "--json")["relay"].get("store") or ""
-        return store if "ci_rewrite" in store else ""
+        return store if "ci_rewrite" in store and "every local user" in store else ""
 
-    wait_for(shown, 20, "status to name the trigger")
+    wait_for(shown, 20, "status to name the trigger and the file's mode")
 
 
 def test_fresh_store_has_no_trust_warnings(sqlite_cluster: Cluster) -> None:
