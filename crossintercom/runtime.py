@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import fcntl
 import grp
 import logging
 import os
+import re
+import secrets
 import socket
 import sqlite3
 import stat
@@ -19,8 +23,10 @@ log = logging.getLogger(__name__)
 
 
 def modes(settings: Settings) -> tuple[int, int]:
-    """(directory mode, file mode): per user by default, group-shared with CROSSINTERCOM_GROUP."""
-    return (0o770, 0o660) if settings.group else (0o700, 0o600)
+    """(directory mode, file mode): per user by default, group-shared with CROSSINTERCOM_GROUP.
+    The group's directories are sticky, so no member can rename or delete another's files
+    (docs/operations.md, "Files in the runtime dir")."""
+    return (0o1770, 0o660) if settings.group else (0o700, 0o600)
 
 
 def group_gid(settings: Settings) -> int | None:
@@ -64,6 +70,11 @@ def ensure_runtime_dir(settings: Settings) -> Path:
         apply_mode(settings, home, dir_mode)
     inbox = settings.inbox_dir
     inbox.mkdir(mode=dir_mode, exist_ok=True)
+    ist = inbox.lstat()
+    if not stat.S_ISDIR(ist.st_mode) or (
+        ist.st_uid != os.geteuid() and not (gid is not None and ist.st_gid == gid)
+    ):
+        raise RuntimeDirError(f"{inbox} is not a directory of this runtime dir's; remove it")
     apply_mode(settings, inbox, dir_mode)
     return home
 
@@ -72,29 +83,38 @@ def apply_mode(settings: Settings, path: Path, mode: int) -> None:
     """Set exactly ``mode`` (and the runtime group) on a path we own; log when it was looser.
 
     Exact rather than only tightened: under a umask such as 022, a group deployment would
-    otherwise create files its group cannot write.
+    otherwise create files its group cannot write. The path is pinned first without following
+    a symlink (O_PATH | O_NOFOLLOW), so a member who swaps in a symlink between the check and
+    the change gets nothing changed through it.
     """
     try:
-        st = path.lstat()
+        fd = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
     except FileNotFoundError:
         return
-    if stat.S_ISLNK(st.st_mode) or st.st_uid != os.geteuid():
-        return
-    current = stat.S_IMODE(st.st_mode)
-    if current != mode:
-        os.chmod(path, mode)
-        if current & ~mode:
-            log.warning(
-                "mode tightened", extra={"path": str(path), "was": oct(current), "now": oct(mode)}
-            )
-    gid = group_gid(settings)
-    if gid is not None and st.st_gid != gid:
-        os.chown(path, -1, gid)
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISLNK(st.st_mode) or st.st_uid != os.geteuid():
+            return
+        pinned = f"/proc/self/fd/{fd}"  # the inode the fd holds, whatever the name now is
+        current = stat.S_IMODE(st.st_mode)
+        if current != mode:
+            os.chmod(pinned, mode)
+            if current & ~mode:
+                log.warning(
+                    "mode tightened",
+                    extra={"path": str(path), "was": oct(current), "now": oct(mode)},
+                )
+        gid = group_gid(settings)
+        if gid is not None and st.st_gid != gid:
+            os.chown(pinned, -1, gid)
+    finally:
+        os.close(fd)
 
 
 def secure_file(settings: Settings, path: Path) -> None:
-    """Give a file the runtime file mode and group."""
-    apply_mode(settings, path, modes(settings)[1])
+    """Give a file the runtime file mode and group (a private file stays 0600)."""
+    mode = 0o600 if path.name in PRIVATE_FILES else modes(settings)[1]
+    apply_mode(settings, path, mode)
 
 
 def secure_tree(settings: Settings) -> None:
@@ -107,7 +127,73 @@ def secure_tree(settings: Settings) -> None:
                 secure_file(settings, entry)
 
 
+# Files only their owner may read, also in a group runtime dir: the web page's access token.
+WEB_TOKEN_FILE = "web.token"
+PRIVATE_FILES = frozenset({WEB_TOKEN_FILE})
+# A file of the runtime dir is opened only if it is this: never through a symlink, never a
+# hard link to a file elsewhere, never another user's file outside the runtime group.
+_NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+
+
+def open_file(path: Path, flags: int, mode: int = 0o600, *, gid: int | None = None) -> int:
+    """``os.open`` for a file of the runtime dir that refuses what a member of a group runtime
+    dir could plant there (a symlink to another file, a hard link, a FIFO, a file of a user
+    outside the group): raises ``RuntimeDirError`` naming it. ``gid``: the runtime group, whose
+    members' files are accepted too. O_NONBLOCK only keeps a planted FIFO from blocking the
+    open; it changes nothing for a regular file."""
+    try:
+        fd = os.open(path, flags | _NOFOLLOW, mode)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise _refused(path, "it is a symlink") from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise _refused(path, "it is not a regular file")
+        if st.st_nlink != 1:
+            raise _refused(path, "it is a hard link to another file")
+        if st.st_uid != os.geteuid() and (gid is None or st.st_gid != gid):
+            raise _refused(path, f"it belongs to uid {st.st_uid}")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _refused(path: Path, why: str) -> RuntimeDirError:
+    return RuntimeDirError(
+        f"refusing to open {path}: {why} (planted in the runtime dir?); remove it",
+        path=str(path),
+    )
+
+
+def replace_file(path: Path, data: bytes, mode: int, *, gid: int | None = None) -> None:
+    """Write ``path`` whole through a new temporary file beside it, created exclusively (never
+    one someone placed there) with exactly ``mode`` and ``gid``, then renamed over ``path``."""
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, mode & 0o600)
+    try:
+        if gid is not None:
+            os.fchown(fd, -1, gid)
+        os.fchmod(fd, mode)  # exactly, whatever the umask
+        os.write(fd, data)
+        os.close(fd)
+        fd = -1
+        os.replace(tmp, path)
+    except BaseException:
+        if fd >= 0:
+            os.close(fd)
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+
+
 MACHINE_FILE = "machine.id"
+# ``hostname/`` + 12 hex digits: printable ASCII without spaces, short enough for the host
+# row (docs/operations.md, "Files in the runtime dir").
+MACHINE_SHAPE = re.compile(r"[!-~]{1,200}/[0-9a-f]{12}")
+_MACHINE_READ = 512
 
 
 def machine_identity(settings: Settings) -> str:
@@ -115,20 +201,33 @@ def machine_identity(settings: Settings) -> str:
 
     Two runtime dirs (two machines, a cloned VM with a fresh dir) get two identities, so a
     host id configured on both is named as a collision (docs/operations.md). A clone that
-    copied the runtime dir copies this file too: delete it there.
+    copied the runtime dir copies this file too: delete it there. The file is read without
+    following a symlink and must have the shape the relay writes: anything else is refused,
+    never published in the store.
     """
     path = settings.file(MACHINE_FILE)
+    gid = group_gid(settings)
     try:
-        found = path.read_text().strip()
+        fd = open_file(path, os.O_RDONLY, gid=gid)
     except FileNotFoundError:
-        found = ""
-    if found:
-        return found
-    ident = f"{socket.gethostname()}/{uuid.uuid4().hex[:12]}"[:255]
-    tmp = path.with_name(f"{MACHINE_FILE}.{os.getpid()}")
-    tmp.write_text(ident + "\n")
-    secure_file(settings, tmp)
-    os.replace(tmp, path)
+        fd = -1
+    if fd >= 0:
+        try:
+            raw = os.read(fd, _MACHINE_READ)
+        finally:
+            os.close(fd)
+        found = raw.decode("ascii", "replace").strip()
+        if found:
+            if len(raw) >= _MACHINE_READ or not MACHINE_SHAPE.fullmatch(found):
+                raise RuntimeDirError(
+                    f"{path} does not hold a machine identity (hostname/12 hex digits); "
+                    "delete it and the relay makes a new one",
+                    path=str(path),
+                )
+            return found
+    host = "".join(ch for ch in socket.gethostname() if "!" <= ch <= "~")[:200] or "host"
+    ident = f"{host}/{uuid.uuid4().hex[:12]}"
+    replace_file(path, (ident + "\n").encode(), modes(settings)[1], gid=gid)
     return ident
 
 
@@ -169,7 +268,7 @@ def hold_pid_lock(settings: Settings, name: str) -> int:
     Raises ``LockHeld`` (with the holder's pid as written) when another process holds it.
     """
     path = settings.file(name)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, modes(settings)[1])
+    fd = open_file(path, os.O_RDWR | os.O_CREAT, modes(settings)[1], gid=group_gid(settings))
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

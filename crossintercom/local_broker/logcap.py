@@ -6,21 +6,25 @@ import logging
 import os
 from pathlib import Path
 
+from crossintercom.runtime import open_file
+
 LOG_CAP_BYTES = 8 * 1024
 
 
 class CappedFileHandler(logging.Handler):
     """Appends records; when the file would pass the cap, keeps only its newest half."""
 
-    def __init__(self, path: Path, cap: int = LOG_CAP_BYTES) -> None:
+    def __init__(self, path: Path, cap: int = LOG_CAP_BYTES, gid: int | None = None) -> None:
         super().__init__()
         self.path = path
         self.cap = cap
+        self.gid = gid
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
             line = (self.format(record) + "\n").encode("utf-8", "replace")[: self.cap // 2]
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
+            # Never through a symlink a member of a group runtime dir planted (runtime.open_file).
+            fd = open_file(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, gid=self.gid)
             try:
                 trim_fd(fd, self.cap, len(line))
                 os.write(fd, line)

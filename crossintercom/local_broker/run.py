@@ -13,13 +13,13 @@ from crossintercom.local_broker.authority import DedupAuthority
 from crossintercom.local_broker.logcap import CappedFileHandler, ExtraFormatter
 from crossintercom.local_broker.server import serve
 from crossintercom.local_broker.state import BrokerState
-from crossintercom.runtime import LockHeld, ensure_runtime_dir, hold_pid_lock, modes
+from crossintercom.runtime import LockHeld, ensure_runtime_dir, group_gid, hold_pid_lock, modes
 
 log = logging.getLogger(__name__)
 
 
 def setup_logging(settings: Settings, verbose: bool = False) -> None:
-    handler = CappedFileHandler(settings.file("broker.log"))
+    handler = CappedFileHandler(settings.file("broker.log"), gid=group_gid(settings))
     handler.setFormatter(ExtraFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger()
     root.addHandler(handler)

@@ -1,7 +1,9 @@
 """Auto-spawn of the broker by the first client that needs it.
 
 ``broker.spawn.lock`` holds "pid timestamp" of the spawning client so that two clients starting
-at once give one broker; a lock left by a dead process (or older than a minute) is recovered.
+at once give one broker; a lock left by a dead process, older than a minute, dated in the
+future or not this user's is stale: removed, or, where the sticky group dir keeps another
+member's file, passed by (the broker's own pid lock still lets only one broker run).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import contextlib
 import errno
 import os
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -18,9 +21,11 @@ from pathlib import Path
 from crossintercom.config import ENV_GROUP, ENV_HOME, ENV_HOST_ID, Settings
 from crossintercom.errors import BrokerUnavailable
 from crossintercom.local_broker.logcap import LOG_CAP_BYTES, trim_fd
-from crossintercom.runtime import ensure_runtime_dir, modes, secure_file
+from crossintercom.runtime import ensure_runtime_dir, group_gid, modes, open_file, secure_file
 
 _STALE_LOCK_S = 60.0
+# A lock dated further ahead than this was not written by a spawn on this clock.
+_CLOCK_SLACK_S = 5.0
 
 
 def can_connect(path: Path) -> bool:
@@ -51,7 +56,7 @@ def _pid_alive(pid: int) -> bool:
 
 def _try_lock(path: Path, file_mode: int) -> bool:
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, file_mode)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, file_mode)
     except FileExistsError:
         return False
     try:
@@ -65,14 +70,26 @@ def _try_lock(path: Path, file_mode: int) -> bool:
 
 
 def _lock_is_stale(path: Path) -> bool:
+    """A lock no live spawn of this user's holds: its pid dead, its time past the minute or in
+    the future, or the file not a regular file of this user's (a member planted it)."""
     try:
-        pid_s, ts_s = path.read_text().split()
-        pid, ts = int(pid_s), float(ts_s)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         return False
+    except OSError:
+        return True  # a symlink, or unreadable
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+            return True
+        pid_s, ts_s = os.read(fd, 64).decode().split()
+        pid, ts = int(pid_s), float(ts_s)
     except (OSError, ValueError):
-        return True  # unreadable or half-written by a process that died mid-write
-    return not _pid_alive(pid) or time.time() - ts > _STALE_LOCK_S
+        return True  # half-written by a process that died mid-write
+    finally:
+        os.close(fd)
+    age = time.time() - ts
+    return not _pid_alive(pid) or age > _STALE_LOCK_S or age < -_CLOCK_SLACK_S
 
 
 def ensure_broker(settings: Settings, timeout: float = 15.0) -> None:
@@ -105,8 +122,15 @@ def _ensure_broker(settings: Settings, sock: Path, timeout: float) -> None:
                 with contextlib.suppress(FileNotFoundError):
                     lock.unlink()
         if _lock_is_stale(lock):
-            with contextlib.suppress(FileNotFoundError):
+            try:
                 lock.unlink()
+            except FileNotFoundError:
+                pass
+            except PermissionError:
+                # Another member's file in the sticky group dir: ours to pass by, not remove.
+                if not can_connect(sock):
+                    _spawn_and_wait(settings, deadline)
+                return
             continue
         if can_connect(sock):
             return
@@ -123,7 +147,9 @@ def _spawn_and_wait(settings: Settings, deadline: float) -> None:
         env[ENV_GROUP] = settings.group
     # Appended to, not truncated, at each spawn: the lines of an earlier failed start are what
     # an operator needs. Trimmed to its cap here as the broker trims it while it runs.
-    fd = os.open(log_path, os.O_RDWR | os.O_CREAT | os.O_APPEND, modes(settings)[1])
+    fd = open_file(
+        log_path, os.O_RDWR | os.O_CREAT | os.O_APPEND, modes(settings)[1], gid=group_gid(settings)
+    )
     secure_file(settings, log_path)
     trim_fd(fd, LOG_CAP_BYTES, LOG_CAP_BYTES // 4)
     os.write(fd, f"--- spawn by pid {os.getpid()} at {time.strftime('%FT%T%z')}\n".encode())

@@ -13,14 +13,15 @@
 from __future__ import annotations
 
 import hmac
-import os
 import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from crossintercom.runtime import WEB_TOKEN_FILE, replace_file
+
 COOKIE = "ci_token"
 CSRF_HEADER = "x-csrf-token"
-TOKEN_FILE = "web.token"
+TOKEN_FILE = WEB_TOKEN_FILE
 
 
 @dataclass(frozen=True)
@@ -59,11 +60,9 @@ def _loopback(host: str) -> bool:
 
 
 def write_token_file(directory: Path, token: str) -> Path:
-    """``web.token`` in the runtime dir, readable by its owner only, replaced atomically."""
+    """``web.token`` in the runtime dir, readable by its owner only (also in a group runtime
+    dir, whose re-moding leaves it so), replaced atomically through a temporary file no one
+    else can have placed or opened (runtime.replace_file)."""
     path = directory / TOKEN_FILE
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(token + "\n")
-    os.replace(tmp, path)
+    replace_file(path, (token + "\n").encode(), 0o600)
     return path

@@ -383,5 +383,6 @@ def test_group_modes(runtime_home: Path) -> None:
     for path in all_entries(home):
         st = path.lstat()
         mode = stat.S_IMODE(st.st_mode)
-        assert mode == (0o770 if stat.S_ISDIR(st.st_mode) else 0o660), (path, oct(mode))
+        # sticky directories: no member renames or deletes another's files
+        assert mode == (0o1770 if stat.S_ISDIR(st.st_mode) else 0o660), (path, oct(mode))
         assert st.st_gid == gid, path

@@ -1,0 +1,155 @@
+"""A member of a group runtime dir (CROSSINTERCOM_GROUP) attacks the other members' processes
+through it, as a second Unix user in the group would: symlinks where the broker's files go,
+a planted temporary token file, a spawn lock from the future. None of it makes a process open
+another file, publish a secret or stall (docs/operations.md, "Files in the runtime dir")."""
+
+from __future__ import annotations
+
+import grp
+import os
+import sqlite3
+import stat
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from crossintercom.config import Settings
+from crossintercom.errors import RuntimeDirError
+from crossintercom.runtime import ensure_runtime_dir, machine_identity, secure_tree
+from crossintercom.storage import migrate
+from crossintercom.tools.harness import RELAY
+from crossintercom.web.auth import write_token_file
+from tests.conftest import make_env, run_cli, settings_for
+from tests.unixuser import SHARED_GROUP, as_nobody, need_root, python_as_nobody
+
+SECRET = "root-only secret 0123456789\n"
+
+
+@dataclass
+class Shared:
+    home: Path
+    env: dict[str, str]
+    settings: Settings
+    gid: int
+    secret: Path  # a file only root may read, outside the runtime dir
+
+    def member(self, *argv: str) -> subprocess.CompletedProcess[str]:
+        """``argv`` run by another member of the runtime group."""
+        done = as_nobody(*argv, groups=(self.gid,))
+        assert done.returncode == 0, done
+        return done
+
+    def secret_intact(self) -> bool:
+        return self.secret.read_text() == SECRET
+
+
+@pytest.fixture
+def shared(runtime_home: Path) -> Iterator[Shared]:
+    need_root()
+    runtime_home.chmod(0o755)  # the group's members can reach the runtime dir inside
+    vault = runtime_home / "vault"
+    vault.mkdir(mode=0o700)
+    secret = vault / "secret"
+    secret.write_text(SECRET)
+    secret.chmod(0o600)
+    home = runtime_home / "shared"
+    env = make_env(home, CROSSINTERCOM_GROUP=SHARED_GROUP)
+    settings = settings_for(env)
+    ensure_runtime_dir(settings)
+    yield Shared(home, env, settings, grp.getgrnam(SHARED_GROUP).gr_gid, secret)
+
+
+def test_group_dir_is_sticky_so_members_cannot_replace_each_others_files(
+    shared: Shared,
+) -> None:
+    assert stat.S_IMODE(shared.home.stat().st_mode) == 0o1770
+    assert stat.S_IMODE(shared.settings.inbox_dir.stat().st_mode) == 0o1770
+    owned = shared.home / "broker.log"
+    owned.write_text("the owner's\n")
+    owned.chmod(0o660)
+    os.chown(owned, -1, shared.gid)
+    renamed = python_as_nobody(
+        "import os, sys; os.rename(sys.argv[1], sys.argv[1] + '.x')",
+        str(owned),
+        groups=(shared.gid,),
+    )
+    assert renamed.returncode != 0 and "Operation not permitted" in renamed.stderr, renamed
+
+
+@pytest.mark.parametrize("name", ["broker.log", "broker.pid"])
+def test_symlinked_broker_file_is_refused_not_followed(shared: Shared, name: str) -> None:
+    shared.member("ln", "-s", str(shared.secret), str(shared.home / name))
+    out = run_cli(shared.env, "list", "--json", timeout=60)
+    assert out.returncode != 0
+    assert shared.secret_intact(), "a root-only file was written through the symlink"
+    # the refusal is named where the person starting it looks
+    said = out.stdout + out.stderr
+    if name == "broker.pid":
+        said += (shared.home / "broker.log").read_text()
+    assert f"refusing to open {shared.home / name}: it is a symlink" in said, said
+
+
+def test_symlinked_machine_id_is_refused_never_published(shared: Shared) -> None:
+    store = shared.home.parent / "store.sqlite"
+    migrate.upgrade(f"sqlite:///{store}")
+    shared.member("ln", "-s", str(shared.secret), str(shared.home / "machine.id"))
+    with pytest.raises(RuntimeDirError, match="it is a symlink"):
+        machine_identity(shared.settings)
+    env = {**shared.env, "CROSSINTERCOM_STORE": f"sqlite:///{store}"}
+    relay = subprocess.run(RELAY, check=False, env=env, capture_output=True, text=True, timeout=60)
+    assert relay.returncode != 0
+    assert "machine.id: it is a symlink" in relay.stderr, relay.stderr
+    db = sqlite3.connect(store)
+    try:
+        published = db.execute("SELECT machine FROM hosts").fetchall()
+    finally:
+        db.close()
+    assert not any(SECRET.strip() in (m or "") for (m,) in published)
+
+
+def test_machine_id_of_the_wrong_shape_is_refused(shared: Shared) -> None:
+    path = shared.home / "machine.id"
+    for bad in ("a secret the member wrote", "x" * 600, "host/0123456789ab\x1b[2J"):
+        path.write_text(bad)
+        with pytest.raises(RuntimeDirError, match="does not hold a machine identity"):
+            machine_identity(shared.settings)
+    path.unlink()
+    made = machine_identity(shared.settings)
+    assert machine_identity(shared.settings) == made
+    assert stat.S_IMODE(path.stat().st_mode) == 0o660
+
+
+def test_planted_token_tmp_does_not_take_the_token(shared: Shared) -> None:
+    planted = shared.home / "web.token.tmp"
+    shared.member("sh", "-c", f"umask 0; : > {planted}")
+    token = "tok-" + os.urandom(8).hex()
+    path = write_token_file(shared.home, token)
+    assert planted.read_text() == "", "the token went into the member's file"
+    assert path.read_text().strip() == token
+    # 0600, also after the broker's start-up re-modes the tree
+    secure_tree(shared.settings)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    read = python_as_nobody(
+        "import sys; print(open(sys.argv[1]).read())", str(path), groups=(shared.gid,)
+    )
+    assert read.returncode != 0 and "Permission denied" in read.stderr
+
+
+@pytest.mark.parametrize("owner", ["member", "self"])
+def test_spawn_lock_from_the_future_is_stale(shared: Shared, owner: str) -> None:
+    lock = shared.home / "broker.spawn.lock"
+    # pid 1 is alive; an hour ahead: no spawn on this clock wrote it
+    content = f"1 {time.time() + 3600:.3f}"
+    if owner == "member":
+        shared.member("sh", "-c", f"umask 0; echo '{content}' > {lock}")
+    else:
+        lock.write_text(content + "\n")
+    started = time.monotonic()
+    out = run_cli(shared.env, "list", "--json", timeout=60)
+    took = time.monotonic() - started
+    assert out.returncode == 0, out.stderr
+    assert took < 10, f"the client waited {took:.1f} s behind the planted lock"
