@@ -31,7 +31,7 @@ from crossintercom.models import (
     Message,
     Receipt,
 )
-from crossintercom.runtime import modes
+from crossintercom.runtime import modes, refuse_planted
 
 log = logging.getLogger(__name__)
 
@@ -160,6 +160,7 @@ class Inbox:
             return
         directory.mkdir(parents=True, exist_ok=True)
         fresh = not self.path.exists()
+        refuse_planted(self.path, directory.stat().st_gid if file_mode & 0o060 else None)
         self._db = sqlite3.connect(self.path, timeout=30.0, isolation_level=None)
         if fresh:
             self.path.chmod(file_mode)

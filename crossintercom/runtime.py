@@ -161,6 +161,28 @@ def open_file(path: Path, flags: int, mode: int = 0o600, *, gid: int | None = No
     return fd
 
 
+SQLITE_SIDE_FILES = ("-journal", "-wal", "-shm")
+
+
+def refuse_planted(path: Path, gid: int | None) -> None:
+    """Before SQLite opens ``path`` (which it does following symlinks): the file and its
+    journal files, where they exist, must pass ``open_file``'s checks. In a sticky group dir no
+    member can replace them once they are ours; a name not yet taken could hold a link."""
+    for candidate in (path, *(Path(f"{path}{s}") for s in SQLITE_SIDE_FILES)):
+        try:
+            st = candidate.lstat()
+        except FileNotFoundError:
+            continue
+        if stat.S_ISLNK(st.st_mode):
+            raise _refused(candidate, "it is a symlink")
+        if not stat.S_ISREG(st.st_mode):
+            raise _refused(candidate, "it is not a regular file")
+        if st.st_nlink != 1:
+            raise _refused(candidate, "it is a hard link to another file")
+        if st.st_uid != os.geteuid() and (gid is None or st.st_gid != gid):
+            raise _refused(candidate, f"it belongs to uid {st.st_uid}")
+
+
 def _refused(path: Path, why: str) -> RuntimeDirError:
     return RuntimeDirError(
         f"refusing to open {path}: {why} (planted in the runtime dir?); remove it",

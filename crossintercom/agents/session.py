@@ -33,7 +33,14 @@ from crossintercom.config import Settings
 from crossintercom.errors import Code, CrossintercomError, RemoteError
 from crossintercom.inbox import Entry, Inbox
 from crossintercom.models import Message, WakePolicy
-from crossintercom.runtime import apply_mode, ensure_runtime_dir, modes, secure_file
+from crossintercom.runtime import (
+    apply_mode,
+    ensure_runtime_dir,
+    group_gid,
+    modes,
+    open_file,
+    secure_file,
+)
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +68,7 @@ def agents_dir(settings: Settings) -> Path:
 
 @contextlib.contextmanager
 def _flock(path: Path, settings: Settings, *, blocking: bool) -> Iterator[None]:
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, modes(settings)[1])
+    fd = open_file(path, os.O_RDWR | os.O_CREAT, modes(settings)[1], gid=group_gid(settings))
     secure_file(settings, path)
     try:
         flags = fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB)

@@ -21,7 +21,7 @@ from crossintercom.agents.session import AgentSession, Busy, agents_dir, unseen
 from crossintercom.client import Identity
 from crossintercom.config import Settings
 from crossintercom.inbox import Entry
-from crossintercom.runtime import modes, secure_file
+from crossintercom.runtime import group_gid, modes, open_file, secure_file
 
 # A burst (several messages within moments) is handed over as one wake, but never held longer
 # than this after the first message arrived.
@@ -47,7 +47,7 @@ def waiter_lock(settings: Settings, session_id: str, *, replace: bool) -> Iterat
     take over from one started at an earlier Stop (docs/agents.md#wait).
     """
     path = agents_dir(settings) / f"{session_id}.wait.lock"
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, modes(settings)[1])
+    fd = open_file(path, os.O_RDWR | os.O_CREAT, modes(settings)[1], gid=group_gid(settings))
     secure_file(settings, path)
     try:
         deadline = time.monotonic() + REPLACE_WAIT_S
