@@ -148,17 +148,23 @@ def open_file(path: Path, flags: int, mode: int = 0o600, *, gid: int | None = No
             raise _refused(path, "it is a symlink") from None
         raise
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise _refused(path, "it is not a regular file")
-        if st.st_nlink != 1:
-            raise _refused(path, "it is a hard link to another file")
-        if st.st_uid != os.geteuid() and (gid is None or st.st_gid != gid):
-            raise _refused(path, f"it belongs to uid {st.st_uid}")
+        _check_plain(path, os.fstat(fd), gid)
     except BaseException:
         os.close(fd)
         raise
     return fd
+
+
+def _check_plain(path: Path, st: os.stat_result, gid: int | None) -> None:
+    """Refuse what is not a plain file of this user's (or of the runtime group)."""
+    if stat.S_ISLNK(st.st_mode):
+        raise _refused(path, "it is a symlink")
+    if not stat.S_ISREG(st.st_mode):
+        raise _refused(path, "it is not a regular file")
+    if st.st_nlink != 1:
+        raise _refused(path, "it is a hard link to another file")
+    if st.st_uid != os.geteuid() and (gid is None or st.st_gid != gid):
+        raise _refused(path, f"it belongs to uid {st.st_uid}")
 
 
 SQLITE_SIDE_FILES = ("-journal", "-wal", "-shm")
@@ -173,14 +179,7 @@ def refuse_planted(path: Path, gid: int | None) -> None:
             st = candidate.lstat()
         except FileNotFoundError:
             continue
-        if stat.S_ISLNK(st.st_mode):
-            raise _refused(candidate, "it is a symlink")
-        if not stat.S_ISREG(st.st_mode):
-            raise _refused(candidate, "it is not a regular file")
-        if st.st_nlink != 1:
-            raise _refused(candidate, "it is a hard link to another file")
-        if st.st_uid != os.geteuid() and (gid is None or st.st_gid != gid):
-            raise _refused(candidate, f"it belongs to uid {st.st_uid}")
+        _check_plain(candidate, st, gid)
 
 
 def _refused(path: Path, why: str) -> RuntimeDirError:
