@@ -37,7 +37,7 @@ from typing import Any, NamedTuple
 from urllib.parse import quote
 
 from crossintercom.errors import AuthorityError
-from crossintercom.runtime import bound_wal
+from crossintercom.runtime import bound_wal, refuse_planted
 
 # Logs under the authority's name: operators see one component, not how its code is laid out.
 log = logging.getLogger("crossintercom.local_broker.authority")
@@ -257,6 +257,7 @@ def _open_db(
     clock: Callable[[], float],
 ) -> tuple[sqlite3.Connection, list[StoredRecord]]:
     st = _check_owned_regular(path)
+    refuse_planted(path, None)  # and its -wal / -shm: SQLite would follow a planted link
     perms = stat.S_IMODE(st.st_mode)
     if perms & ~mode:
         # Holds no secrets (only keyed digests), so tightening is enough.
