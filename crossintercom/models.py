@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import re
 import uuid
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Annotated, Any, Final, Literal, Self
@@ -104,6 +105,25 @@ def valid_name(name: str) -> bool:
 def durable_session_id(host_id: str, name: str) -> str:
     """The id `--as NAME` stands for: the same name on the same host is the same mailbox."""
     return str(uuid.uuid5(SESSION_NAMESPACE, f"{host_id}\x00{name}"))
+
+
+def rightful_claims(
+    sessions: Sequence[SessionInfo],
+) -> tuple[list[SessionInfo], list[SessionInfo]]:
+    """Roster rows as (kept, dropped): a durable row whose id is not the one its host and name
+    derive is dropped, and so is every claim of an id that two hosts claim (never the first or
+    the last: order decides nothing). docs/operations.md, "Trust model"."""
+    rows = [
+        s
+        for s in sessions
+        if not s.durable or (s.name is not None and s.id == durable_session_id(s.host, s.name))
+    ]
+    owners: dict[str, set[str]] = {}
+    for s in rows:
+        owners.setdefault(s.id, set()).add(s.host)
+    kept = [s for s in rows if len(owners[s.id]) == 1]
+    ok = {id(s) for s in kept}
+    return kept, [s for s in sessions if id(s) not in ok]
 
 
 def new_id() -> str:

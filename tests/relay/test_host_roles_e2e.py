@@ -9,11 +9,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from psycopg import sql
 from sqlalchemy.engine import make_url
 
 from crossintercom.config import ENV_STORE
 from crossintercom.storage.roles import grant_host
+from tests.hostroles import drop_host_roles
 from tests.pgharness import PgServer
 from tests.relay.conftest import Cluster
 
@@ -29,14 +29,12 @@ def granted(pg_server: PgServer, pg_url: str) -> Iterator[dict[str, str]]:
     roles = []
     for name in ("A", "B"):
         host = f"{name}{suffix}"
-        role = grant_host(pg_url, host, PASSWORD)
+        role, _ = grant_host(pg_url, host, PASSWORD)
         roles.append(role)
         url = make_url(pg_url).set(username=role, password=PASSWORD)
         urls[host] = url.render_as_string(hide_password=False)
     yield urls
-    with pg_server.admin() as admin:
-        for role in roles:
-            admin.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(role)))
+    drop_host_roles(pg_server, roles, pg_url)
 
 
 def test_relays_as_host_roles(pg_url: str, granted: dict[str, str]) -> None:
