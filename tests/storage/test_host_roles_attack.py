@@ -6,6 +6,7 @@ attack is refused, confined to the attacker's own rows, or named."""
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -325,6 +326,8 @@ def test_a_role_of_one_store_reaches_nothing_of_another(
         role2 = next(w for w in proc.stdout.split() if w.startswith("ci_"))
         roles.append(role2)
         assert role2 != a.role and "only the host roles may connect" in proc.stdout
+        proc = run_python("-m", "crossintercom", "db", "upgrade", "--store", other_url)
+        assert "only the host roles may connect" in proc.stdout, proc.stdout + proc.stderr
         with pytest.raises(psycopg.OperationalError, match="permission denied for database"):
             psycopg.connect(_as_role(other_url, a.role).replace("+psycopg", "")).close()
     finally:
@@ -378,3 +381,53 @@ def test_upgrade_drops_claims_it_cannot_keep(pg_empty_url: str) -> None:
     with psycopg.connect(libpq) as conn:
         left = conn.execute("SELECT host_id, session_id FROM roster ORDER BY 2").fetchall()
     assert left == [("A", durable_session_id("A", "w")), ("B", "solo")]
+
+
+def test_upgrading_a_live_store_keeps_its_host_roles_working(
+    pg_server: PgServer, pg_empty_url: str
+) -> None:
+    """Roles granted before migration 0007 keep their traffic flowing through the upgrade:
+    statements wait for its short transaction, then run under the new rules."""
+    upgrade(pg_empty_url, "0006")
+    role, _ = grant_host(pg_empty_url, "live", PASSWORD)
+    url = _as_role(pg_empty_url, role)
+    libpq = url.replace("+psycopg", "")
+    errors: list[BaseException] = []
+    beats = [0]
+    stop = threading.Event()
+
+    def traffic() -> None:
+        try:
+            with psycopg.connect(libpq, autocommit=True) as conn:
+                conn.execute("INSERT INTO hosts (host_id, generation, heartbeat) VALUES "
+                             "('live', 1, 0)")  # fmt: skip
+                while not stop.is_set():
+                    conn.execute("UPDATE hosts SET heartbeat = heartbeat + 1")
+                    conn.execute("SELECT count(*) FROM roster").fetchone()
+                    beats[0] += 1
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    worker = threading.Thread(target=traffic, daemon=True)
+    worker.start()
+    try:
+        deadline = time.monotonic() + 30
+        while beats[0] < 5 and time.monotonic() < deadline and not errors:
+            time.sleep(0.05)
+        upgrade(pg_empty_url)
+        before = beats[0]
+        while beats[0] < before + 5 and time.monotonic() < deadline + 30 and not errors:
+            time.sleep(0.05)
+    finally:
+        stop.set()
+        worker.join(30)
+    try:
+        assert errors == [] and beats[0] >= before + 5
+        store = open_store(url)
+        try:
+            gen = store.claim_host("live")
+            assert store.publish_sessions("live", gen, [SessionInfo(id="l1", host="live")])
+        finally:
+            store.close()
+    finally:
+        drop_host_roles(pg_server, [role], pg_empty_url)

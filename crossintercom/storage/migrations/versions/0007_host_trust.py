@@ -9,8 +9,9 @@ id, receipts only from a recipient's host, no reach into another store
   "Trust model"): ``hosts`` generation, heartbeat, machine, roster_rev; ``deliveries`` state,
   reason, finished_at; nothing of ``roster``, ``messages`` or ``receipts``.
 - A session id belongs to one host: a unique index on ``roster.session_id`` (both dialects);
-  durable rows that do not derive from their host and name, and ids claimed twice, are dropped
-  first (never by order: every claim of a doubled id goes, and the relays publish again).
+  rows whose id has a durable id's shape (a version 5 UUID) but does not derive from their host
+  and name, and ids claimed twice, are dropped first (never by order: every claim of a doubled
+  id goes; models.rightful_claims is the same rule for receivers).
 - A receipt is written by its recipient's host only for a delivery to it of that message, or by
   the sender's host about its own message; outcomes and codes come from the known lists.
 - Every policy needs the role mapped in this store's ``host_roles``: a role of another store
@@ -166,19 +167,27 @@ POLICIES: tuple[tuple[str, str, str, str | None, str | None], ...] = (
 )
 
 
+def _derived_shape(session_id: str) -> bool:
+    try:
+        return uuid.UUID(session_id).version == 5
+    except ValueError:
+        return False
+
+
 def _durable_id(host_id: str, name: str) -> str:
     return str(uuid.uuid5(SESSION_NAMESPACE, f"{host_id}\x00{name}"))
 
 
 def _one_owner_per_session() -> None:
-    """Drop the roster rows the unique index would refuse: durable rows whose id is not their
-    host's and name's, then every row of an id still claimed by two hosts."""
+    """Drop the roster rows no receiver would keep (models.rightful_claims): rows with a
+    durable id's shape that is not their host's and name's, then every row of an id still
+    claimed by two hosts."""
     conn = op.get_bind()
     rows = conn.exec_driver_sql("SELECT host_id, session_id, name, durable FROM roster").all()
     bad = [
         (h, s)
-        for h, s, name, durable in rows
-        if durable and (name is None or s != _durable_id(h, name))
+        for h, s, name, _durable in rows
+        if _derived_shape(s) and (name is None or s != _durable_id(h, name))
     ]
     owners: dict[str, set[str]] = {}
     for h, s, *_ in rows:
