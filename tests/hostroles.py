@@ -24,3 +24,8 @@ def drop_host_roles(server: PgServer, roles: Iterable[str], store_url: str) -> N
                 )
             )
             admin.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+
+
+def role_url(store_url: str, role: str, password: str) -> str:
+    """``store_url`` connecting as ``role``."""
+    return make_url(store_url).set(username=role, password=password).render_as_string(False)
