@@ -6,6 +6,7 @@ attack is refused, confined to the attacker's own rows, or named."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import Iterator
@@ -351,3 +352,51 @@ def test_locks_that_stall_every_host_are_named(hosts: dict[str, Host]) -> None:
         attacker.execute("SELECT pg_advisory_lock(%s)", (q.PG_MIGRATION_LOCK_KEY,))
         [held] = [s for s in b.store.stuck_transactions(5.0) if s.pid == pid]
         assert held.tables == (MIGRATION_LOCK,) and held.user == a.role
+
+
+def test_every_operation_of_a_relay_runs_under_its_host_role(
+    hosts: dict[str, Host], pg_url: str
+) -> None:
+    """The column rights and policies leave every statement a relay runs working: the blocking
+    store's and the async hot path's."""
+    a, b = hosts["A"], hosts["B"]
+    s = a.store
+    gen = s.claim_host(a.host, machine="m-a")
+    assert s.host_claim(a.host) == ("m-a", 0)
+    assert s.heartbeat(a.host, gen) and s.beat(a.host, gen, ["sa"]) is not None
+    assert s.publish_sessions(a.host, gen, [SessionInfo(id="sa", host=a.host)])
+    assert s.get_message("to-a") is not None and s.settings().retention_s > 0
+    [row] = s.fetch_inbound(a.host, gen)
+    assert s.forget_session(a.host, gen, "sa") == 1  # expires it, a receipt for B
+    s.enqueue([item("a-to-b", a.host, b.host, "sb", "as")], generation=gen)
+    s.enqueue([item("a-to-b2", a.host, b.host, "sb", "as")], generation=gen)
+    b.store.enqueue([item("to-a2", b.host, a.host, "sa2", "bs")], generation=b.gen)
+    with psycopg.connect(pg_url.replace("+psycopg", ""), autocommit=True) as admin:
+        admin.execute("UPDATE deliveries SET expires_at = now() - interval '1 day' "
+                      "WHERE message_id IN ('a-to-b2', 'to-a2')")  # fmt: skip
+    assert s.expire() == 2  # one it sent, one sent to it
+    assert s.stuck_transactions(5.0) == []
+
+    async def hot() -> None:
+        path = s.hot_path()
+        try:
+            [done] = await path.enqueue(
+                [item("a-to-b3", a.host, b.host, "sb", "as")], generation=gen
+            )
+            assert done.inserted
+            b.store.enqueue([item("to-a3", b.host, a.host, "sa3", "bs")], generation=b.gen)
+            rows = await path.fetch_inbound(a.host, gen)
+            assert [r.message_id for r in rows] == ["to-a3"]
+            assert await path.ack(a.host, gen, [Ack("to-a3", "sa3", "delivered")]) == 1
+            late = LateReceipt("to-a3", "sa3", b.host, "bs", "shown")
+            assert await path.add_receipts(a.host, gen, [late]) == 1
+            got = await path.receipts(a.host, gen)
+            assert {r.message_id for r in got} >= {"a-to-b2"}
+            await path.consume_receipts(a.host, gen, [r.id for r in got])
+            assert await path.stuck_transactions(5.0) == []
+        finally:
+            await path.aclose()
+
+    asyncio.run(hot())
+    assert s.purge(older_than_s=0) >= 1
+    assert row.message_id == "to-a"
