@@ -1,13 +1,17 @@
-"""Migration 0007 on a store that already has data and live host roles: the roster claims no
-receiver would keep go, and roles granted before keep their traffic flowing through it."""
+"""Setting up per-host roles on a store that already has data and live host roles: migration
+0007 drops the roster claims no receiver would keep, roles granted before keep their traffic
+flowing through it, and an admin that does not own the database is told what is left to do."""
 
 from __future__ import annotations
 
 import threading
 import time
+import uuid
 
 import psycopg
 import pytest
+from psycopg import sql
+from sqlalchemy.engine import make_url
 
 from crossintercom.models import SessionInfo, durable_session_id
 from crossintercom.storage import open_store
@@ -97,3 +101,28 @@ def test_upgrading_a_live_store_keeps_its_host_roles_working(
             store.close()
     finally:
         drop_host_roles(pg_server, [role], pg_empty_url)
+
+
+def test_grant_host_by_a_role_that_does_not_own_the_database_says_what_is_left(
+    pg_server: PgServer, pg_url: str
+) -> None:
+    """An admin that may create roles and map them, but does not own the database, cannot take
+    CONNECT and TEMPORARY from PUBLIC: it says so, naming the statements for the owner."""
+    admin = f"ci_test_admin_{uuid.uuid4().hex[:8]}"
+    database = make_url(pg_url).database or ""
+    made: list[str] = []
+    with pg_server.admin() as conn:
+        conn.execute(sql.SQL("CREATE ROLE {} LOGIN CREATEROLE").format(sql.Identifier(admin)))
+    try:
+        with psycopg.connect(pg_url.replace("+psycopg", ""), autocommit=True) as conn:
+            conn.execute(sql.SQL("GRANT ALL ON host_roles TO {}").format(sql.Identifier(admin)))
+        role, line = grant_host(role_url(pg_url, admin, PASSWORD), "not-owned", PASSWORD)
+        made.append(role)
+        assert "does not own the database" in line and "REVOKE TEMPORARY, CONNECT" in line
+        assert f"GRANT CONNECT ON DATABASE {database} TO {role}" in line
+    finally:
+        drop_host_roles(pg_server, made, pg_url)
+        with psycopg.connect(pg_url.replace("+psycopg", ""), autocommit=True) as conn:
+            conn.execute(sql.SQL("REVOKE ALL ON host_roles FROM {}").format(sql.Identifier(admin)))
+        with pg_server.admin() as conn:
+            conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(admin)))
