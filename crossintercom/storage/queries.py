@@ -718,7 +718,7 @@ PG_OWNS_DATABASE: TextClause = text(
        FROM pg_database AS d WHERE d.datname = current_database()"""
 )
 # No temporary objects and no connection for roles the admin did not name (docs/operations.md,
-# "Setting up per-host roles"); each host role gets CONNECT of its own.
+# "Per-host roles on PostgreSQL"); each host role gets CONNECT of its own.
 PG_LOCK_DATABASE: TextClause = text(
     "SELECT format('REVOKE TEMPORARY, CONNECT ON DATABASE %I FROM PUBLIC', current_database())"
 )

@@ -4,7 +4,7 @@ An admin (the role that owns the tables and runs the migrations) gives each host
 own; row-level security (migrations 0004, 0007) then limits that role to its host's rows in
 this store. The role's name is derived from the store's database and the host id: running the
 command again updates the same role, and the same host id in a second store on the same server
-gets a second role (and password). docs/operations.md, "Setting up per-host roles".
+gets a second role (and password). docs/operations.md, "Per-host roles on PostgreSQL".
 """
 
 from __future__ import annotations
