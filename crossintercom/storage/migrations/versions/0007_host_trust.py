@@ -15,7 +15,7 @@ id, receipts only from a recipient's host, no reach into another store
 - A receipt is written by its recipient's host only for a delivery to it of that message, or by
   the sender's host about its own message; outcomes and codes come from the known lists.
 - Every policy needs the role mapped in this store's ``host_roles``: a role of another store
-  on the same server reads nothing here, not even the roster.
+  on the same server reads no row here, not even the roster's.
 - ``crossintercom_private_hints()``: true once any host role exists; wake-ups then carry no
   rows (queries._PG_RECEIPT_HINTS).
 
