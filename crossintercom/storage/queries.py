@@ -722,6 +722,10 @@ PG_OWNS_DATABASE: TextClause = text(
 PG_LOCK_DATABASE: TextClause = text(
     "SELECT format('REVOKE TEMPORARY, CONNECT ON DATABASE %I FROM PUBLIC', current_database())"
 )
+# The host roles of this store that exist (each keeps CONNECT when PUBLIC loses it).
+PG_MAPPED_ROLES: TextClause = text(
+    "SELECT r.role_name FROM host_roles AS r JOIN pg_roles AS p ON p.rolname = r.role_name"
+)
 PG_GRANT_CONNECT: TextClause = text(
     "SELECT format('GRANT CONNECT ON DATABASE %I TO %I', current_database(), CAST(:role AS text))"
 )

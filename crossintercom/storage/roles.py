@@ -47,9 +47,11 @@ def _lock(conn: Connection, role: str | None) -> str:
     database = conn.execute(q.PG_CURRENT_DATABASE).scalar_one()
     if not conn.execute(q.PG_OWNS_DATABASE).scalar():
         return _not_owner(database, role)
+    # Every mapped role keeps its way in (roles granted before this step existed too).
+    mapped = set(conn.execute(q.PG_MAPPED_ROLES).scalars())
+    for name in sorted(mapped | ({role} if role is not None else set())):
+        conn.exec_driver_sql(conn.execute(q.PG_GRANT_CONNECT, {"role": name}).scalar_one())
     conn.exec_driver_sql(conn.execute(q.PG_LOCK_DATABASE).scalar_one())
-    if role is not None:
-        conn.exec_driver_sql(conn.execute(q.PG_GRANT_CONNECT, {"role": role}).scalar_one())
     return f"database {database!r}: {LOCKED}"
 
 

@@ -16,7 +16,7 @@ from sqlalchemy.engine import make_url
 from crossintercom.models import SessionInfo, durable_session_id
 from crossintercom.storage import open_store
 from crossintercom.storage.migrate import upgrade
-from crossintercom.storage.roles import grant_host
+from crossintercom.storage.roles import grant_host, lock_database
 from tests.hostroles import drop_host_roles, role_url
 from tests.pgharness import PgServer
 
@@ -60,6 +60,12 @@ def test_upgrading_a_live_store_keeps_its_host_roles_working(
     statements wait for its short transaction, then run under the new rules."""
     upgrade(pg_empty_url, "0006")
     role, _ = grant_host(pg_empty_url, "live", PASSWORD)
+    # as a role granted before this version: no CONNECT of its own, PUBLIC's instead
+    database = make_url(pg_empty_url).database or ""
+    with pg_server.admin() as admin:
+        for stmt in ("GRANT CONNECT, TEMPORARY ON DATABASE {} TO PUBLIC",
+                     "REVOKE CONNECT ON DATABASE {} FROM " + role):  # fmt: skip
+            admin.execute(sql.SQL(stmt).format(sql.Identifier(database)))
     url = role_url(pg_empty_url, role, PASSWORD)
     libpq = url.replace("+psycopg", "")
     errors: list[BaseException] = []
@@ -85,6 +91,7 @@ def test_upgrading_a_live_store_keeps_its_host_roles_working(
         while beats[0] < 5 and time.monotonic() < deadline and not errors:
             time.sleep(0.05)
         upgrade(pg_empty_url)
+        assert lock_database(pg_empty_url) is not None  # what `db upgrade` does next
         before = beats[0]
         while beats[0] < before + 5 and time.monotonic() < deadline + 30 and not errors:
             time.sleep(0.05)
@@ -93,7 +100,7 @@ def test_upgrading_a_live_store_keeps_its_host_roles_working(
         worker.join(30)
     try:
         assert errors == [] and beats[0] >= before + 5
-        store = open_store(url)
+        store = open_store(url)  # a new connection: the role kept CONNECT
         try:
             gen = store.claim_host("live")
             assert store.publish_sessions("live", gen, [SessionInfo(id="l1", host="live")])
