@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import re
 import uuid
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Annotated, Any, Final, Literal, Self
@@ -104,6 +105,37 @@ def valid_name(name: str) -> bool:
 def durable_session_id(host_id: str, name: str) -> str:
     """The id `--as NAME` stands for: the same name on the same host is the same mailbox."""
     return str(uuid.uuid5(SESSION_NAMESPACE, f"{host_id}\x00{name}"))
+
+
+def _derived_shape(session_id: str) -> bool:
+    """Whether ``session_id`` reads as a name-based (version 5) UUID, the shape of a durable
+    id: such an id is only ever its own host's to claim."""
+    try:
+        return uuid.UUID(session_id).version == 5
+    except ValueError:
+        return False
+
+
+def rightful_claims(
+    sessions: Sequence[SessionInfo],
+) -> tuple[list[SessionInfo], list[SessionInfo]]:
+    """Roster rows as (kept, dropped): a row whose id has the shape of a durable id but is not
+    the one its host and name derive is dropped (durable or not: mail by id would go to it),
+    and so is every claim of an id two hosts claim (never the first or the last: order decides
+    nothing). An explicit ``--session-id`` of another shape is its first claimer's (the store's
+    unique index). docs/operations.md, "Trust model"."""
+    rows = [
+        s
+        for s in sessions
+        if not _derived_shape(s.id)
+        or (s.name is not None and s.id == durable_session_id(s.host, s.name))
+    ]
+    owners: dict[str, set[str]] = {}
+    for s in rows:
+        owners.setdefault(s.id, set()).add(s.host)
+    kept = [s for s in rows if len(owners[s.id]) == 1]
+    ok = {id(s) for s in kept}
+    return kept, [s for s in sessions if id(s) not in ok]
 
 
 def new_id() -> str:

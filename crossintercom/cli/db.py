@@ -46,12 +46,15 @@ def db() -> None:
 @password_file_option
 def upgrade(store_url: str | None, password_file: str | None) -> None:
     """Create or upgrade the store's schema to this version (Alembic head)."""
-    from crossintercom.storage import migrate
+    from crossintercom.storage import migrate, roles
     from crossintercom.storage.urls import mask_url
 
     url = _require(store_url, password_file)
     revision = migrate.upgrade(url)
     click.echo(f"store {mask_url(url)} is at schema revision {revision} (head)")
+    locked = roles.lock_database(url)
+    if locked is not None:
+        click.echo(locked)
 
 
 @db.command()
@@ -92,11 +95,12 @@ def grant_host(host_id: str, store_url: str | None, password_stdin: bool) -> Non
         password = sys.stdin.readline().rstrip("\n")
         if not password:
             raise click.UsageError("--password-stdin: stdin gave an empty password")
-    role = roles.grant_host(url, host_id, password)
+    role, locked = roles.grant_host(url, host_id, password)
     click.echo(
         f"host {host_id!r} has database role {role} on {mask_url(url)}; run its relay with "
         f"a store URL that connects as {role}"
     )
+    click.echo(locked)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -6,6 +6,7 @@ it to resolve targets, route replies and answer ``list``.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -13,10 +14,19 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import msgspec
 
 from crossintercom.local_broker.state import BrokerState, KnownSession
-from crossintercom.models import WAKE_POLICIES, Peer, SessionInfo, WakePolicy, fallback_alias
+from crossintercom.models import (
+    WAKE_POLICIES,
+    Peer,
+    SessionInfo,
+    WakePolicy,
+    fallback_alias,
+    rightful_claims,
+)
 
 if TYPE_CHECKING:
     from crossintercom.local_broker.conn import Conn
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -205,7 +215,14 @@ class Registry:
         return True
 
     def set_remote(self, sessions: list[SessionInfo]) -> None:
-        self.remote = {s.id: s for s in sessions if s.host != self.host}
+        # Indexed by id: a claim its host cannot rightly make would reroute mail by id.
+        kept, dropped = rightful_claims([s for s in sessions if s.host != self.host])
+        if dropped:
+            log.warning(
+                "remote sessions dropped: claims their hosts cannot rightly make",
+                extra={"sessions": sorted(f"{s.id}@{s.host}" for s in dropped)},
+            )
+        self.remote = {s.id: s for s in kept}
 
     def sender_online(self, sender: Peer) -> bool:
         if sender.host == self.host:

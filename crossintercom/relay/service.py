@@ -21,7 +21,7 @@ from crossintercom import protocol as p
 from crossintercom.client import AsyncClient, Identity
 from crossintercom.config import Settings
 from crossintercom.errors import CrossintercomError, StoreError
-from crossintercom.models import SessionInfo, new_id
+from crossintercom.models import SessionInfo, new_id, rightful_claims
 from crossintercom.relay.archiver import Archiver
 from crossintercom.relay.core import RelayCore
 from crossintercom.relay.inbound import POLL_BACKSTOP_S, Inbound
@@ -261,8 +261,14 @@ class Relay(RelayCore):
         self.leases.observe(hosts)
         revs = frozenset((h.host_id, h.roster_rev) for h in hosts if h.host_id != self.host)
         if force or revs != self._roster_revs:
-            self._roster = await self.store_call(self.store.roster)
+            self._roster, dropped = rightful_claims(await self.store_call(self.store.roster))
             self._roster_revs = revs
+            if dropped:
+                log.warning(
+                    "roster rows dropped: a durable session id its host and name do not derive, "
+                    'or a session id two hosts claim (docs/operations.md, "Trust model")',
+                    extra={"sessions": sorted(f"{s.id}@{s.host}" for s in dropped)},
+                )
         remote = [
             msgspec.structs.replace(s, online=s.online and self.leases.alive(s.host))
             for s in self._roster

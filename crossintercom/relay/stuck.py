@@ -1,9 +1,10 @@
-"""Sessions stuck in a transaction on the store (PostgreSQL): named in `status` and the log.
+"""Sessions holding up the store (PostgreSQL): named in `status` and the log.
 
 A session left idle inside a transaction (a frozen process, a client that never commits) holds
 its locks, and every relay's writes to those rows wait behind it until the server ends it
-(``idle_in_transaction_session_timeout``, docs/operations.md). The relay looks now and then and
-says who it is, so an operator can end it sooner.
+(``idle_in_transaction_session_timeout``, docs/operations.md); a ``LOCK TABLE`` or the
+migration lock stalls every host the same way. The relay looks now and then and says who it
+is (pid, role, application, how long where PostgreSQL shows it), so an operator can end it.
 """
 
 from __future__ import annotations
@@ -23,19 +24,31 @@ STUCK_IDLE_S: Final = 5.0
 CHECK_EVERY_S: Final = 15.0
 
 
+def _held(s: StuckTransaction) -> str:
+    """How long, where PostgreSQL shows it (docs/operations.md: pg_read_all_stats)."""
+    if s.idle_s is None:
+        return "for a time this role may not see"
+    return f"idle {s.idle_s:.0f} s" if s.kind == "idle" else f"for {s.idle_s:.0f} s"
+
+
 def describe(stuck: list[StuckTransaction]) -> str | None:
     if not stuck:
         return None
-    idle = min(s.idle_s for s in stuck)
     who = "; ".join(
         f"pid {s.pid} (user {s.user or '?'}, application {s.application or '?'}, from "
-        f"{s.client or 'local socket'}) idle {s.idle_s:.0f} s, locks on {', '.join(s.tables)}"
+        f"{s.client or 'local socket or hidden'}) {_held(s)}, "
+        f"{'locks on' if s.kind == 'idle' else 'holding'} {', '.join(s.tables)}"
         for s in stuck
     )
-    return (
-        f"WARNING another database session has been idle in a transaction for {idle:.0f} s "
-        f"holding locks on the store's tables; writes wait behind it: {who}"
-    )
+    idle = [s.idle_s for s in stuck if s.kind == "idle" and s.idle_s is not None]
+    if idle:
+        head = (
+            f"another database session has been idle in a transaction for {min(idle):.0f} s "
+            "holding locks on the store's tables"
+        )
+    else:
+        head = "another database session holds a lock on the store that relays wait behind"
+    return f"WARNING {head}; writes wait behind it: {who}"
 
 
 class StuckWatch:

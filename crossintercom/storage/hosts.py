@@ -4,6 +4,7 @@ Messages, receipts and settings are ``sqlstore``'s."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Collection, Sequence
 
 from sqlalchemy import Connection, Engine, inspect
@@ -15,6 +16,8 @@ from crossintercom.storage import queries as q
 from crossintercom.storage.interface import Beat, HostRow, Waiter
 from crossintercom.storage.transaction import TransactionRunner
 from crossintercom.storage.urls import StoreURL
+
+log = logging.getLogger(__name__)
 
 
 class SqlHostStore:
@@ -179,7 +182,14 @@ class SqlHostStore:
                 return False
             conn.execute(q.DELETE_ROSTER, {"host_id": host_id})
             if rows:
-                conn.execute(q.INSERT_ROSTER, rows)
+                taken = {s.id for s in sessions}
+                taken -= set(conn.execute(q.insert_roster(self.dialect), rows).scalars())
+                if taken:
+                    log.warning(
+                        "session ids already claimed by another host in the store were not "
+                        'published (docs/operations.md, "Trust model")',
+                        extra={"host": host_id, "sessions": sorted(taken)},
+                    )
             self._notify_roster_in_txn(conn)
             published[0] = True
             return True

@@ -41,15 +41,25 @@ class HostRow:
 
 @dataclass(frozen=True, slots=True)
 class StuckTransaction:
-    """Another database session left idle inside a transaction, holding locks on the store's
-    tables (a frozen process, a client that forgot to commit): writers wait behind it."""
+    """Another database session that holds up the store's writers: left idle inside a
+    transaction holding locks on its tables (a frozen process, a client that forgot to
+    commit), holding a table lock no relay takes (``LOCK TABLE``), or holding the migration
+    lock. Fields PostgreSQL hides from a role without ``pg_read_all_stats`` are None."""
 
     pid: int
     user: str | None
     application: str | None
     client: str | None
-    idle_s: float
+    # Idle for (``idle``), else in its transaction for; None when hidden.
+    idle_s: float | None
+    # The store's tables it locks; ``MIGRATION_LOCK`` for the migration lock.
     tables: tuple[str, ...]
+    # "idle" (idle in a transaction), "lock" (a table lock of its own asking).
+    kind: str = "idle"
+
+
+# How StuckTransaction.tables names the migration's advisory lock.
+MIGRATION_LOCK = "the migration lock"
 
 
 @dataclass(frozen=True, slots=True)

@@ -39,6 +39,7 @@ from crossintercom.storage.batches import (
 from crossintercom.storage.hotpath import ThreadHotPath
 from crossintercom.storage.interface import (
     DEFAULT_MAX_PAYLOAD_CHARS,
+    MIGRATION_LOCK,
     Ack,
     EnqueueResult,
     InboundRow,
@@ -76,12 +77,18 @@ def compiled(stmt: ClauseElement) -> Statement:
 
 
 def stuck_params(idle_s: float) -> dict[str, Any]:
-    return {"idle_s": idle_s, "tables": sorted(metadata.tables)}
+    return {
+        "idle_s": idle_s,
+        "tables": sorted(metadata.tables),
+        "key": q.PG_MIGRATION_LOCK_KEY,
+        "migration": MIGRATION_LOCK,
+    }
 
 
 def stuck_transaction(row: Sequence[Any]) -> StuckTransaction:
-    pid, user, app, client, idle, tables = row
-    return StuckTransaction(int(pid), user, app or None, client, float(idle), tuple(tables))
+    pid, user, app, client, idle, tables, kind = row
+    held = None if idle is None else float(idle)
+    return StuckTransaction(int(pid), user, app or None, client, held, tuple(tables), kind)
 
 
 class PgBacking(MailboxStore, Protocol):

@@ -93,14 +93,17 @@ class PostgresStore(SqlMailboxStore):
         )
         return [stuck_transaction(row) for row in rows]
 
+    def private_hints(self) -> bool:
+        """Whether the store has per-host roles: then hints carry no rows, and a hint that
+        does is not taken (any role may NOTIFY, docs/operations.md). Asked at each waiter."""
+        return bool(self._run(lambda c: c.execute(q.PG_PRIVATE_HINTS).scalar(), retry=False))
+
     def waiter(self, host_id: str) -> PostgresWaiter:
-        # Under per-host roles a receipt carried in a hint is not taken as one: any role may
-        # NOTIFY, and a host role could not write that row (docs/operations.md).
         return PostgresWaiter(
             self.parsed.libpq_conninfo(),
             host_id,
             lambda: self.notify_hosts({host_id}),
-            trust_hints=not self.row_security(),
+            trust_hints=not (self.row_security() or self.private_hints()),
         )
 
     def hot_path(self) -> PgHotPath:

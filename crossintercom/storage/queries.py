@@ -218,7 +218,19 @@ DELETE_ROSTER: Delete = delete(roster).where(roster.c.host_id == bindparam("host
 DELETE_ROSTER_SESSION: Delete = delete(roster).where(
     roster.c.host_id == bindparam("host_id"), roster.c.session_id == bindparam("session_id")
 )
-INSERT_ROSTER = roster.insert()
+
+
+@cache
+def insert_roster(dialect: str) -> Any:
+    """Run with a list of rows; returns the session ids inserted. A session id another host
+    holds already is left to it (the first claim wins: the unique index of migration 0007)."""
+    return (
+        _insert(dialect, roster)
+        .on_conflict_do_nothing(index_elements=[roster.c.session_id])
+        .returning(roster.c.session_id)
+    )
+
+
 LIST_ROSTER: Select[Any] = select(roster).order_by(roster.c.host_id, roster.c.session_id)
 
 
@@ -516,6 +528,8 @@ def pg_deallocate_all(n: int) -> str:
 
 # True when row-level security applies to the connected role (a per-host role).
 PG_ROW_SECURITY: TextClause = text("SELECT row_security_active('deliveries')")
+# True once the store has per-host roles (migration 0007): a hint's rows are then never taken.
+PG_PRIVATE_HINTS: TextClause = text("SELECT public.crossintercom_private_hints()")
 # Whether the connected role may read the archive's setting (per-host roles may not).
 PG_ARCHIVE_READABLE: TextClause = text("SELECT has_table_privilege('archive_settings', 'SELECT')")
 
@@ -537,7 +551,11 @@ _PG_FENCE = """cur AS (
 # a kind-only hint costs the sender's relay a read), or only their kind when that would be too
 # long.
 PG_HINT_ROWS = 32
-_PG_RECEIPT_HINTS = f"""hints AS (
+# Any role may LISTEN on any channel: once the store has per-host roles, hints carry their kind
+# only, never rows (docs/storage.md, "Wake-ups").
+_PG_RECEIPT_HINTS = f"""private_hints AS (
+    SELECT public.crossintercom_private_hints() AS private
+), hints AS (
     SELECT sender_host, CAST(json_agg(json_build_array(
         id, message_id, recipient_session, recipient_host, outcome, code, sender_session
     ) ORDER BY id) AS text) AS body
@@ -547,7 +565,9 @@ _PG_RECEIPT_HINTS = f"""hints AS (
     GROUP BY sender_host, part
 ), woken AS (
     SELECT count(pg_notify({_PG_CHANNEL.format("sender_host")},
-        CASE WHEN octet_length(body) <= {PG_HINT_MAX_BYTES} THEN 'R' || body ELSE 'r' END)) AS n
+        CASE WHEN (SELECT private FROM private_hints) THEN 'r'
+             WHEN octet_length(body) <= {PG_HINT_MAX_BYTES} THEN 'R' || body
+             ELSE 'r' END)) AS n
     FROM hints
 )"""
 _PG_RECEIPT_COLUMNS = (
@@ -591,6 +611,11 @@ PG_ADD_RECEIPTS: TextClause = text(f"""WITH {_PG_FENCE}, made AS (
                 CAST(:outcomes AS text[]), CAST(:codes AS text[])) WITH ORDINALITY
         AS r(message_id, recipient_session, sender_host, sender_session, outcome, code, ord),
         cur
+    -- Only about a delivery this host has (the receipts policy's own rule): a purged one's
+    -- notice is dropped here instead of refusing the batch.
+    WHERE EXISTS (SELECT 1 FROM deliveries AS d
+                  WHERE d.message_id = r.message_id AND d.recipient_session = r.recipient_session
+                    AND d.recipient_host = :host_id)
     ORDER BY r.ord
     RETURNING {_PG_RECEIPT_COLUMNS}
 ), {_PG_RECEIPT_HINTS}
@@ -693,6 +718,27 @@ PG_ROLE_PASSWORD: TextClause = text(
 PG_GRANT_GROUP: TextClause = text(
     f"SELECT format('GRANT {PG_HOSTS_GROUP} TO %I', CAST(:role AS text))"
 )
+PG_CURRENT_DATABASE: TextClause = text("SELECT current_database()")
+# Whether the connected role may change the database's own privileges (its owner, a member of
+# the owner's role, or a superuser).
+PG_OWNS_DATABASE: TextClause = text(
+    """SELECT pg_has_role(current_user, d.datdba, 'MEMBER')
+              OR (SELECT rolsuper FROM pg_roles WHERE rolname = current_user)
+       FROM pg_database AS d WHERE d.datname = current_database()"""
+)
+# No temporary objects and no connection for roles the admin did not name (docs/operations.md,
+# "Per-host roles on PostgreSQL"); each host role gets CONNECT of its own.
+PG_LOCK_DATABASE: TextClause = text(
+    "SELECT format('REVOKE TEMPORARY, CONNECT ON DATABASE %I FROM PUBLIC', current_database())"
+)
+# The host roles of this store that exist (each keeps CONNECT when PUBLIC loses it).
+PG_MAPPED_ROLES: TextClause = text(
+    "SELECT r.role_name FROM host_roles AS r JOIN pg_roles AS p ON p.rolname = r.role_name"
+)
+PG_GRANT_CONNECT: TextClause = text(
+    "SELECT format('GRANT CONNECT ON DATABASE %I TO %I', current_database(), CAST(:role AS text))"
+)
+
 # A host id has one role and a role one host id: the old mapping of either goes first.
 FORGET_HOST_ROLE: Delete = delete(host_roles).where(
     (host_roles.c.host_id == bindparam("host_id")) | (host_roles.c.role_name == bindparam("role"))
@@ -946,25 +992,43 @@ LOCK_HOST_ROW: Select[int] = (
 )
 
 
-# -- sessions stuck in a transaction (PostgreSQL; `status` warns of them) -----------------------
+# -- sessions holding up the store (PostgreSQL; `status` and the relay's log name them) ---------
 
-# Other sessions of this database idle in a transaction for over :idle_s seconds, with the
-# store's tables they hold locks on. Seeing other roles' sessions in pg_stat_activity takes
-# pg_read_all_stats (docs/operations.md). Params: idle_s (float), tables (a list).
+# Other sessions of this database that hold up writers: idle in a transaction for over
+# :idle_s seconds with locks on the store's tables, holding a table lock no relay's statement
+# takes (LOCK TABLE, a migration's DDL), or holding the migration lock. pg_locks shows every
+# session's locks to every role; pg_stat_activity hides the state, times and client address of
+# other roles' sessions without pg_read_all_stats (docs/operations.md): those come back NULL,
+# so under a per-host role a table or migration lock is still named (pid, role, application),
+# an idle transaction's row locks are not. Params: idle_s (float), tables (a list), key.
 PG_STUCK_TRANSACTIONS: TextClause = text(
     """
+    WITH held AS (
+        SELECT l.pid,
+               CASE WHEN l.locktype = 'advisory' THEN :migration ELSE c.relname::text END
+                   AS what,
+               l.locktype = 'relation' AND l.mode IN ('ShareLock', 'ShareRowExclusiveLock',
+                   'ExclusiveLock', 'AccessExclusiveLock') AS strong
+        FROM pg_locks l
+        LEFT JOIN pg_class c ON c.oid = l.relation AND l.locktype = 'relation'
+        WHERE l.granted AND l.pid <> pg_backend_pid()
+          AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+          AND ((l.locktype = 'relation' AND c.relname = ANY(:tables))
+               OR (l.locktype = 'advisory' AND l.classid = 0 AND l.objsubid = 1
+                   AND l.objid = CAST(:key AS oid)))
+    )
     SELECT a.pid, a.usename, a.application_name, host(a.client_addr),
-           EXTRACT(EPOCH FROM now() - a.state_change)::float8,
-           array_agg(DISTINCT c.relname::text ORDER BY c.relname::text)
-    FROM pg_stat_activity a
-    JOIN pg_locks l ON l.pid = a.pid AND l.granted
-    JOIN pg_class c ON c.oid = l.relation
-    WHERE a.datname = current_database()
-      AND a.pid <> pg_backend_pid()
-      AND a.state IN ('idle in transaction', 'idle in transaction (aborted)')
-      AND a.state_change < now() - make_interval(secs => :idle_s)
-      AND c.relname = ANY(:tables)
-    GROUP BY a.pid, a.usename, a.application_name, a.client_addr, a.state_change
-    ORDER BY a.state_change
+           EXTRACT(EPOCH FROM now() - CASE WHEN bool_or(h.strong OR h.what = :migration)
+                                           THEN a.xact_start ELSE a.state_change END)::float8,
+           array_agg(DISTINCT h.what ORDER BY h.what),
+           CASE WHEN bool_or(h.strong OR h.what = :migration) THEN 'lock' ELSE 'idle' END
+    FROM held h
+    JOIN pg_stat_activity a ON a.pid = h.pid
+    GROUP BY a.pid, a.usename, a.application_name, a.client_addr, a.state_change, a.xact_start,
+             a.state
+    HAVING bool_or(h.strong OR h.what = :migration)
+        OR (a.state IN ('idle in transaction', 'idle in transaction (aborted)')
+            AND a.state_change < now() - make_interval(secs => :idle_s))
+    ORDER BY a.pid
     """
 )

@@ -1,8 +1,10 @@
-"""Per-host database roles on PostgreSQL (`crossintercom db grant-host`, DESIGN §7).
+"""Per-host roles on PostgreSQL (`crossintercom db grant-host`, DESIGN §7).
 
 An admin (the role that owns the tables and runs the migrations) gives each host a role of its
-own; row-level security (migration 0004) then limits that role to its host's rows. The role's
-name is derived from the host id, so running the command again updates the same role.
+own; row-level security (migrations 0004, 0007) then limits that role to its host's rows in
+this store. The role's name is derived from the store's database and the host id: running the
+command again updates the same role, and the same host id in a second store on the same server
+gets a second role (and password). docs/operations.md, "Per-host roles on PostgreSQL".
 """
 
 from __future__ import annotations
@@ -15,27 +17,82 @@ from crossintercom.errors import StoreError
 from crossintercom.storage import engine as db
 from crossintercom.storage import queries as q
 from crossintercom.storage.transaction import TransactionRunner
-from crossintercom.storage.urls import parse_store_url
+from crossintercom.storage.urls import StoreURL, parse_store_url
 
 
-def role_name(host_id: str) -> str:
-    """The database role of ``host_id``: stable, a plain identifier, under 63 bytes."""
-    return "ci_host_" + hashlib.sha256(host_id.encode()).hexdigest()[:16]
+def _key(text: str, n: int) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:n]
 
 
-def grant_host(url: str, host_id: str, password: str | None = None) -> str:
-    """Create or update ``host_id``'s role (a login member of the hosts group) and map it to
-    the host id; returns the role name. ``password`` None keeps the role's current one."""
+def role_name(host_id: str, database: str) -> str:
+    """The role of ``host_id`` in the store held by ``database``: a plain identifier."""
+    return f"ci_{_key(database, 8)}_{_key(host_id, 16)}"
+
+
+LOCKED = "only the host roles may connect to it, and no role but the admin makes temporary objects"
+
+
+def _not_owner(database: str, role: str | None) -> str:
+    grant = f"; GRANT CONNECT ON DATABASE {database} TO {role}" if role is not None else ""
+    return (
+        f"this role does not own the database {database!r}: it could not stop other roles "
+        f"connecting and making temporary objects there. Its owner should run: REVOKE "
+        f"TEMPORARY, CONNECT ON DATABASE {database} FROM PUBLIC{grant} (docs/operations.md)"
+    )
+
+
+def _lock(conn: Connection, role: str | None) -> str:
+    """PUBLIC loses TEMPORARY and CONNECT on the store's database and ``role`` gets CONNECT,
+    when the connected role may do so; a line saying what was done, or what is left to do."""
+    database = conn.execute(q.PG_CURRENT_DATABASE).scalar_one()
+    if not conn.execute(q.PG_OWNS_DATABASE).scalar():
+        return _not_owner(database, role)
+    # Every mapped role keeps its way in (roles granted before this step existed too).
+    mapped = set(conn.execute(q.PG_MAPPED_ROLES).scalars())
+    for name in sorted(mapped | ({role} if role is not None else set())):
+        conn.exec_driver_sql(conn.execute(q.PG_GRANT_CONNECT, {"role": name}).scalar_one())
+    conn.exec_driver_sql(conn.execute(q.PG_LOCK_DATABASE).scalar_one())
+    return f"database {database!r}: {LOCKED}"
+
+
+def _postgres(url: str, what: str) -> StoreURL:
     parsed = parse_store_url(url)
     if parsed.kind != "postgres":
         raise StoreError(
-            f"per-host roles need PostgreSQL; the store {parsed.masked} is a SQLite file, whose "
+            f"{what} need PostgreSQL; the store {parsed.masked} is a SQLite file, whose "
             "trust boundary is its file permissions (docs/operations.md)"
         )
-    role = role_name(host_id)
+    return parsed
+
+
+def lock_database(url: str) -> str | None:
+    """`db upgrade`'s last step on PostgreSQL once the store has host roles (see ``_lock``);
+    None on SQLite or while no host role exists (nothing to protect the store from yet)."""
+    parsed = parse_store_url(url)
+    if parsed.kind != "postgres":
+        return None
     engine = db.store_engine(parsed)
 
-    def write(conn: Connection) -> None:
+    def write(conn: Connection) -> str | None:
+        if not conn.execute(q.PG_PRIVATE_HINTS).scalar():
+            return None
+        return _lock(conn, None)
+
+    try:
+        return TransactionRunner(parsed, engine)(write, retry=False)
+    finally:
+        engine.dispose()
+
+
+def grant_host(url: str, host_id: str, password: str | None = None) -> tuple[str, str]:
+    """Create or update ``host_id``'s role (a login member of the hosts group) and map it to
+    the host id; returns the role name and the line ``_lock`` gives. ``password`` None keeps
+    the role's current one."""
+    parsed = _postgres(url, "per-host roles")
+    engine = db.store_engine(parsed)
+
+    def write(conn: Connection) -> tuple[str, str]:
+        role = role_name(host_id, conn.execute(q.PG_CURRENT_DATABASE).scalar_one())
         if conn.execute(q.PG_ROLE_EXISTS, {"role": role}).first() is None:
             conn.exec_driver_sql(conn.execute(q.PG_CREATE_ROLE, {"role": role}).scalar_one())
         if password is not None:
@@ -44,9 +101,9 @@ def grant_host(url: str, host_id: str, password: str | None = None) -> str:
         conn.exec_driver_sql(conn.execute(q.PG_GRANT_GROUP, {"role": role}).scalar_one())
         conn.execute(q.FORGET_HOST_ROLE, {"host_id": host_id, "role": role})
         conn.execute(q.INSERT_HOST_ROLE, {"host_id": host_id, "role": role})
+        return role, _lock(conn, role)
 
     try:
-        TransactionRunner(parsed, engine)(write, retry=False)
+        return TransactionRunner(parsed, engine)(write, retry=False)
     finally:
         engine.dispose()
-    return role

@@ -82,6 +82,8 @@ roster = Table(
     Column("online", Boolean, nullable=False),
     # The session's wake policy (every / asks / never); NULL is 'every'.
     Column("wake", String(16)),
+    # A session id belongs to one host: the first claim wins (docs/operations.md, "Trust model").
+    Index("uq_roster_session_id", "session_id", unique=True),
 )
 
 messages = Table(

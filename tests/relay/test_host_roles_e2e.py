@@ -8,14 +8,17 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
+import psycopg
 import pytest
-from psycopg import sql
 from sqlalchemy.engine import make_url
 
 from crossintercom.config import ENV_STORE
+from crossintercom.models import durable_session_id
 from crossintercom.storage.roles import grant_host
+from crossintercom.storage.wakeup import ROSTER, ROSTER_CHANNEL
+from tests.hostroles import drop_host_roles
 from tests.pgharness import PgServer
-from tests.relay.conftest import Cluster
+from tests.relay.conftest import Cluster, wait_for
 
 pytestmark = pytest.mark.pg
 PASSWORD = "h0st-r0le"
@@ -29,14 +32,12 @@ def granted(pg_server: PgServer, pg_url: str) -> Iterator[dict[str, str]]:
     roles = []
     for name in ("A", "B"):
         host = f"{name}{suffix}"
-        role = grant_host(pg_url, host, PASSWORD)
+        role, _ = grant_host(pg_url, host, PASSWORD)
         roles.append(role)
         url = make_url(pg_url).set(username=role, password=PASSWORD)
         urls[host] = url.render_as_string(hide_password=False)
     yield urls
-    with pg_server.admin() as admin:
-        for role in roles:
-            admin.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(role)))
+    drop_host_roles(pg_server, roles, pg_url)
 
 
 def test_relays_as_host_roles(pg_url: str, granted: dict[str, str]) -> None:
@@ -67,3 +68,19 @@ def test_relays_as_host_roles(pg_url: str, granted: dict[str, str]) -> None:
         t.join(30)
         assert answers and answers[0].reply is not None and answers[0].reply.text == "yes"
         assert "row-level security" not in a.relay_log() + b.relay_log()
+
+        # B's role plants a roster row whose id is one A derives for a name it has not
+        # published yet (a published one the store refuses): A's relay drops it (logged), so
+        # mail by that id never goes to B.
+        stolen = durable_session_id(host_a, "later")
+        with psycopg.connect(granted[host_b].replace("+psycopg", ""), autocommit=True) as conn:
+            conn.execute(
+                "INSERT INTO roster (host_id, session_id, name, purpose, groups, durable, online)"
+                " VALUES (%s, %s, 'decoy', 'agent', '[]', true, true)",
+                (host_b, stolen),
+            )
+            conn.execute("UPDATE hosts SET roster_rev = roster_rev + 1 WHERE host_id = %s",
+                         (host_b,))  # fmt: skip
+            conn.execute("SELECT pg_notify(%s, %s)", (ROSTER_CHANNEL, ROSTER))
+        wait_for(lambda: "roster rows dropped" in a.relay_log(), 30, "A to drop the claim")
+        assert stolen not in {s["id"] for s in a.cli_json("list", "--json")}

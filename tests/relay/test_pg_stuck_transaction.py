@@ -10,6 +10,8 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
+from crossintercom.storage.interface import MIGRATION_LOCK
+from crossintercom.storage.queries import PG_MIGRATION_LOCK_KEY
 from crossintercom.storage.urls import parse_store_url
 from tests.relay.conftest import Cluster, Host, wait_for
 
@@ -58,4 +60,33 @@ def test_idle_transaction_holding_locks_is_named_in_status(
         wait_for(lambda: named(a), 30, "the stalled heartbeat to name what it waits behind")
         assert "hosts" in store_line(a)
         holder.rollback()
+        wait_for(lambda: store_line(a) == store, 30, "the warning to clear")
+
+
+def test_table_and_migration_locks_are_named_in_status(
+    pg_url: str, holder: psycopg.Connection[tuple[object, ...]]
+) -> None:
+    """A LOCK TABLE every host's writes wait behind, and the migration lock, held by another
+    session: `status` and the relay's log name the holder (pid, user, application)."""
+    with Cluster(pg_url) as cluster:
+        a = cluster.host("A")
+        store = a.cli_json("status")["store"]
+        pid = holder.info.backend_pid
+
+        def holding(what: str) -> bool:
+            line = store_line(a)
+            return f"pid {pid}" in line and HOLDER in line and f"holding {what}" in line
+
+        # EXCLUSIVE on the settings: reads go on, so only the periodic look names it.
+        holder.execute("LOCK TABLE settings IN EXCLUSIVE MODE")
+        wait_for(lambda: holding("settings"), 60, "status to name the table lock")
+        assert f"pid {pid}" in a.relay_log()
+        holder.rollback()
+        wait_for(lambda: store_line(a) == store, 30, "the warning to clear")
+
+        holder.execute("SELECT pg_advisory_lock(%s)", (PG_MIGRATION_LOCK_KEY,))
+        holder.commit()  # a session-level lock outlives its transaction
+        wait_for(lambda: holding(MIGRATION_LOCK), 60, "status to name the migration lock")
+        holder.execute("SELECT pg_advisory_unlock(%s)", (PG_MIGRATION_LOCK_KEY,))
+        holder.commit()
         wait_for(lambda: store_line(a) == store, 30, "the warning to clear")

@@ -156,11 +156,12 @@ def test_roster_publish_replaces_this_hosts_sessions(store: MailboxStore) -> Non
     ga, gb = store.claim_host("a"), store.claim_host("b")
     s1 = SessionInfo(id="1", host="ignored", name="one", groups=("x", "y"), durable=True)
     s2 = SessionInfo(id="2", host="ignored", name=None, online=False, status="busy")
+    s3 = SessionInfo(id="3", host="ignored", name="one", groups=("x", "y"), durable=True)
     assert store.publish_sessions("a", ga, [s1, s2])
-    assert store.publish_sessions("b", gb, [s1])
+    assert store.publish_sessions("b", gb, [s3, s2])  # "2" is a's: left out
     assert store.publish_sessions("a", ga, [s2])
     roster = store.roster()
-    assert [(s.host, s.id) for s in roster] == [("a", "2"), ("b", "1")]
+    assert [(s.host, s.id) for s in roster] == [("a", "2"), ("b", "3")]
     assert roster[0].online is False and roster[0].status == "busy"
     assert roster[1].groups == ("x", "y") and roster[1].durable is True
     assert store.publish_sessions("a", ga, [])

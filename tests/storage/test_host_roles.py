@@ -14,13 +14,13 @@ from dataclasses import dataclass
 
 import psycopg
 import pytest
-from psycopg import sql
 from sqlalchemy.engine import make_url
 
 from crossintercom.errors import StoreError
 from crossintercom.models import SessionInfo
 from crossintercom.storage import Ack, MailboxStore, OutboundItem, open_store
 from crossintercom.storage.roles import role_name
+from tests.hostroles import drop_host_roles
 from tests.pgharness import PgServer
 from tests.storage.conftest import run_python
 
@@ -52,16 +52,14 @@ def hosts(pg_server: PgServer, pg_url: str) -> Iterator[dict[str, HostRole]]:
             )  # fmt: skip
             assert proc.returncode == 0, proc.stderr
             assert PASSWORD not in proc.stdout + proc.stderr
-        role = role_name(host)
+        role = role_name(host, make_url(pg_url).database or "")
         assert role in proc.stdout
         url = make_url(pg_url).set(username=role, password=PASSWORD)
         out[name] = HostRole(host, role, url.render_as_string(hide_password=False))
     try:
         yield out
     finally:
-        with pg_server.admin() as admin:
-            for h in out.values():
-                admin.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(h.role)))
+        drop_host_roles(pg_server, [h.role for h in out.values()], pg_url)
 
 
 def item(mid: str, sender: str, recipient: str, session: str = "s1") -> OutboundItem:
@@ -141,16 +139,16 @@ def test_plain_sql_attacks_as_a_host_role(hosts: dict[str, HostRole]) -> None:
         # finish, steal or reroute another host's deliveries, take over its lease or roster
         for stmt in (
             "UPDATE deliveries SET state = 'delivered' WHERE message_id = 'secret'",
-            f"UPDATE deliveries SET recipient_host = '{a.host}' WHERE message_id = 'secret'",
             "DELETE FROM deliveries WHERE message_id = 'secret'",
             f"UPDATE hosts SET generation = generation + 1 WHERE host_id = '{b.host}'",
             f"DELETE FROM roster WHERE host_id = '{b.host}'",
-            f"UPDATE roster SET name = 'x' WHERE host_id = '{b.host}'",
             "DELETE FROM receipts",
         ):
             assert conn.execute(stmt).rowcount == 0, stmt
-        # write rows as another host
+        # write rows as another host, or rewrite columns no operation of a host changes
         for stmt in (
+            f"UPDATE deliveries SET recipient_host = '{a.host}' WHERE message_id = 'secret'",
+            f"UPDATE roster SET name = 'x' WHERE host_id = '{b.host}'",
             f"INSERT INTO roster (host_id, session_id, purpose, groups, durable, online) "
             f"VALUES ('{b.host}', 'evil', 'agent', '[]', false, true)",
             f"INSERT INTO messages (message_id, sender_host, digest, payload, size, created) "

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
+
+import pytest
 
 from crossintercom.local_broker.registry import Live, Registry
 from crossintercom.local_broker.state import BrokerState
-from crossintercom.models import Peer, SessionInfo
+from crossintercom.models import Peer, SessionInfo, durable_session_id
 
 
 def test_durable_sessions_are_remembered_across_restarts(tmp_path: Path) -> None:
@@ -46,3 +49,19 @@ def test_remote_sessions_exclude_this_host_and_sender_presence(tmp_path: Path) -
     assert not reg.sender_online(Peer("r2", "x", "beta"))
     assert not reg.sender_online(Peer("gone", None, "alpha"))
     assert [s.alias for s in reg.all_sessions()] == ["w", "x"]
+
+
+def test_remote_claims_a_host_cannot_rightly_make_are_dropped(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Indexed by id, a stolen claim would reroute mail: a durable id that is not its host's
+    and name's goes, and so does every claim of an id two hosts make, whatever the order."""
+    reg = Registry("alpha", BrokerState(tmp_path))
+    real = SessionInfo(id=durable_session_id("beta", "w"), host="beta", name="w", durable=True)
+    stolen = SessionInfo(id=real.id, host="evil", name="w", durable=True)
+    twice = [SessionInfo(id="e1", host="beta"), SessionInfo(id="e1", host="evil")]
+    for order in ([stolen, real, *twice], [*reversed(twice), real, stolen]):
+        with caplog.at_level(logging.WARNING):
+            reg.set_remote(order)
+        assert {(s.id, s.host) for s in reg.remote.values()} == {(real.id, "beta")}
+    assert "remote sessions dropped" in caplog.text

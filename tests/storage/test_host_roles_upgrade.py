@@ -1,0 +1,135 @@
+"""Setting up per-host roles on a store that already has data and live host roles: migration
+0007 drops the roster claims no receiver would keep, roles granted before keep their traffic
+flowing through it, and an admin that does not own the database is told what is left to do."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+
+import psycopg
+import pytest
+from psycopg import sql
+from sqlalchemy.engine import make_url
+
+from crossintercom.models import SessionInfo, durable_session_id
+from crossintercom.storage import open_store
+from crossintercom.storage.migrate import upgrade
+from crossintercom.storage.roles import grant_host, lock_database
+from tests.hostroles import drop_host_roles, role_url
+from tests.pgharness import PgServer
+
+pytestmark = pytest.mark.pg
+PASSWORD = "live-r0le"
+
+
+def test_upgrade_drops_claims_it_cannot_keep(pg_empty_url: str) -> None:
+    """A store written before migration 0007: the durable row its host and name do not
+    derive, and both claims of a doubled id, go; the rest stays."""
+    upgrade(pg_empty_url, "0006")
+    libpq = pg_empty_url.replace("+psycopg", "")
+    rows = [
+        ("A", durable_session_id("A", "w"), "w", True),
+        ("B", durable_session_id("A", "w2"), "w2", True),
+        ("A", "dup", None, False),
+        ("B", "dup", None, False),
+        ("B", "solo", None, False),
+    ]
+    with psycopg.connect(libpq, autocommit=True) as conn:
+        for h in ("A", "B"):
+            conn.execute(
+                "INSERT INTO hosts (host_id, generation, heartbeat) VALUES (%s, 1, 0)", (h,)
+            )
+        for h, s, name, durable in rows:
+            conn.execute(
+                "INSERT INTO roster (host_id, session_id, name, purpose, groups, durable, "
+                "online) VALUES (%s, %s, %s, 'agent', '[]', %s, true)",
+                (h, s, name, durable),
+            )
+    upgrade(pg_empty_url)
+    with psycopg.connect(libpq) as conn:
+        left = conn.execute("SELECT host_id, session_id FROM roster ORDER BY 2").fetchall()
+    assert left == [("A", durable_session_id("A", "w")), ("B", "solo")]
+
+
+def test_upgrading_a_live_store_keeps_its_host_roles_working(
+    pg_server: PgServer, pg_empty_url: str
+) -> None:
+    """Roles granted before migration 0007 keep their traffic flowing through the upgrade:
+    statements wait for its short transaction, then run under the new rules."""
+    upgrade(pg_empty_url, "0006")
+    role, _ = grant_host(pg_empty_url, "live", PASSWORD)
+    # as a role granted before this version: no CONNECT of its own, PUBLIC's instead
+    database = make_url(pg_empty_url).database or ""
+    with pg_server.admin() as admin:
+        for stmt in ("GRANT CONNECT, TEMPORARY ON DATABASE {} TO PUBLIC",
+                     "REVOKE CONNECT ON DATABASE {} FROM " + role):  # fmt: skip
+            admin.execute(sql.SQL(stmt).format(sql.Identifier(database)))
+    url = role_url(pg_empty_url, role, PASSWORD)
+    libpq = url.replace("+psycopg", "")
+    errors: list[BaseException] = []
+    beats = [0]
+    stop = threading.Event()
+
+    def traffic() -> None:
+        try:
+            with psycopg.connect(libpq, autocommit=True) as conn:
+                conn.execute("INSERT INTO hosts (host_id, generation, heartbeat) VALUES "
+                             "('live', 1, 0)")  # fmt: skip
+                while not stop.is_set():
+                    conn.execute("UPDATE hosts SET heartbeat = heartbeat + 1")
+                    conn.execute("SELECT count(*) FROM roster").fetchone()
+                    beats[0] += 1
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    worker = threading.Thread(target=traffic, daemon=True)
+    worker.start()
+    try:
+        deadline = time.monotonic() + 30
+        while beats[0] < 5 and time.monotonic() < deadline and not errors:
+            time.sleep(0.05)
+        upgrade(pg_empty_url)
+        assert lock_database(pg_empty_url) is not None  # what `db upgrade` does next
+        before = beats[0]
+        while beats[0] < before + 5 and time.monotonic() < deadline + 30 and not errors:
+            time.sleep(0.05)
+    finally:
+        stop.set()
+        worker.join(30)
+    try:
+        assert errors == [] and beats[0] >= before + 5
+        store = open_store(url)  # a new connection: the role kept CONNECT
+        try:
+            gen = store.claim_host("live")
+            assert store.publish_sessions("live", gen, [SessionInfo(id="l1", host="live")])
+        finally:
+            store.close()
+    finally:
+        drop_host_roles(pg_server, [role], pg_empty_url)
+
+
+def test_grant_host_by_a_role_that_does_not_own_the_database_says_what_is_left(
+    pg_server: PgServer, pg_url: str
+) -> None:
+    """An admin that may create roles and map them, but does not own the database, cannot take
+    CONNECT and TEMPORARY from PUBLIC: it says so, naming the statements for the owner."""
+    admin = f"ci_test_admin_{uuid.uuid4().hex[:8]}"
+    database = make_url(pg_url).database or ""
+    made: list[str] = []
+    with pg_server.admin() as conn:
+        conn.execute(sql.SQL("CREATE ROLE {} LOGIN CREATEROLE").format(sql.Identifier(admin)))
+    try:
+        with psycopg.connect(pg_url.replace("+psycopg", ""), autocommit=True) as conn:
+            conn.execute(sql.SQL("GRANT ALL ON host_roles TO {}").format(sql.Identifier(admin)))
+        role, line = grant_host(role_url(pg_url, admin, PASSWORD), "not-owned", PASSWORD)
+        made.append(role)
+        assert "does not own the database" in line and "REVOKE TEMPORARY, CONNECT" in line
+        assert f"GRANT CONNECT ON DATABASE {database} TO {role}" in line
+    finally:
+        drop_host_roles(pg_server, made, pg_url)
+        with psycopg.connect(pg_url.replace("+psycopg", ""), autocommit=True) as conn:
+            conn.execute(sql.SQL("REVOKE ALL ON host_roles FROM {}").format(sql.Identifier(admin)))
+        with pg_server.admin() as conn:
+            conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(admin)))
