@@ -47,7 +47,8 @@ _CANDIDATE = re.compile(r"[^\x20-\x7e\n]")
 _LOOKALIKES = str.maketrans({"\uff1c": "<", "\ufe64": "<", "\uff1e": ">", "\ufe65": ">"})
 _MARKERS = re.compile(r"<{3,}|>{3,}")
 # A tag as harnesses write them (<system-reminder>, </tool_result>, <!-- ...): defused whole.
-_TAG = re.compile(r"<(/?[A-Za-z!?][^<>]*)(>?)")
+# Any letter counts, spaces and a slash may come first: a model reads ``< /system-reminder>`` too.
+_TAG = re.compile(r"<(\s*/?\s*(?:[^\W\d_]|[!?])[^<>]*)(>?)")
 _DROPPED_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
 
 

@@ -36,14 +36,15 @@ def show_by_id(session: AgentSession, ids: Iterable[str]) -> list[Entry]:
     return fresh
 
 
-def answered(result: SendResult) -> str | None:
-    """The ask a reply's result answered, if it did."""
-    return result.reply_to if result.outcome in _ANSWERED else None
+def answered(result: SendResult, reply_to: str | None = None) -> str | None:
+    """The ask a reply's result answered, if it did (the broker names it; ``reply_to``, the
+    id the reply was sent for, stands in for a result replayed without it)."""
+    return (result.reply_to or reply_to) if result.outcome in _ANSWERED else None
 
 
-def show_answered(session: AgentSession, result: SendResult) -> None:
+def show_answered(session: AgentSession, result: SendResult, reply_to: str | None) -> None:
     """An ask answered with ``reply`` no longer waits to be shown."""
-    ask = answered(result)
+    ask = answered(result, reply_to)
     if ask is not None:
         show_by_id(session, [ask])
 

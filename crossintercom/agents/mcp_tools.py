@@ -220,7 +220,7 @@ class Tools:
         check_text(message)
         async with self.session.operation() as client:
             result = await client.reply(message, reply_to=reply_to)
-        show_answered(self.session, result)
+        show_answered(self.session, result, reply_to)
         return res.outcome(result, "reply")
 
     @guarded

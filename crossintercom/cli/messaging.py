@@ -292,7 +292,7 @@ def reply(
     ident = identity(cfg, as_name, session_id)
     with one_shot(cfg, ident) as client:
         result = client.reply(text, reply_to=reply_to, attachments=files)
-        ask = answered(result)
+        ask = answered(result, reply_to)
         if ask is not None:  # answered: no hook or monitor hands the ask over again
             show_ids(cfg, client, ident.id, [ask])
     result_exit(result, as_json)
