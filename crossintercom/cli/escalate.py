@@ -13,6 +13,7 @@ from crossintercom.agents.escalation import Escalation, EscalationError
 from crossintercom.cli.common import as_options, identity, json_option, one_shot, settings
 from crossintercom.cli.output import EXIT_NO_REPLY, OUTCOME_EXIT, emit_json, result_exit
 from crossintercom.client import MAX_ASK_TIMEOUT_S
+from crossintercom.safetext import for_terminal, terminal_line
 
 to_option = click.option(
     "--to",
@@ -51,9 +52,11 @@ def _finish(result: sup.EscalationResult, as_json: bool) -> NoReturn:
         click.echo(f"{result.sent.outcome.value} {result.sent.id}")
         if result.answer is not None:
             a = result.answer
+            # The answer is another session's words: no escapes or controls reach the terminal.
             state = "valid" if a.valid else "NOT valid: " + "; ".join(a.problems)
-            click.echo(f"answer ({state}): {json.dumps(a.to_dict()['responses'])}")
-            click.echo(f"raw: {a.raw}")
+            responses = json.dumps(a.to_dict()["responses"])
+            click.echo(f"answer ({terminal_line(state, 2000)}): {terminal_line(responses, 2000)}")
+            click.echo(f"raw: {for_terminal(a.raw)}")
     if result.escalation.blocking and result.answer is None:
         if not as_json:
             click.echo("no answer before the timeout; it will arrive in the inbox", err=True)
