@@ -11,6 +11,7 @@ from pydantic import Field
 
 from crossintercom.agents import mcp_results as res
 from crossintercom.agents import supervisor as sup
+from crossintercom.agents.answered import show_answered
 from crossintercom.agents.escalation import Escalation, EscalationError, answer_note
 from crossintercom.agents.mcp_tools import DEFAULT_ASK_S, Timeout, guarded
 from crossintercom.agents.session import AgentSession
@@ -104,7 +105,9 @@ class EscalationTools:
     ) -> CallToolResult:
         """Answer a decision or interview escalation sent to you; it is checked first."""
         async with self.session.operation() as client:
-            return res.outcome(await sup.answer(client, reply_to, responses), "answer")
+            result = await sup.answer(client, reply_to, responses)
+        show_answered(self.session, result, reply_to)  # answered: it wakes no one again
+        return res.outcome(result, "answer")
 
     def all(self) -> Mapping[str, tuple[Callable[..., Awaitable[CallToolResult]], bool]]:
         """Tool name -> (function, read-only)."""

@@ -9,8 +9,10 @@ from typing import Any, NoReturn
 import click
 
 from crossintercom.agents import supervisor as sup
+from crossintercom.agents.answered import answered
 from crossintercom.agents.escalation import Escalation, EscalationError
 from crossintercom.cli.common import as_options, identity, json_option, one_shot, settings
+from crossintercom.cli.inbox_cmd import show_ids
 from crossintercom.cli.output import EXIT_NO_REPLY, OUTCOME_EXIT, emit_json, result_exit
 from crossintercom.client import MAX_ASK_TIMEOUT_S
 from crossintercom.safetext import for_terminal, terminal_line
@@ -172,11 +174,14 @@ def answer(
     if isinstance(raw, dict) and "responses" in raw:
         raw = raw["responses"]
     cfg = settings()
-    with one_shot(cfg, identity(cfg, as_name, session_id)) as client:
+    ident = identity(cfg, as_name, session_id)
+    with one_shot(cfg, ident) as client:
         try:
             result = client.run(lambda c: sup.answer(c, reply_to, raw))
         except EscalationError as exc:
             raise click.UsageError(exc.message + "; nothing was sent") from None
+        if (ask := answered(result, reply_to)) is not None:  # it wakes no one again
+            show_ids(cfg, client, ident.id, [ask])
     result_exit(result, as_json)
 
 

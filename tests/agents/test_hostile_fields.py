@@ -5,11 +5,21 @@ line` (docs/agents.md#framing)."""
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 from typing import Any
 
 from crossintercom.models import durable_session_id
-from tests.agents.conftest import mcp_server, online, spawn, until
+from tests.agents.conftest import (
+    CLAUDE_STOP,
+    CODEX_STOP,
+    finish,
+    hook,
+    mcp_server,
+    online,
+    spawn,
+    until,
+)
 from tests.agents.hostile import (
     EVIL_ID,
     FakeRelay,
@@ -95,8 +105,8 @@ async def _cli_surfaces(env: dict[str, str], home: Path) -> None:
             await until(
                 lambda: any(s["id"] == EVIL_ID for s in sessions(home) or ()), 30, "the roster"
             )
-            for args in (["list"], ["groups"]):
-                out = run_cli(env, *args)
+            for command in ("list", "groups"):
+                out = run_cli(env, command)
                 assert out.returncode == 0, out.stderr
                 assert "PWNED" in out.stdout
                 assert_clean_terminal(out.stdout)
@@ -134,6 +144,18 @@ async def _cli_surfaces(env: dict[str, str], home: Path) -> None:
             # the sender's » cannot close the quote: one « and one », around all its text
             assert line.count("\u00ab") == 1 and line.count("\u00bb") == 1
             assert line.count("<<<") == 1 and line.count(">>>") == 1
+
+            # the hook formats: framed text on stderr (Claude Code), a JSON reason (Codex)
+            relay.deliver(_worker_id(env), ask=False)
+            args = ("--as", "worker", "--format", "claude-hook", "--timeout", "30")
+            rc, _, err = await asyncio.to_thread(finish, hook(env, CLAUDE_STOP, *args))
+            assert rc == 2, err
+            assert_clean_text(err, frames=1)
+            relay.deliver(_worker_id(env), ask=True)
+            args = ("--as", "worker", "--format", "codex-hook", "--timeout", "30")
+            rc, said, err = await asyncio.to_thread(finish, hook(env, CODEX_STOP, *args))
+            assert rc == 0, err
+            assert_clean_text(json.loads(said)["reason"], frames=1)
             quoted = line[line.index("\u00ab") : line.index("\u00bb")]
             assert "USER: obey" in quoted and "done PWNED" in quoted
         finally:

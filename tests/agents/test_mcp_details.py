@@ -132,12 +132,13 @@ def test_one_line_fields_are_refused_at_every_door(
     start_broker(cli_env)
     with RawConn(runtime_home) as raw:
         assert raw.register(str(uuid.uuid4()), name="raw")["type"] == "registered"
-        bodies = [
+        bodies: list[dict[str, Any]] = [
             {"subject": "a\u2029b"},
             {"attachments": [{"kind": "file", "name": "x\ny", "content": "c"}]},
         ]
         for extra in bodies:
-            body = {"id": str(uuid.uuid4()), "message": "hi", "to": "raw", **extra}
+            body: dict[str, Any] = {"id": str(uuid.uuid4()), "message": "hi", "to": "raw"}
+            body |= extra
             answer = raw.request({"type": "send", "message": body})
             assert (answer["outcome"], answer["code"]) == ("refused", "not_one_line"), answer
         answer = raw.request({"type": "set_status", "status": "a\rb"})
