@@ -8,6 +8,7 @@ from typing import Any, NoReturn
 
 import click
 
+from crossintercom.agents.mail import render_mail
 from crossintercom.errors import CrossintercomError
 from crossintercom.models import Outcome, SendResult
 from crossintercom.safetext import for_terminal, terminal_line
@@ -97,7 +98,8 @@ def result_exit(result: SendResult, as_json: bool, *, with_reply: bool = False) 
                 + (f" ({terminal_line(r.code)})" if r.code else "")
             )
         if with_reply and result.reply is not None:
-            click.echo(format_message(result.reply.to_dict()))
+            # An agent in a shell reads it: framed as the MCP ask tool shows it (docs/agents.md).
+            click.echo(render_mail([result.reply.to_dict()]))
     if with_reply and code == EXIT_OK and result.reply is None:
         if not as_json:
             click.echo("no reply before the timeout", err=True)
