@@ -50,6 +50,9 @@ class Code(StrEnum):
     ALREADY_REPLIED = "already_replied"
     ASKER_GONE = "asker_gone"
     BAD_MESSAGE = "bad_message"
+    # A field documented as one line (a subject, an attachment's name, a status) holds a line
+    # break or a control character (docs/agents.md#framing).
+    NOT_ONE_LINE = "not_one_line"
     # A store row whose sender is not one its writing host may use (docs/operations.md).
     FORGED_SENDER = "forged_sender"
     UNDELIVERABLE = "undeliverable"
@@ -104,6 +107,12 @@ class UsageError(CrossintercomError):
 
     code = "invalid_argument"
     exit_code = 2
+
+
+class NotOneLine(UsageError):
+    """A field that must be one line holds a line break or a control character."""
+
+    code = "not_one_line"
 
 
 class ConfigError(CrossintercomError):

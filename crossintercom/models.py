@@ -98,6 +98,12 @@ def outcome_for_state(state: str, code: str | None) -> tuple[Outcome, str | None
     return Outcome.REFUSED, code or "refused", None
 
 
+# What ``valid_name`` asks of a session or group name, in words for an error message.
+NAME_RULE = (
+    "use letters, digits, '.', '_' or '-', starting with a letter or digit, at most 64 characters"
+)
+
+
 def valid_name(name: str) -> bool:
     return _NAME_RE.fullmatch(name) is not None
 

@@ -345,3 +345,10 @@ def hint_for(m: Mapping[str, Any]) -> str | None:
         f'the crossintercom answer_escalation tool (reply_to="{mid}"), one response per question '
         "id; the answer is checked against the questions before it is sent."
     )
+
+
+def answer_note(answer: Mapping[str, Any]) -> str:
+    """An escalation's answer as checked (``Answer.to_dict()``), for a model, in one line."""
+    if answer["valid"]:
+        return "valid; responses " + json.dumps(answer["responses"], ensure_ascii=False)
+    return "it does NOT fit the questions: " + "; ".join(answer["problems"])

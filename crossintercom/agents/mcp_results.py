@@ -1,9 +1,14 @@
-"""Tool results of the MCP server: readable text for the model plus the same facts as data.
+"""Tool results of the MCP server: what the model reads, in every form a harness shows it.
 
-Every result is a ``CallToolResult`` whose text is what the model reads and whose structured
-content is the machine form (message objects and outcomes exactly as ``--json`` prints them).
-Errors carry a stable ``code`` (``invalid_argument``, ``unknown_tool``, ``broker_unavailable``,
-the broker's own codes ...) and say that nothing was done.
+Claude Code and Codex show the model ``structuredContent`` (as JSON) instead of the text blocks
+when a result has it; OpenCode and Pi show the text blocks. So a result that carries mail
+(``inbox``, ``pending``, an ``ask``'s reply, an escalation's answer) has no structured content:
+its text is the framed rendering, the one form the frame holds in. Every other result keeps
+structured content, with every string in it neutralised to one line (names, statuses, ids and
+receipts come from other sessions and hosts). See docs/agents.md#framing.
+
+Errors and refusals carry a stable ``code`` (``invalid_argument``, ``unknown_tool``,
+``broker_unavailable``, the broker's own codes ...) and say that nothing was done.
 """
 
 from __future__ import annotations
@@ -13,66 +18,117 @@ from typing import Any
 
 from mcp.types import CallToolResult, TextContent
 
-from crossintercom.agents.framing import describe_outcome, neutralise
+from crossintercom.agents.framing import NOTE_CHARS, describe_outcome, one_line
 from crossintercom.agents.mail import render_mail
 from crossintercom.models import LISTED_SESSION_FIELDS, Outcome, SendResult, SessionInfo
 
+# Outcomes where nothing was done: an error result, as for any other refusal.
+_REFUSALS = (Outcome.REFUSED, Outcome.NOT_SENT)
+# A string in structured content is at most this long (one line, neutralised).
+_DATA_CHARS = 4000
 
-def ok(text: str, data: Mapping[str, Any]) -> CallToolResult:
+
+def safe(value: Any) -> Any:
+    """``value`` with every string in it neutralised to one line (keys are ours)."""
+    if isinstance(value, str):
+        return one_line(value, _DATA_CHARS)
+    if isinstance(value, Mapping):
+        return {str(k): safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [safe(v) for v in value]
+    return value
+
+
+def ok(text: str, data: Mapping[str, Any] | None = None) -> CallToolResult:
+    """A result; ``data`` becomes structured content with its strings neutralised."""
     return CallToolResult(
-        content=[TextContent(type="text", text=text)], structured_content=dict(data)
+        content=[TextContent(type="text", text=text)],
+        structured_content=safe(dict(data)) if data is not None else None,
     )
 
 
-def error(code: str, message: str) -> CallToolResult:
+def mail(text: str) -> CallToolResult:
+    """A result carrying mail: the framed text only (see the module's docstring)."""
+    return ok(text)
+
+
+def error(code: str, message: str, **extra: Any) -> CallToolResult:
     """A failed call: the text names the code, the data is the CLI's ``{"error": ...}``."""
+    message = one_line(message, NOTE_CHARS)
     return CallToolResult(
-        content=[TextContent(type="text", text=f"error ({code}): {message}")],
-        structured_content={"error": {"code": code, "message": message}},
+        content=[TextContent(type="text", text=f"error ({one_line(code)}): {message}")],
+        structured_content=safe({"error": {"code": code, "message": message, **extra}}),
         is_error=True,
     )
 
 
+def _outcome_data(result: SendResult) -> dict[str, Any]:
+    """The outcome as ``--json`` prints it (id, outcome, code, message, receipts)."""
+    return result.to_dict()
+
+
 def outcome(result: SendResult, what: str = "message") -> CallToolResult:
-    """A send/reply outcome, honest about what it means (``unknown``: do not resend)."""
-    return ok(describe_outcome(result, what), result.to_dict())
+    """A send/reply outcome, honest about what it means (``unknown``: do not resend);
+    a refusal (nothing was delivered or stored) is an error result with its code."""
+    text = describe_outcome(result, what)
+    if result.outcome in _REFUSALS:
+        data = _outcome_data(result)
+        return error(
+            result.code or result.outcome.value, text, outcome=data["outcome"], id=result.id
+        )
+    return ok(text, _outcome_data(result))
 
 
-def ask_text(result: SendResult, to: str, timeout: float, as_name: str) -> str:
-    """An ask's outcome and its reply, or plainly that the reply will come to the inbox."""
+def ask_text(
+    result: SendResult, to: str, timeout: float, as_name: str, note: str | None = None
+) -> str:
+    """An ask's outcome and its reply (framed, with ``note`` inside the reply's frame), or
+    plainly that the reply will come to the inbox."""
     text = describe_outcome(result, "ask")
     if result.reply is not None:
-        text += "\nThe reply:\n" + render_mail([result.reply.to_dict()], as_name)
+        reply = result.reply.to_dict()
+        notes = {str(reply["id"]): note} if note else None
+        text += "\nThe reply:\n" + render_mail([reply], as_name, notes)
     elif result.outcome in (Outcome.DELIVERED, Outcome.QUEUED):
         text += (
-            f"\nNo reply yet from {neutralise(to)} within {timeout:g} s. The ask stays open: "
+            f"\nNo reply yet from {one_line(to)} within {timeout:g} s. The ask stays open: "
             "the reply will arrive in your inbox (the inbox tool shows it, flagged late). "
             "Do not ask again; carry on and check the inbox later."
         )
     return text
 
 
-def ask_outcome(result: SendResult, to: str, timeout: float, as_name: str) -> CallToolResult:
-    data = result.to_dict() | {"reply": result.reply.to_dict() if result.reply else None}
-    return ok(ask_text(result, to, timeout, as_name), data)
+def ask_outcome(
+    result: SendResult, to: str, timeout: float, as_name: str, note: str | None = None
+) -> CallToolResult:
+    """An ask's result: with a reply it carries mail (text only); without, an outcome."""
+    if result.outcome in _REFUSALS:
+        return outcome(result, "ask")
+    text = ask_text(result, to, timeout, as_name, note)
+    if result.reply is not None:
+        return mail(text)
+    return ok(text, _outcome_data(result) | {"reply": None})
 
 
 def sessions(found: Sequence[SessionInfo], note: str) -> CallToolResult:
     lines = [note] if note else []
     for s in found:
         state = "online" if s.online else "offline"
-        status = f" — {neutralise(s.status)}" if s.status else ""
-        groups = ",".join(s.groups)
-        where = f"{neutralise(s.display_name)}@{neutralise(s.host)}"
-        lines.append(f"- {where} ({state}; wake {s.wake}; groups {groups}){status}")
+        groups = ",".join(one_line(g) for g in s.groups)
+        where = f"{one_line(s.display_name)}@{one_line(s.host)}"
+        line = f"- {where} ({state}; wake {s.wake}; groups {groups or '-'})"
+        if s.cwd:
+            line += f"; cwd {one_line(s.cwd)}"
+        if s.model:
+            line += f"; model {one_line(s.model)}"
+        if s.status:
+            line += f"; status, in its own words: {one_line(s.status)}"
+        lines.append(line)
     if not found:
         lines.append("No sessions match.")
     listed = [{k: s.to_dict()[k] for k in LISTED_SESSION_FIELDS} for s in found]
     return ok("\n".join(lines), {"sessions": listed})
 
 
-def messages(
-    found: Sequence[Mapping[str, Any]], as_name: str, empty: str, extra: Mapping[str, Any]
-) -> CallToolResult:
-    text = render_mail(found, as_name) if found else empty
-    return ok(text, {"messages": list(found), **extra})
+def messages(found: Sequence[Mapping[str, Any]], as_name: str, empty: str) -> CallToolResult:
+    return mail(render_mail(found, as_name) if found else empty)

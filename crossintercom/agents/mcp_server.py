@@ -17,7 +17,9 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import CallToolResult, InputRequiredResult, ToolAnnotations
 from pydantic import ValidationError
 
+from crossintercom import __version__
 from crossintercom.agents import mcp_results as res
+from crossintercom.agents.mcp_escalation_tools import EscalationTools
 from crossintercom.agents.mcp_session_tools import SessionTools
 from crossintercom.agents.mcp_tools import Tools
 from crossintercom.agents.session import AgentSession
@@ -83,10 +85,16 @@ def build_server(session: AgentSession, supervisor: str | None) -> MailboxServer
     server = MailboxServer(
         "crossintercom",
         instructions=instructions(session.name, session.settings.host_id, supervisor),
+        version=__version__,
         log_level="WARNING",
     )
     tools = Tools(session, supervisor)
-    for name, (fn, read_only) in {**tools.all(), **SessionTools(session).all()}.items():
+    every = {
+        **tools.all(),
+        **EscalationTools(session, supervisor).all(),
+        **SessionTools(session).all(),
+    }
+    for name, (fn, read_only) in every.items():
         server.add_tool(
             fn,
             name=name,

@@ -10,7 +10,7 @@ from mcp.types import CallToolResult
 from pydantic import Field
 
 from crossintercom.agents import mcp_results as res
-from crossintercom.agents.framing import neutralise
+from crossintercom.agents.framing import one_line
 from crossintercom.agents.mcp_tools import guarded
 from crossintercom.agents.session import AgentSession
 from crossintercom.client import set_wake
@@ -57,10 +57,10 @@ class SessionTools:
             if message_id is None or e.body.get("id") == message_id
         ][-limit:]
         lines = [
-            f"- {r['id']} to {neutralise(str(r.get('recipient') or '?'))}"
-            + (f"@{neutralise(str(r['host']))}" if r.get("host") else "")
-            + f": {r['outcome']}"
-            + (f" ({neutralise(str(r['code']))})" if r.get("code") else "")
+            f"- {one_line(r.get('id'))} to {one_line(r.get('recipient') or '?')}"
+            + (f"@{one_line(r['host'])}" if r.get("host") else "")
+            + f": {one_line(r.get('outcome'))}"
+            + (f" ({one_line(r['code'])})" if r.get("code") else "")
             for r in found
         ]
         return res.ok("\n".join(lines) or "No receipts.", {"receipts": found})

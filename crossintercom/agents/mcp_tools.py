@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import json
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Annotated, Any, ParamSpec
 
@@ -13,13 +12,22 @@ from pydantic import Field
 
 from crossintercom.agents import mcp_results as res
 from crossintercom.agents import supervisor as sup
-from crossintercom.agents.escalation import Escalation, EscalationError
-from crossintercom.agents.framing import neutralise
+from crossintercom.agents.answered import check_one_line, check_text, show_answered, show_by_id
+from crossintercom.agents.escalation import EscalationError, answer_note
+from crossintercom.agents.framing import one_line, render_attachment, render_block
 from crossintercom.agents.mail import render_mail
 from crossintercom.agents.session import AgentSession, show_lock, unseen
 from crossintercom.client import MAX_ASK_TIMEOUT_S, load_attachment
-from crossintercom.errors import BrokerUnavailable, Code, CrossintercomError, Disconnected
+from crossintercom.errors import (
+    BrokerUnavailable,
+    Code,
+    CrossintercomError,
+    Disconnected,
+    RemoteError,
+    UsageError,
+)
 from crossintercom.inbox import Entry
+from crossintercom.models import NAME_RULE, valid_name
 from crossintercom.storage.urls import mask_url
 
 P = ParamSpec("P")
@@ -33,16 +41,14 @@ Text = Annotated[str, Field(description="The message text.", min_length=1)]
 Timeout = Annotated[
     float, Field(description="Seconds to wait for the answer (1-600).", ge=1, le=MAX_ASK_TIMEOUT_S)
 ]
-OptionalTarget = Annotated[
-    str | None, Field(description="Recipient; default: this session's supervisor.")
-]
 
 # Threads (docs/threads.md): optional on send and ask; a reply takes its ask's.
 Subject = Annotated[
     str | None, Field(description="A one-line subject for a new conversation.", max_length=200)
 ]
 ThreadId = Annotated[
-    str | None, Field(description="Continue this thread (its first message's id).")
+    str | None,
+    Field(description="Continue this thread (its first message's id).", max_length=128),
 ]
 
 
@@ -59,16 +65,22 @@ def guarded(
             return res.error(exc.code, exc.message + "; nothing was sent")
         except (BrokerUnavailable, Disconnected) as exc:
             return res.error(Code.BROKER_UNAVAILABLE, exc.message + "; nothing was done")
+        except RemoteError as exc:
+            if exc.code in (Code.BAD_FIELD, Code.MISSING_FIELD):
+                # The broker's decoder names its own frame's fields: say it plainly instead.
+                return res.error(
+                    exc.code, "the broker refused a value as malformed; nothing was done"
+                )
+            return res.error(exc.code, exc.message)
         except CrossintercomError as exc:
             return res.error(exc.code, exc.message)
 
     return run
 
 
-def _answer_note(a: Mapping[str, Any]) -> str:
-    if a["valid"]:
-        return "valid; responses " + json.dumps(a["responses"], ensure_ascii=False)
-    return "it does NOT fit the questions: " + "; ".join(a["problems"])
+def _check_group(group: str) -> None:
+    if not valid_name(group):
+        raise UsageError(f"invalid group name: {NAME_RULE}; nothing was done")
 
 
 class Tools:
@@ -77,14 +89,6 @@ class Tools:
         self.supervisor = supervisor
         self.name = session.name
         self.log = sup.EscalationLog(session.settings, session.identity.id)
-
-    def _to(self, to: str | None) -> str:
-        target = to or self.supervisor
-        if not target:
-            raise EscalationError(
-                ["no recipient: give `to`, or start the server with --supervisor TARGET"]
-            )
-        return target
 
     # --- read-only ----------------------------------------------------------------------------
 
@@ -111,8 +115,8 @@ class Tools:
             else None,
         }
         text = (
-            f"You are {self.name}@{neutralise(str(data['host']))} (session {data['session_id']}). "
-            f"Supervisor: {neutralise(self.supervisor or 'none')}. Unseen messages: "
+            f"You are {self.name}@{one_line(data['host'])} (session {data['session_id']}). "
+            f"Supervisor: {one_line(self.supervisor or 'none')}. Unseen messages: "
             f"{data['unseen']}; asks waiting for your reply: {waiting}. Other hosts "
             f"{'are' if data['relay_connected'] else 'are NOT'} reachable (relay)."
         )
@@ -143,7 +147,10 @@ class Tools:
         """Asks that wait for your reply, oldest first."""
         async with self.session.operation() as client:
             asks = [m.to_dict() for m in await client.pending()]
-        return res.messages(asks, self.name, "No ask waits for your reply.", {})
+        shown = res.messages(asks, self.name, "No ask waits for your reply.")
+        # The model was shown them: no hook or monitor hands them over again (docs/agents.md).
+        show_by_id(self.session, [str(m["id"]) for m in asks])
+        return shown
 
     @guarded
     async def groups(self) -> CallToolResult:
@@ -151,8 +158,8 @@ class Tools:
         async with self.session.operation() as client:
             found = await client.groups()
         lines = [
-            f"- {neutralise(g.name)}: "
-            + ", ".join(f"{neutralise(m.name)}@{neutralise(m.host)}" for m in g.members)
+            f"- {one_line(g.name)}: "
+            + ", ".join(f"{one_line(m.name)}@{one_line(m.host)}" for m in g.members)
             for g in found
         ]
         return res.ok("\n".join(lines) or "No groups.", {"groups": msgspec.to_builtins(found)})
@@ -171,6 +178,8 @@ class Tools:
         thread_id: ThreadId = None,
     ) -> CallToolResult:
         """Send a message and go on (no answer awaited). Use it for information and requests."""
+        check_text(message)
+        check_one_line("subject", subject)
         limit = self.session.settings.max_message_bytes
         files = [load_attachment(p, limit) for p in attach_files or ()]
         async with self.session.operation() as client:
@@ -188,6 +197,8 @@ class Tools:
     ) -> CallToolResult:
         """Ask and wait for the answer (at most timeout_s). Use it only when you cannot go on
         without the answer; a late answer arrives in your inbox."""
+        check_text(message)
+        check_one_line("subject", subject)
         async with self.session.operation() as client:
             result = await client.ask(
                 to, message, timeout=timeout_s, subject=subject, thread_id=thread_id
@@ -206,8 +217,11 @@ class Tools:
         ] = None,
     ) -> CallToolResult:
         """Answer an ask that was delivered to you."""
+        check_text(message)
         async with self.session.operation() as client:
-            return res.outcome(await client.reply(message, reply_to=reply_to), "reply")
+            result = await client.reply(message, reply_to=reply_to)
+        show_answered(self.session, result, reply_to)
+        return res.outcome(result, "reply")
 
     @guarded
     async def inbox(
@@ -216,8 +230,20 @@ class Tools:
             bool, Field(description="Only messages never shown (default).")
         ] = True,
         limit: Annotated[int, Field(description="At most this many messages.", ge=1, le=200)] = 20,
+        message_id: Annotated[
+            str | None, Field(description="Read this one message (the rest of a long one).")
+        ] = None,
+        offset: Annotated[
+            int, Field(description="With message_id: start at this character.", ge=0)
+        ] = 0,
+        attachment: Annotated[
+            str | None, Field(description="With message_id: read this attachment instead.")
+        ] = None,
     ) -> CallToolResult:
-        """Your messages, oldest first; what it returns is marked shown."""
+        """Your messages, oldest first; what it returns is marked shown. Each message shows at
+        most 16384 characters: read the rest with message_id and offset."""
+        if message_id is not None:
+            return self._one(message_id, offset, attachment)
         settings, box, sid = self.session.settings, self.session.inbox, self.session.identity.id
         result: list[CallToolResult] = []
 
@@ -227,7 +253,7 @@ class Tools:
         if unseen_only:
             await self.session.sync()
             self.session.show(build, limit=limit)
-            return result[0] if result else res.messages([], self.name, "No unseen messages.", {})
+            return result[0] if result else res.messages([], self.name, "No unseen messages.")
         with show_lock(settings, sid):
             entries = [e for e in box.transcript() if e.kind == "message"][-limit:]
             build(entries)
@@ -236,35 +262,50 @@ class Tools:
         self.session.report_shown(fresh)
         return result[0]
 
+    def _one(self, message_id: str, offset: int, attachment: str | None) -> CallToolResult:
+        entry = self.session.inbox.message(message_id)
+        if entry is None:
+            raise UsageError("no message with that id in your inbox; nothing was read")
+        if attachment is not None:
+            text = render_attachment(entry.body, attachment, self.name, offset)
+            if text is None:
+                raise UsageError("that message has no attachment so named; nothing was read")
+        else:
+            text = render_block(entry.body, self.name, offset=offset, note=self._note(entry.body))
+        show_by_id(self.session, [message_id])
+        return res.mail(text)
+
+    def _note(self, body: Mapping[str, Any]) -> str | None:
+        answer = self.log.answer_in(body)
+        if answer is None:
+            return None
+        return "It answers your escalation: " + answer_note(answer.to_dict())
+
     def _mail_result(self, entries: list[Entry]) -> CallToolResult:
         bodies = [e.body for e in entries]
-        answers: dict[str, Any] = {}
-        for body in bodies:
-            answer = self.log.answer_in(body)
-            if answer is not None:
-                answers[body["id"]] = answer.to_dict()
-        text = render_mail(bodies, self.name) if bodies else "No messages."
-        for mid, a in answers.items():
-            text += f"\n\nMessage {mid} answers your escalation: " + _answer_note(a)
-        return res.ok(text, {"messages": bodies, "escalation_answers": answers})
+        notes = {str(b["id"]): n for b in bodies if (n := self._note(b)) is not None}
+        return res.mail(render_mail(bodies, self.name, notes) if bodies else "No messages.")
 
     # --- membership and status ----------------------------------------------------------------
 
     @guarded
     async def join(self, group: Annotated[str, Field(description="Group name.")]) -> CallToolResult:
         """Join a group (kept for this durable session)."""
+        _check_group(group)
         async with self.session.operation() as client:
             now = await client.join(group)
-        return res.ok(f"You are in: {', '.join(now)}.", {"groups": now})
+        return res.ok(f"You are in: {', '.join(map(one_line, now))}.", {"groups": now})
 
     @guarded
     async def leave(
         self, group: Annotated[str, Field(description="Group name.")]
     ) -> CallToolResult:
         """Leave a group."""
+        _check_group(group)
         async with self.session.operation() as client:
             now = await client.leave(group)
-        return res.ok(f"You are in: {', '.join(now) or '(no groups)'}.", {"groups": now})
+        joined = ", ".join(map(one_line, now)) or "(no groups)"
+        return res.ok(f"You are in: {joined}.", {"groups": now})
 
     @guarded
     async def set_status(
@@ -273,89 +314,13 @@ class Tools:
             str | None, Field(description="Short status others see in list; null clears it.")
         ],
     ) -> CallToolResult:
-        """Set the status text others see for you."""
+        """Set the status text others see for you (one line)."""
+        if status is not None:
+            check_text(status, "status")
+            check_one_line("status", status)
         async with self.session.operation() as client:
             await client.set_status(status)
         return res.ok(f"Status {'cleared' if status is None else 'set'}.", {"status": status})
-
-    # --- escalations --------------------------------------------------------------------------
-
-    async def _escalate(self, to: str | None, esc: Escalation, timeout: float) -> CallToolResult:
-        target = self._to(to)
-        async with self.session.operation() as client:
-            result = await sup.escalate(client, target, esc, timeout=timeout)
-        if not esc.blocking:
-            return res.outcome(result.sent, "progress update")
-        answer = result.answer.to_dict() if result.answer else None
-        text = res.ask_text(result.sent, target, timeout, self.name)
-        if answer is not None:
-            text += "\nThe answer: " + _answer_note(answer)
-        data = result.sent.to_dict() | {
-            "kind": esc.kind,
-            "reply": result.sent.reply.to_dict() if result.sent.reply else None,
-            "answer": answer,
-        }
-        return res.ok(text, data)
-
-    @guarded
-    async def escalate_decision(
-        self,
-        question: Annotated[str, Field(description="The decision you need.", min_length=1)],
-        options: Annotated[list[str] | None, Field(description="Choices, if any.")] = None,
-        context: Annotated[
-            str | None, Field(description="What the supervisor should know.")
-        ] = None,
-        to: OptionalTarget = None,
-        timeout_s: Timeout = DEFAULT_ASK_S,
-    ) -> CallToolResult:
-        """Ask your supervisor for a decision and wait for it (need_decision)."""
-        return await self._escalate(
-            to, Escalation.decision(question, options or (), context), timeout_s
-        )
-
-    @guarded
-    async def escalate_interview(
-        self,
-        questions: Annotated[
-            list[dict[str, Any]],
-            Field(
-                description='Questions {"id", "type": single|multi|text|info, "question", '
-                '"options"?, "context"?}; single/multi need options.'
-            ),
-        ],
-        title: Annotated[str | None, Field(description="What the interview is about.")] = None,
-        to: OptionalTarget = None,
-        timeout_s: Timeout = DEFAULT_ASK_S,
-    ) -> CallToolResult:
-        """Ask your supervisor several structured questions and wait (interview_request)."""
-        return await self._escalate(to, Escalation.interview(questions, title), timeout_s)
-
-    @guarded
-    async def escalate_progress(
-        self,
-        summary: Annotated[str, Field(description="Where the work stands.", min_length=1)],
-        percent: Annotated[float | None, Field(description="Done, 0-100.", ge=0, le=100)] = None,
-        details: Annotated[str | None, Field(description="More detail.")] = None,
-        to: OptionalTarget = None,
-    ) -> CallToolResult:
-        """Tell your supervisor how the work goes; no answer is awaited (progress_update)."""
-        return await self._escalate(to, Escalation.progress(summary, percent, details), 1.0)
-
-    @guarded
-    async def answer_escalation(
-        self,
-        reply_to: Annotated[str, Field(description="The escalation's message id.")],
-        responses: Annotated[
-            list[dict[str, Any]],
-            Field(
-                description='One {"id", "value"} per question: single: an option; multi: a '
-                "list of options; text: a string; info: no answer needed."
-            ),
-        ],
-    ) -> CallToolResult:
-        """Answer a decision or interview escalation sent to you; it is checked first."""
-        async with self.session.operation() as client:
-            return res.outcome(await sup.answer(client, reply_to, responses), "answer")
 
     def all(self) -> Mapping[str, tuple[Callable[..., Awaitable[CallToolResult]], bool]]:
         """Tool name -> (function, read-only)."""
@@ -371,8 +336,4 @@ class Tools:
             "join": (self.join, False),
             "leave": (self.leave, False),
             "set_status": (self.set_status, False),
-            "escalate_decision": (self.escalate_decision, False),
-            "escalate_interview": (self.escalate_interview, False),
-            "escalate_progress": (self.escalate_progress, False),
-            "answer_escalation": (self.answer_escalation, False),
         }

@@ -7,6 +7,7 @@ import sys
 
 import click
 
+from crossintercom.agents.answered import check_one_line
 from crossintercom.agents.hooks import (
     FORMATS,
     HOOK_FORMATS,
@@ -128,6 +129,7 @@ def set_status(
         raise click.UsageError("give TEXT, or --clear")
     if text is not None and not text.strip():
         raise click.UsageError("the status is empty; use --clear to remove it")
+    check_one_line("status", text)
     cfg = settings()
     with one_shot(cfg, identity(cfg, as_name, session_id)) as client:
         attached = client.aio.attached

@@ -9,10 +9,13 @@ from typing import Any, NoReturn
 import click
 
 from crossintercom.agents import supervisor as sup
+from crossintercom.agents.answered import answered
 from crossintercom.agents.escalation import Escalation, EscalationError
 from crossintercom.cli.common import as_options, identity, json_option, one_shot, settings
+from crossintercom.cli.inbox_cmd import show_ids
 from crossintercom.cli.output import EXIT_NO_REPLY, OUTCOME_EXIT, emit_json, result_exit
 from crossintercom.client import MAX_ASK_TIMEOUT_S
+from crossintercom.safetext import for_terminal, terminal_line
 
 to_option = click.option(
     "--to",
@@ -51,9 +54,11 @@ def _finish(result: sup.EscalationResult, as_json: bool) -> NoReturn:
         click.echo(f"{result.sent.outcome.value} {result.sent.id}")
         if result.answer is not None:
             a = result.answer
+            # The answer is another session's words: no escapes or controls reach the terminal.
             state = "valid" if a.valid else "NOT valid: " + "; ".join(a.problems)
-            click.echo(f"answer ({state}): {json.dumps(a.to_dict()['responses'])}")
-            click.echo(f"raw: {a.raw}")
+            responses = json.dumps(a.to_dict()["responses"])
+            click.echo(f"answer ({terminal_line(state, 2000)}): {terminal_line(responses, 2000)}")
+            click.echo(f"raw: {for_terminal(a.raw)}")
     if result.escalation.blocking and result.answer is None:
         if not as_json:
             click.echo("no answer before the timeout; it will arrive in the inbox", err=True)
@@ -169,11 +174,14 @@ def answer(
     if isinstance(raw, dict) and "responses" in raw:
         raw = raw["responses"]
     cfg = settings()
-    with one_shot(cfg, identity(cfg, as_name, session_id)) as client:
+    ident = identity(cfg, as_name, session_id)
+    with one_shot(cfg, ident) as client:
         try:
             result = client.run(lambda c: sup.answer(c, reply_to, raw))
         except EscalationError as exc:
             raise click.UsageError(exc.message + "; nothing was sent") from None
+        if (ask := answered(result, reply_to)) is not None:  # it wakes no one again
+            show_ids(cfg, client, ident.id, [ask])
     result_exit(result, as_json)
 
 

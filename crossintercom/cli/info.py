@@ -8,21 +8,25 @@ import click
 import msgspec
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from crossintercom.cli.common import as_options, identity, json_option, one_shot, settings
 from crossintercom.cli.output import emit_json
 from crossintercom.client import Client
 from crossintercom.errors import BrokerUnavailable, Disconnected, UsageError
-from crossintercom.models import LISTED_SESSION_FIELDS, valid_name
+from crossintercom.models import LISTED_SESSION_FIELDS, NAME_RULE, valid_name
+from crossintercom.safetext import terminal_line
 from crossintercom.storage.urls import mask_url
 
 
 def _table(title: str, columns: list[str], rows: list[list[str]]) -> None:
+    """Cells came from other sessions and hosts: one line each, no escape sequences, and
+    plain text (``Text``), so rich reads no markup in them (docs/agents.md#framing)."""
     table = Table(title=title, title_justify="left")
     for c in columns:
         table.add_column(c)
     for r in rows:
-        table.add_row(*r)
+        table.add_row(*(Text(terminal_line(cell)) for cell in r))
     Console().print(table)
 
 
@@ -145,10 +149,7 @@ def groups(as_json: bool) -> None:
 
 def _group_name(_ctx: click.Context, _param: click.Parameter, value: str) -> str:
     if not valid_name(value):
-        raise UsageError(
-            f"invalid group name {value!r}: use letters, digits, '.', '_' or '-', starting "
-            "with a letter or digit, at most 64 characters"
-        )
+        raise UsageError(f"invalid group name {terminal_line(repr(value))}: {NAME_RULE}")
     return value
 
 

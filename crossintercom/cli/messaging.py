@@ -12,9 +12,12 @@ from typing import Any
 
 import click
 
+from crossintercom.agents.answered import answered, check_one_line
 from crossintercom.agents.session import show_lock
+from crossintercom.cli import inbox_cmd
 from crossintercom.cli.common import as_options, identity, json_option, one_shot, settings
-from crossintercom.cli.output import emit_json, format_message, in_thread, result_exit
+from crossintercom.cli.inbox_cmd import seen_notice, show_ids
+from crossintercom.cli.output import emit_json, format_message, result_exit
 from crossintercom.client import (
     MAX_ASK_TIMEOUT_S,
     AsyncClient,
@@ -27,13 +30,22 @@ from crossintercom.inbox import Entry, Inbox
 from crossintercom.models import Attachment
 from crossintercom.runtime import ensure_runtime_dir
 
-SUBJECT_HELP = "A one-line subject for the conversation (replies keep it)."
+SUBJECT_HELP = (
+    "A one-line subject for the conversation (replies keep it); a line break in it is refused: "
+    "error code not_one_line, exit 2."
+)
 THREAD_HELP = "Continue the thread with this id (a root message's id) instead of starting one."
+
+
+def _one_line(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
+    if value is not None:
+        check_one_line("subject", value)
+    return value
 
 
 def _thread_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     fn = click.option("--thread", "thread_id", metavar="ID", help=THREAD_HELP)(fn)
-    return click.option("--subject", metavar="TEXT", help=SUBJECT_HELP)(fn)
+    return click.option("--subject", metavar="TEXT", help=SUBJECT_HELP, callback=_one_line)(fn)
 
 
 ATTACH_HELP = (
@@ -172,7 +184,7 @@ def _show_unshown(
     with show_lock(cfg, session_id):  # shown once across every surface (docs/agents.md)
         entries = display.unshown()
         for entry in entries:
-            skipped = (_seen_notice(entry) and not view.shown_receipts) or (
+            skipped = (seen_notice(entry) and not view.shown_receipts) or (
                 view.skip_resumed and "resumed" in entry.body.get("flags", ())
             )
             if not skipped:
@@ -182,12 +194,6 @@ def _show_unshown(
         # One mark for the pass, only after its output was flushed (docs/delivery.md).
         display.mark_shown([e.seq for e in entries])
     return printed
-
-
-def _seen_notice(entry: Entry) -> bool:
-    """A `shown` receipt: one per message sent would drown a stream or transcript, so the
-    commands print them only when asked (docs/agents.md#shown-receipts)."""
-    return entry.kind == "receipt" and entry.body.get("outcome") == "shown"
 
 
 def _print_entry(entry: Entry, as_json: bool) -> None:
@@ -283,87 +289,13 @@ def reply(
 ) -> None:
     """Answer an ask that was delivered to NAME."""
     cfg, text, files = _outgoing(message, attach)
-    with one_shot(cfg, identity(cfg, as_name, session_id)) as client:
+    ident = identity(cfg, as_name, session_id)
+    with one_shot(cfg, ident) as client:
         result = client.reply(text, reply_to=reply_to, attachments=files)
+        ask = answered(result, reply_to)
+        if ask is not None:  # answered: no hook or monitor hands the ask over again
+            show_ids(cfg, client, ident.id, [ask])
     result_exit(result, as_json)
 
 
-@click.command()
-@as_options(required=True)
-@json_option
-def pending(as_name: str, session_id: str | None, as_json: bool) -> None:
-    """Asks waiting for NAME's reply, oldest first."""
-    cfg = settings()
-    with one_shot(cfg, identity(cfg, as_name, session_id)) as client:
-        asks = client.pending()
-    if as_json:
-        emit_json([m.to_dict() for m in asks])
-        return
-    if not asks:
-        click.echo("no asks waiting for a reply")
-    for m in asks:
-        click.echo(format_message(m.to_dict()))
-
-
-@click.command()
-@as_options(required=True)
-@click.option(
-    "--unseen",
-    is_flag=True,
-    help="Pull in mail queued while NAME was away, print only messages never shown, and mark "
-    "them shown.",
-)
-@click.option(
-    "--shown-receipts",
-    is_flag=True,
-    help="Include the `shown` receipts for messages NAME sent (left out by default: one per "
-    "message sent).",
-)
-@click.option("--thread", "thread_id", metavar="ID", help="Only the messages of this thread.")
-@json_option
-def inbox(
-    as_name: str,
-    session_id: str | None,
-    unseen: bool,
-    shown_receipts: bool,
-    thread_id: str | None,
-    as_json: bool,
-) -> None:
-    """NAME's saved messages on this host, oldest first (a transcript)."""
-    cfg = settings()
-    ensure_runtime_dir(cfg)
-    ident = Identity.named(cfg, as_name, session_id)
-    if unseen:
-        from crossintercom.agents.monitor import show_unseen_once
-
-        def write(entries: list[Entry]) -> None:
-            if as_json:
-                emit_json([e.body for e in entries])
-            else:
-                for e in entries:
-                    click.echo(format_message(e.body))
-                sys.stdout.flush()
-
-        if not asyncio.run(show_unseen_once(cfg, ident, write)):
-            if as_json:
-                emit_json([])
-            else:
-                click.echo(f"no unseen messages for {as_name}")
-        return
-    box = Inbox.of(cfg, ident.id)
-    try:
-        entries = [e for e in box.transcript() if shown_receipts or not _seen_notice(e)]
-    finally:
-        box.close()
-    if thread_id is not None:
-        entries = [e for e in entries if in_thread(e.body, thread_id)]
-    if as_json:
-        emit_json([e.body for e in entries])
-        return
-    if not entries:
-        click.echo(f"{as_name}'s inbox is empty")
-    for e in entries:
-        click.echo(format_message(e.body))
-
-
-COMMANDS = (listen, send, ask, reply, pending, inbox)
+COMMANDS = (listen, send, ask, reply, *inbox_cmd.COMMANDS)

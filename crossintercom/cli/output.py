@@ -8,8 +8,10 @@ from typing import Any, NoReturn
 
 import click
 
+from crossintercom.agents.mail import render_mail
 from crossintercom.errors import CrossintercomError
 from crossintercom.models import Outcome, SendResult
+from crossintercom.safetext import for_terminal, terminal_line
 
 # Exit codes (README "Exit codes"): scripts and agents branch on them.
 EXIT_OK = 0
@@ -50,7 +52,7 @@ def fail(exc: CrossintercomError, as_json: bool) -> NoReturn:
             }
         )
     else:
-        click.echo(f"error: {exc.message}", err=True)
+        click.echo(f"error: {for_terminal(exc.message)}", err=True)
     sys.exit(exc.exit_code)
 
 
@@ -83,16 +85,21 @@ def result_exit(result: SendResult, as_json: bool, *, with_reply: bool = False) 
                 err["receipts"] = [r.to_dict() for r in result.receipts]
             emit_json({"error": err})
     else:
-        line = f"{result.outcome.value} {result.id}"
+        line = f"{result.outcome.value} {terminal_line(result.id)}"
         if result.code:
-            line += f" ({result.code})"
+            line += f" ({terminal_line(result.code)})"
         click.echo(line, err=code != EXIT_OK)
         if result.message or result.outcome is Outcome.UNKNOWN:
-            click.echo(f"  {result.to_dict().get('message')}", err=code != EXIT_OK)
+            said = for_terminal(result.to_dict().get("message"))
+            click.echo(f"  {said}", err=code != EXIT_OK)
         for r in result.receipts or ():
-            click.echo(f"  {r.recipient}: {r.outcome.value}" + (f" ({r.code})" if r.code else ""))
+            click.echo(
+                f"  {terminal_line(r.recipient)}: {r.outcome.value}"
+                + (f" ({terminal_line(r.code)})" if r.code else "")
+            )
         if with_reply and result.reply is not None:
-            click.echo(format_message(result.reply.to_dict()))
+            # An agent in a shell reads it: framed as the MCP ask tool shows it (docs/agents.md).
+            click.echo(render_mail([result.reply.to_dict()]))
     if with_reply and code == EXIT_OK and result.reply is None:
         if not as_json:
             click.echo("no reply before the timeout", err=True)
@@ -108,27 +115,33 @@ def in_thread(m: dict[str, Any], thread_id: str) -> bool:
 
 
 def format_message(m: dict[str, Any]) -> str:
-    """One message for a person: header line, text, attachments, how to answer."""
+    """One message for a person's terminal: header line, text, attachments, how to answer.
+
+    Every field came from another session or host: escape sequences and controls are dropped,
+    header fields kept to one line (docs/agents.md#framing)."""
+    f = terminal_line
     if m.get("type") == "receipt":
         return (
-            f"[receipt] {m.get('id')}: {m.get('outcome')}"
-            + (f" for {m.get('recipient')}" if m.get("recipient") else "")
-            + (f" ({m.get('message')})" if m.get("message") else "")
+            f"[receipt] {f(m.get('id'))}: {f(m.get('outcome'))}"
+            + (f" for {f(m.get('recipient'))}" if m.get("recipient") else "")
+            + (f" ({f(m.get('message'))})" if m.get("message") else "")
         )
     sender = m.get("from") or {}
-    who = f"{sender.get('name') or sender.get('id')}@{sender.get('host')}"
-    flags = f" [{', '.join(m['flags'])}]" if m.get("flags") else ""
-    head = f"--- {m.get('sent_at')} from {who}{flags} id={m.get('id')}"
+    who = f"{f(sender.get('name') or sender.get('id'))}@{f(sender.get('host'))}"
+    flags = f" [{f(', '.join(map(str, m['flags'])))}]" if m.get("flags") else ""
+    head = f"--- {f(m.get('sent_at'))} from {who}{flags} id={f(m.get('id'))}"
     if m.get("reply_to"):
-        head += f" reply_to={m['reply_to']}"
+        head += f" reply_to={f(m['reply_to'])}"
     if m.get("thread_id") and m.get("thread_id") != m.get("id"):
-        head += f" thread={m['thread_id']}"
+        head += f" thread={f(m['thread_id'])}"
     lines = [head]
     if m.get("subject"):
-        lines.append(f"Subject: {m['subject']}")
-    lines.append(str(m.get("message", "")))
+        lines.append(f"Subject: {f(m['subject'])}")
+    lines.append(for_terminal(m.get("message", "")))
     for a in m.get("attachments") or ():
-        lines.append(f"  [{a.get('kind')}: {a.get('name')}, {len(a.get('content', ''))} chars]")
+        lines.append(
+            f"  [{f(a.get('kind'))}: {f(a.get('name'))}, {len(a.get('content', ''))} chars]"
+        )
     if m.get("expects_reply"):
-        lines.append(f"  (expects a reply: crossintercom reply --reply-to {m.get('id')} TEXT)")
+        lines.append(f"  (expects a reply: crossintercom reply --reply-to {f(m.get('id'))} TEXT)")
     return "\n".join(lines)

@@ -9,6 +9,7 @@ from crossintercom.cli.db import store_option
 from crossintercom.cli.output import emit_json
 from crossintercom.errors import UsageError
 from crossintercom.models import SearchHit, SearchQuery, parse_age, parse_since, search_terms
+from crossintercom.safetext import for_terminal, terminal_line
 
 
 @click.command()
@@ -53,7 +54,7 @@ def search(
         return
     where = "the archive" if result.source == "archive" else f"the inboxes on {cfg.host_id}"
     if not result.hits:
-        click.echo(f"nothing in {where} matches {query!r}")
+        click.echo(f"nothing in {where} matches {terminal_line(repr(query))}")
         return
     click.echo(f"{len(result.hits)} match(es) in {where}, best first:")
     for hit in result.hits:
@@ -61,13 +62,14 @@ def search(
 
 
 def _format_hit(hit: SearchHit) -> str:
-    m = hit.message
-    who = f"{m.sender.name or m.sender.id}@{m.sender.host}"
-    head = f"--- {m.sent_at} from {who} to {m.to} id={m.id} thread={m.thread}"
+    """One hit for a terminal: its fields came from other sessions (docs/agents.md#framing)."""
+    m, f = hit.message, terminal_line
+    who = f"{f(m.sender.name or m.sender.id)}@{f(m.sender.host)}"
+    head = f"--- {f(m.sent_at)} from {who} to {f(m.to)} id={f(m.id)} thread={f(m.thread)}"
     lines = [head]
     if m.subject:
-        lines.append(f"Subject: {m.subject}")
-    lines.append(f"  {hit.snippet}")
+        lines.append(f"Subject: {f(m.subject)}")
+    lines.append(f"  {for_terminal(hit.snippet)}")
     return "\n".join(lines)
 
 

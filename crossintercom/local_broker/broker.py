@@ -41,6 +41,7 @@ from crossintercom.models import (
     SendResult,
     SessionInfo,
 )
+from crossintercom.safetext import is_one_line
 
 log = logging.getLogger(__name__)
 
@@ -189,6 +190,8 @@ class Broker:
         conn.write(p.Ok(f.request_id, groups=list(info.groups)))
 
     async def _on_set_status(self, conn: Conn, f: p.SetStatus) -> None:
+        if f.status is not None and not is_one_line(f.status):
+            raise ProtocolError("a status must be one line", code=Code.NOT_ONE_LINE)
         if conn.control:
             self.relay.store_status = f.status
         else:

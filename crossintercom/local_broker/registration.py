@@ -16,6 +16,7 @@ from crossintercom.local_broker.registry import Live, Registry
 from crossintercom.local_broker.relay_link import RelayLink
 from crossintercom.local_broker.state import BrokerState
 from crossintercom.models import PURPOSES, SessionInfo
+from crossintercom.safetext import is_one_line
 
 
 @dataclass(slots=True)
@@ -52,6 +53,8 @@ class Registration:
             conn.session_id = s.id
             conn.write(p.Registered(f.request_id, attached=False))
             return
+        if s.status is not None and not is_one_line(s.status):  # docs/agents.md#framing
+            raise ProtocolError("a status must be one line", code=Code.NOT_ONE_LINE)
         live = self.registry.live.get(s.id)
         attached = False
         if live is not None and live.owner is not None:

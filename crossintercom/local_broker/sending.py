@@ -40,6 +40,7 @@ from crossintercom.models import (
     SendResult,
     now_iso,
 )
+from crossintercom.safetext import is_one_line
 from crossintercom.testhooks import crash_at, stop_at
 
 log = logging.getLogger(__name__)
@@ -89,6 +90,7 @@ class Operations:
     def build_message(self, conn: Conn, body: p.OutgoingBody, to: str) -> Message:
         assert conn.session_id is not None
         info = self.registry.live[conn.session_id].info
+        _one_line_fields(body)
         for a in body.attachments:
             if a.kind not in ATTACHMENT_KINDS:
                 raise Refusal(
@@ -245,6 +247,14 @@ class Operations:
             target = Target(entry.asker_id, entry.asker_host, None, local=False)
             return (await self.relay.forward(reply, [target]))[0]
         return await self.delivery.route_reply(reply, entry.asker_id)
+
+
+def _one_line_fields(body: p.OutgoingBody) -> None:
+    """A subject and attachment names are one line (docs/agents.md#framing)."""
+    if body.subject is not None and not is_one_line(body.subject):
+        raise Refusal(Code.NOT_ONE_LINE, "the subject must be one line (no line breaks)")
+    if not all(is_one_line(a.name) for a in body.attachments):
+        raise Refusal(Code.NOT_ONE_LINE, "an attachment's name must be one line (no line breaks)")
 
 
 def _located(receipts: list[Receipt], hosts: dict[str, str]) -> list[Receipt]:

@@ -40,7 +40,15 @@ class Result(msgspec.Struct, tag="result", frozen=True, omit_defaults=True):
     @classmethod
     def of(cls, request_id: int, result: SendResult) -> Result:
         receipts = list(result.receipts) if result.receipts is not None else None
-        return cls(request_id, result.id, result.outcome, result.code, result.message, receipts)
+        return cls(
+            request_id,
+            result.id,
+            result.outcome,
+            result.code,
+            result.message,
+            receipts,
+            reply_to=result.reply_to,
+        )
 
     @classmethod
     def of_receipt(cls, request_id: int, receipt: Receipt) -> Result:
@@ -55,7 +63,9 @@ class Result(msgspec.Struct, tag="result", frozen=True, omit_defaults=True):
 
     def send_result(self) -> SendResult:
         receipts = tuple(self.receipts) if self.receipts is not None else None
-        return SendResult(self.id, self.outcome, self.code, self.message, receipts)
+        return SendResult(
+            self.id, self.outcome, self.code, self.message, receipts, reply_to=self.reply_to
+        )
 
 
 class InboundResult(msgspec.Struct, tag="inbound_result", frozen=True):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -52,6 +53,37 @@ CODEX_STOP = {
 }
 
 
+_HEADER = re.compile(r"^<<<crossintercom (ask|message|reply) from (\S+) (.*)>>>$")
+
+
+def parse_mail(text: str) -> list[dict[str, Any]]:
+    """The framed messages in a tool's text, oldest first: kind, from, id, reply_to, thread,
+    flags and the quoted text (results that carry mail have no structured content)."""
+    found: list[dict[str, Any]] = []
+    current: dict[str, Any] | None = None
+    for line in text.split("\n"):
+        header = _HEADER.match(line)
+        if header:
+            fields = dict(f.split("=", 1) for f in header.group(3).split(" ") if "=" in f)
+            current = {
+                "kind": header.group(1),
+                "from": header.group(2),
+                "id": fields.get("id"),
+                "reply_to": fields.get("reply_to"),
+                "thread": fields.get("thread"),
+                "flags": fields["flags"].split(",") if "flags" in fields else [],
+                "lines": [],
+            }
+            found.append(current)
+        elif line.startswith("<<<end crossintercom "):
+            current = None
+        elif current is not None and line.startswith("\u2502 "):
+            current["lines"].append(line[2:])
+    for m in found:
+        m["message"] = "\n".join(x for x in m.pop("lines") if not x.startswith("[subject] "))
+    return found
+
+
 class Mcp:
     """One `crossintercom mcp` server and the SDK's client session talking to it."""
 
@@ -66,6 +98,13 @@ class Mcp:
         result = await self.call(tool, **arguments)
         assert not result.is_error, result.content[0].text
         return str(result.content[0].text)
+
+    async def mail(self, tool: str, **arguments: Any) -> list[dict[str, Any]]:
+        """The framed messages a mail-carrying tool returned (it has no structured content)."""
+        result = await self.call(tool, **arguments)
+        assert not result.is_error, result.content[0].text
+        assert result.structured_content is None, "mail results carry no structured content"
+        return parse_mail(str(result.content[0].text))
 
     async def data(self, tool: str, **arguments: Any) -> dict[str, Any]:
         result = await self.call(tool, **arguments)

@@ -8,7 +8,7 @@ import asyncio
 import time
 from collections import Counter
 
-from tests.agents.conftest import Cluster, Host, Mcp, mcp_server, until
+from tests.agents.conftest import Cluster, Host, Mcp, mcp_server, parse_mail, until
 from tests.conftest import broker_pid, kill_broker
 
 ACKED = {"delivered", "queued"}
@@ -25,7 +25,7 @@ async def _collect(worker: Mcp, into: Counter[str]) -> bool:
     result = await worker.call("inbox")
     if result.is_error:
         return False
-    into.update(m["id"] for m in result.structured_content["messages"])
+    into.update(m["id"] for m in parse_mail(str(result.content[0].text)))
     return True
 
 

@@ -7,7 +7,7 @@ import asyncio
 import json
 from typing import Any
 
-from tests.agents.conftest import Cluster, Host, Mcp, mcp_server, until
+from tests.agents.conftest import Cluster, Host, Mcp, mcp_server, parse_mail, until
 
 READ_ONLY = {"whoami", "list_sessions", "pending", "groups", "receipts"}
 QUESTIONS = [
@@ -25,8 +25,9 @@ async def next_mail(m: Mcp, timeout: float = 30) -> dict[str, Any]:
     while True:
         result = await m.call("inbox")
         assert not result.is_error, result.content[0].text
-        if result.structured_content["messages"]:
-            return {"text": result.content[0].text, **result.structured_content}
+        text = str(result.content[0].text)
+        if found := parse_mail(text):
+            return {"text": text, "messages": found}
         if loop.time() > deadline:
             raise AssertionError(f"{m.name} got no mail in {timeout}s")
         await asyncio.sleep(0.1)
@@ -36,9 +37,10 @@ async def next_pending(m: Mcp, timeout: float = 30) -> dict[str, Any]:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     while True:
-        asks = (await m.data("pending"))["messages"]
-        if asks:
-            return dict(asks[0])
+        result = await m.call("pending")
+        assert not result.is_error, result.content[0].text
+        if asks := parse_mail(str(result.content[0].text)):
+            return {"text": result.content[0].text, **asks[0]}
         if loop.time() > deadline:
             raise AssertionError(f"no ask reached {m.name} in {timeout}s")
         await asyncio.sleep(0.1)
@@ -79,7 +81,7 @@ async def _exchange(a: Host, b: Host) -> None:
         assert [m["id"] for m in mail["messages"]] == [sent["id"]]
         assert "from worker@A" in mail["text"] and "│ hello lead" in mail["text"]
         assert "not by your user" in mail["text"]
-        assert (await lead.data("inbox"))["messages"] == []  # shown once
+        assert await lead.mail("inbox") == []  # shown once
 
         # ask -> reply: the ask returns the reply
         asking = asyncio.create_task(worker.call("ask", to="lead", message="ready?", timeout_s=60))
@@ -88,18 +90,17 @@ async def _exchange(a: Host, b: Host) -> None:
         assert replied["outcome"] in ("delivered", "queued")
         answer = await asking
         assert not answer.is_error
-        assert answer.structured_content["reply"]["message"] == "yes, ready"
-        assert answer.structured_content["reply"]["reply_to"] == question["id"]
+        (got,) = parse_mail(answer.content[0].text)
+        assert (got["message"], got["reply_to"]) == ("yes, ready", question["id"])
         assert "The reply:" in answer.content[0].text
 
         # interview to the supervisor, a wrong answer refused with every problem, then a good one
         interviewing = asyncio.create_task(
             worker.call("escalate_interview", questions=QUESTIONS, title="rollout", timeout_s=60)
         )
-        asked = await next_pending(lead)
-        shown = await next_mail(lead)
-        assert "[interview request] rollout" in shown["text"]
-        assert "answer_escalation" in shown["text"]
+        asked = await next_pending(lead)  # shown there: the inbox does not show it again
+        assert "[interview request] rollout" in asked["text"]
+        assert "answer_escalation" in asked["text"]
         bad = await lead.call(
             "answer_escalation", reply_to=asked["id"], responses=[{"id": "db", "value": "mysql"}]
         )
@@ -107,7 +108,7 @@ async def _exchange(a: Host, b: Host) -> None:
         assert bad.structured_content["error"]["code"] == "invalid_escalation"
         assert "'mysql' is not one of the options" in bad.content[0].text
         assert "no answer for: envs, why" in bad.content[0].text
-        assert (await lead.data("pending"))["messages"], "a refused answer consumes nothing"
+        assert await lead.mail("pending"), "a refused answer consumes nothing"
         good = [
             {"id": "db", "value": "pg"},
             {"id": "envs", "value": ["dev", "ci"]},
@@ -116,10 +117,11 @@ async def _exchange(a: Host, b: Host) -> None:
         ok = await lead.data("answer_escalation", reply_to=asked["id"], responses=good)
         assert ok["outcome"] in ("delivered", "queued")
         result = await interviewing
-        parsed = result.structured_content["answer"]
-        assert parsed["valid"] is True
-        assert parsed["responses"] == good
-        assert json.loads(parsed["raw"]) == {"responses": good}
+        # the answer as checked stands inside the reply's frame
+        (reply,) = parse_mail(result.content[0].text)
+        assert json.loads(reply["message"]) == {"responses": good}
+        note = "The answer, as checked: valid; responses " + json.dumps(good, ensure_ascii=False)
+        assert note in result.content[0].text.split("<<<end crossintercom reply")[0]
 
         # an ask nobody answers in time: the result says so; the late answer lands in the inbox
         late = await worker.call("ask", to="lead", message="later?", timeout_s=1)
@@ -161,4 +163,4 @@ async def _bad_arguments(a: Host) -> None:
             code = result.structured_content["error"]["code"]
             assert code in ("invalid_argument", "invalid_escalation", "unknown_tool"), code
             assert says in result.content[0].text, result.content[0].text
-        assert (await lead.data("inbox", unseen_only=False))["messages"] == []  # nothing sent
+        assert await lead.mail("inbox", unseen_only=False) == []  # nothing sent

@@ -116,8 +116,8 @@ async def _mcp_receipts(env: dict[str, str], home: Path) -> None:
         sent = await planner.data("send", to="worker", message="status?")
         assert sent["outcome"] == "delivered"
         assert (await planner.data("receipts", message_id=sent["id"]))["receipts"] == []
-        got = await worker.data("inbox")
-        assert [m["id"] for m in got["messages"]] == [sent["id"]]
+        got = await worker.mail("inbox")
+        assert [m["id"] for m in got] == [sent["id"]]
 
         async def shown() -> list[dict[str, Any]]:
             found: list[dict[str, Any]] = (await planner.data("receipts"))["receipts"]
@@ -213,15 +213,15 @@ async def _mcp_ask_shown(env: dict[str, str], home: Path) -> None:
         ),
     ):
         await until(lambda: online(home, "worker"), 30, "the worker's MCP server")
-        asking = asyncio.create_task(planner.data("ask", to="worker", message="ok?", timeout_s=60))
+        asking = asyncio.create_task(planner.mail("ask", to="worker", message="ok?", timeout_s=60))
         loop = asyncio.get_running_loop()
         deadline = loop.time() + 30
-        while not (got := (await worker.data("inbox"))["messages"]):
+        while not (got := await worker.mail("inbox")):
             assert loop.time() < deadline, "the ask never reached the worker"
             await asyncio.sleep(0.1)
         replied = await worker.data("reply", message="yes", reply_to=got[0]["id"])
         answer = await asyncio.wait_for(asking, 60)
-        assert answer["reply"]["id"] == replied["id"]
+        assert [m["id"] for m in answer] == [replied["id"]]
         while not (found := (await worker.data("receipts", message_id=replied["id"]))["receipts"]):
             assert loop.time() < deadline + 30, "the replier got no shown receipt"
             await asyncio.sleep(0.1)

@@ -39,16 +39,16 @@ async def _mcp_and_wait(env: dict[str, str], home: Path) -> None:
         with planner(env) as p:
             first = p.send("worker", "one")
             assert first.outcome.value == "delivered"
-            got = await worker.data("inbox")
-            assert [m["id"] for m in got["messages"]] == [first.id]
+            got = await worker.mail("inbox")
+            assert [m["id"] for m in got] == [first.id]
             assert await asyncio.to_thread(wait_json, env) == (6, [])  # not shown again
 
             second = p.send("worker", "two")
             rc, shown = await asyncio.to_thread(wait_json, env, "30")  # attaches to the server
             assert (rc, [m["id"] for m in shown]) == (0, [second.id])
-            assert (await worker.data("inbox"))["messages"] == []
-            everything = await worker.data("inbox", unseen_only=False)
-            assert [m["id"] for m in everything["messages"]] == [first.id, second.id]
+            assert await worker.mail("inbox") == []
+            everything = await worker.mail("inbox", unseen_only=False)
+            assert [m["id"] for m in everything] == [first.id, second.id]
 
 
 def test_line_monitor_attaches_and_takes_over(cli_env: dict[str, str], runtime_home: Path) -> None:
@@ -67,7 +67,7 @@ async def _line_monitor(env: dict[str, str], home: Path) -> None:
             line = await asyncio.to_thread(monitor.stdout.readline)
             assert f"id={sent.id}" in line and line.count("<<<") == 1
             assert "line ⏎ break" in line
-            assert (await worker.data("inbox"))["messages"] == []  # the monitor showed it
+            assert await worker.mail("inbox") == []  # the monitor showed it
 
             monitor.terminate()
             assert await asyncio.to_thread(monitor.wait, 10) == 0
@@ -79,7 +79,7 @@ async def _line_monitor(env: dict[str, str], home: Path) -> None:
             with planner(env) as p:
                 after = p.send("worker", "still there?")
             assert after.outcome.value == "delivered"  # not queued: the server holds it now
-            assert [m["id"] for m in (await worker.data("inbox"))["messages"]] == [after.id]
+            assert [m["id"] for m in await worker.mail("inbox")] == [after.id]
     finally:
         if monitor.poll() is None:
             monitor.kill()

@@ -1,0 +1,119 @@
+"""MCP tools for escalations to a supervisor and their answers (docs/agents.md#escalations).
+Beside ``mcp_tools``, which maps the mailbox operations."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Annotated, Any
+
+from mcp.types import CallToolResult
+from pydantic import Field
+
+from crossintercom.agents import mcp_results as res
+from crossintercom.agents import supervisor as sup
+from crossintercom.agents.answered import show_answered
+from crossintercom.agents.escalation import Escalation, EscalationError, answer_note
+from crossintercom.agents.mcp_tools import DEFAULT_ASK_S, Timeout, guarded
+from crossintercom.agents.session import AgentSession
+
+OptionalTarget = Annotated[
+    str | None, Field(description="Recipient; default: this session's supervisor.")
+]
+
+
+class EscalationTools:
+    def __init__(self, session: AgentSession, supervisor: str | None) -> None:
+        self.session = session
+        self.supervisor = supervisor
+        self.name = session.name
+
+    def _to(self, to: str | None) -> str:
+        target = to or self.supervisor
+        if not target:
+            raise EscalationError(
+                ["no recipient: give `to`, or start the server with --supervisor TARGET"]
+            )
+        return target
+
+    async def _escalate(self, to: str | None, esc: Escalation, timeout: float) -> CallToolResult:
+        target = self._to(to)
+        async with self.session.operation() as client:
+            result = await sup.escalate(client, target, esc, timeout=timeout)
+        if not esc.blocking:
+            return res.outcome(result.sent, "progress update")
+        answer = result.answer.to_dict() if result.answer else None
+        note = "The answer, as checked: " + answer_note(answer) if answer is not None else None
+        if result.sent.reply is not None:
+            self.session.report_shown([result.sent.reply])
+        return res.ask_outcome(result.sent, target, timeout, self.name, note)
+
+    @guarded
+    async def escalate_decision(
+        self,
+        question: Annotated[str, Field(description="The decision you need.", min_length=1)],
+        options: Annotated[list[str] | None, Field(description="Choices, if any.")] = None,
+        context: Annotated[
+            str | None, Field(description="What the supervisor should know.")
+        ] = None,
+        to: OptionalTarget = None,
+        timeout_s: Timeout = DEFAULT_ASK_S,
+    ) -> CallToolResult:
+        """Ask your supervisor for a decision and wait for it (need_decision)."""
+        return await self._escalate(
+            to, Escalation.decision(question, options or (), context), timeout_s
+        )
+
+    @guarded
+    async def escalate_interview(
+        self,
+        questions: Annotated[
+            list[dict[str, Any]],
+            Field(
+                description='Questions {"id", "type": single|multi|text|info, "question", '
+                '"options"?, "context"?}; single/multi need options.'
+            ),
+        ],
+        title: Annotated[str | None, Field(description="What the interview is about.")] = None,
+        to: OptionalTarget = None,
+        timeout_s: Timeout = DEFAULT_ASK_S,
+    ) -> CallToolResult:
+        """Ask your supervisor several structured questions and wait (interview_request)."""
+        return await self._escalate(to, Escalation.interview(questions, title), timeout_s)
+
+    @guarded
+    async def escalate_progress(
+        self,
+        summary: Annotated[str, Field(description="Where the work stands.", min_length=1)],
+        percent: Annotated[float | None, Field(description="Done, 0-100.", ge=0, le=100)] = None,
+        details: Annotated[str | None, Field(description="More detail.")] = None,
+        to: OptionalTarget = None,
+    ) -> CallToolResult:
+        """Tell your supervisor how the work goes; no answer is awaited (progress_update)."""
+        return await self._escalate(to, Escalation.progress(summary, percent, details), 1.0)
+
+    @guarded
+    async def answer_escalation(
+        self,
+        reply_to: Annotated[str, Field(description="The escalation's message id.")],
+        responses: Annotated[
+            list[dict[str, Any]],
+            Field(
+                description='One {"id", "value"} per question: single: an option; multi: a '
+                "list of options; text: a string; info: no answer needed."
+            ),
+        ],
+    ) -> CallToolResult:
+        """Answer a decision or interview escalation sent to you; it is checked first."""
+        async with self.session.operation() as client:
+            result = await sup.answer(client, reply_to, responses)
+        show_answered(self.session, result, reply_to)  # answered: it wakes no one again
+        return res.outcome(result, "answer")
+
+    def all(self) -> Mapping[str, tuple[Callable[..., Awaitable[CallToolResult]], bool]]:
+        """Tool name -> (function, read-only)."""
+        return {
+            "escalate_decision": (self.escalate_decision, False),
+            "escalate_interview": (self.escalate_interview, False),
+            "escalate_progress": (self.escalate_progress, False),
+            "answer_escalation": (self.answer_escalation, False),
+        }
