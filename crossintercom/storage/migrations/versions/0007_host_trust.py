@@ -55,7 +55,8 @@ CODES = (
     "forged_sender", "undeliverable", "id_conflict", "refused", "expired", "rate_limited",
     "crossing_ask", "forgotten", "no_relay", "recipient_gone", "local_storage", "save_failed",
     "store_unavailable", "store_in_doubt", "broker_unavailable", "disconnected", "relay_lost",
-    "no_ack", "uncertain", "deadline", "queued_at_host", "queued",
+    "no_ack", "uncertain", "deadline", "queued_at_host", "inbox_unavailable", "not_one_line",
+    "queued",
 )  # fmt: skip
 OUTCOMES = ("delivered", "refused", "expired", "shown")
 STATES = ("queued", "delivered", "refused", "expired")
