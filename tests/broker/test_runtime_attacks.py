@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import grp
 import os
+import pwd
 import signal
 import sqlite3
 import stat
@@ -26,7 +27,15 @@ from crossintercom.tools.harness import RELAY
 from crossintercom.web.auth import write_token_file
 from tests.conftest import make_env, run_cli, settings_for
 from tests.soak import broker_pid, pid_alive, wait_for
-from tests.unixuser import SHARED_GROUP, as_nobody, need_root, python_as_nobody
+from tests.unixuser import (
+    OTHER_USER,
+    SHARED_GROUP,
+    as_nobody,
+    as_user,
+    need_root,
+    python_as_nobody,
+    python_for,
+)
 
 SECRET = "root-only secret 0123456789\n"
 
@@ -173,3 +182,34 @@ def test_spawn_lock_from_the_future_is_stale(shared: Shared, owner: str) -> None
     took = time.monotonic() - started
     assert out.returncode == 0, out.stderr
     assert took < 10, f"the client waited {took:.1f} s behind the planted lock"
+
+
+def test_members_spawn_lock_the_sticky_dir_keeps_is_passed_by(runtime_home: Path) -> None:
+    """The sticky bit binds neither root nor the dir's owner, so here root owns the group dir
+    (as the service user does in a host-wide deployment), nobody runs the client and a third
+    user of the group plants a lock that looks live: the client cannot remove it and still
+    starts the broker at once."""
+    need_root()
+    runtime_home.chmod(0o755)
+    gid = grp.getgrnam(SHARED_GROUP).gr_gid
+    home = runtime_home / "shared"
+    home.mkdir()
+    os.chown(home, 0, gid)
+    home.chmod(0o1770)
+    lock = home / "broker.spawn.lock"
+    planted = as_user(
+        OTHER_USER, "sh", "-c", f"umask 0; echo '1 {time.time():.3f}' > {lock}", groups=(gid,)
+    )
+    assert planted.returncode == 0, planted
+    python, env = python_for("nobody", make_env(home, CROSSINTERCOM_GROUP=SHARED_GROUP))
+    started = time.monotonic()
+    out = as_user(
+        "nobody", *python, "-m", "crossintercom", "list", "--json", groups=(gid,), env=env
+    )
+    took = time.monotonic() - started
+    assert out.returncode == 0, out
+    assert took < 10, f"the client waited {took:.1f} s behind the member's lock"
+    # the sticky bit kept the member's file: the client passed it by rather than removing it
+    assert lock.stat().st_uid == pwd.getpwnam(OTHER_USER).pw_uid
+    pid = broker_pid(home)
+    assert pid is not None and Path(f"/proc/{pid}").stat().st_uid == pwd.getpwnam("nobody").pw_uid
