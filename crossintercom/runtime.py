@@ -16,7 +16,7 @@ import stat
 import uuid
 from pathlib import Path
 
-from crossintercom.config import MAX_SOCKET_PATH, Settings
+from crossintercom.config import CONFIG_FILE, MAX_SOCKET_PATH, Settings
 from crossintercom.errors import RuntimeDirError
 
 log = logging.getLogger(__name__)
@@ -112,8 +112,11 @@ def apply_mode(settings: Settings, path: Path, mode: int) -> None:
 
 
 def secure_file(settings: Settings, path: Path) -> None:
-    """Give a file the runtime file mode and group (a private file stays 0600)."""
+    """Give a file the runtime file mode and group (a private file stays 0600, config.json
+    stays unwritable by the group: members read it, never change it)."""
     mode = 0o600 if path.name in PRIVATE_FILES else modes(settings)[1]
+    if path.name == CONFIG_FILE:
+        mode &= 0o640
     apply_mode(settings, path, mode)
 
 

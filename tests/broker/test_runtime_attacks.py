@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from crossintercom.config import Settings
-from crossintercom.errors import RuntimeDirError
+from crossintercom.errors import ConfigError, RuntimeDirError
 from crossintercom.runtime import ensure_runtime_dir, machine_identity, secure_tree
 from crossintercom.storage import migrate
 from crossintercom.tools.harness import RELAY
@@ -213,3 +213,36 @@ def test_members_spawn_lock_the_sticky_dir_keeps_is_passed_by(runtime_home: Path
     assert lock.stat().st_uid == pwd.getpwnam(OTHER_USER).pw_uid
     pid = broker_pid(home)
     assert pid is not None and Path(f"/proc/{pid}").stat().st_uid == pwd.getpwnam("nobody").pw_uid
+
+
+def test_config_json_a_member_wrote_is_refused(shared: Shared) -> None:
+    """config.json routes mail and names a password file: one a member planted (its own file,
+    or a symlink to one) would send this user's store password wherever the member says."""
+    cfg = shared.home / "config.json"
+    hostile = '{"store_url": "postgresql://evil@127.0.0.1:1/x", "store_password_file": "%s"}'
+    own = shared.home / "members-own.json"
+    shared.member("sh", "-c", f"echo '{hostile % shared.secret}' > {own}")
+    shared.member("ln", "-s", str(own), str(cfg))
+    with pytest.raises(ConfigError, match="it is a symlink"):
+        settings_for(shared.env)
+    cfg.unlink()
+    shared.member("sh", "-c", f"umask 0; cp {own} {cfg}")
+    with pytest.raises(ConfigError, match=f"it belongs to uid {pwd.getpwnam('nobody').pw_uid}"):
+        settings_for(shared.env)
+    out = run_cli(shared.env, "status", "--json")
+    assert out.returncode != 0 and f"refusing to read {cfg}" in out.stdout + out.stderr, out
+    cfg.unlink()
+
+
+def test_config_json_the_group_may_write_is_refused_and_kept_unwritable(shared: Shared) -> None:
+    cfg = shared.home / "config.json"
+    cfg.write_text('{"max_frame_bytes": 123456}')
+    cfg.chmod(0o660)  # what the broker's start-up re-moding used to leave
+    with pytest.raises(ConfigError, match="others may write it"):
+        settings_for(shared.env)
+    cfg.chmod(0o640)
+    assert settings_for(shared.env).max_frame_bytes == 123456
+    secure_tree(shared.settings)
+    assert stat.S_IMODE(cfg.stat().st_mode) == 0o640
+    assert cfg.stat().st_gid == shared.gid  # members read it
+    assert settings_for(shared.env).max_frame_bytes == 123456
