@@ -68,15 +68,28 @@ def ensure_runtime_dir(settings: Settings) -> Path:
         )
     if st.st_uid == os.geteuid():
         apply_mode(settings, home, dir_mode)
-    inbox = settings.inbox_dir
-    inbox.mkdir(mode=dir_mode, exist_ok=True)
-    ist = inbox.lstat()
-    if not stat.S_ISDIR(ist.st_mode) or (
-        ist.st_uid != os.geteuid() and not (gid is not None and ist.st_gid == gid)
-    ):
-        raise RuntimeDirError(f"{inbox} is not a directory of this runtime dir's; remove it")
-    apply_mode(settings, inbox, dir_mode)
+    ensure_subdir(settings, settings.inbox_dir)
     return home
+
+
+def ensure_subdir(settings: Settings, path: Path, *, own: bool = False) -> Path:
+    """Create or check a directory inside the runtime dir, with the runtime dir mode: a real
+    directory (a symlink planted in its place would have files created wherever it points),
+    this user's or, unless ``own``, the runtime group's."""
+    dir_mode, _ = modes(settings)
+    gid = group_gid(settings)
+    with contextlib.suppress(FileExistsError):
+        path.mkdir(mode=dir_mode)
+    st = path.lstat()
+    if not stat.S_ISDIR(st.st_mode) or (
+        st.st_uid != os.geteuid() and (own or gid is None or st.st_gid != gid)
+    ):
+        raise RuntimeDirError(
+            f"{path} is not a directory of this runtime dir's (planted?); remove it",
+            path=str(path),
+        )
+    apply_mode(settings, path, dir_mode)
+    return path
 
 
 def apply_mode(settings: Settings, path: Path, mode: int) -> None:

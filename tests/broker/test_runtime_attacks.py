@@ -19,8 +19,12 @@ from pathlib import Path
 
 import pytest
 
+from crossintercom.agents.escalation import Escalation
+from crossintercom.agents.session import agents_dir
+from crossintercom.agents.supervisor import EscalationLog
 from crossintercom.config import Settings
 from crossintercom.errors import ConfigError, RuntimeDirError
+from crossintercom.models import new_id
 from crossintercom.runtime import ensure_runtime_dir, machine_identity, secure_tree
 from crossintercom.storage import migrate
 from crossintercom.tools.harness import RELAY
@@ -246,3 +250,26 @@ def test_config_json_the_group_may_write_is_refused_and_kept_unwritable(shared: 
     assert stat.S_IMODE(cfg.stat().st_mode) == 0o640
     assert cfg.stat().st_gid == shared.gid  # members read it
     assert settings_for(shared.env).max_frame_bytes == 123456
+
+
+@pytest.mark.parametrize("planted", ["agents", "agents/sid.escalations"])
+def test_symlinked_agents_dir_gets_no_file_written_through_it(shared: Shared, planted: str) -> None:
+    """The agents' dirs hold lock files and escalation records: a member who plants either dir
+    as a symlink would have this user's process create files wherever it points."""
+    if planted != "agents":
+        agents_dir(shared.settings)
+    vault = shared.secret.parent
+    shared.member("ln", "-s", str(vault), str(shared.home / planted))
+    with pytest.raises(RuntimeDirError, match="is not a directory of this runtime dir's"):
+        EscalationLog(shared.settings, "sid").remember(new_id(), Escalation.decision("go?"))
+    assert sorted(p.name for p in vault.iterdir()) == ["secret"]
+
+
+def test_escalation_record_a_member_planted_is_not_read(shared: Shared) -> None:
+    log = EscalationLog(shared.settings, "sid")
+    log.remember("ask-1", Escalation.decision("go?", ["yes", "no"]))
+    assert log.lookup("ask-1") is not None
+    record = log.dir / "ask-2.json"
+    (log.dir / "ask-1.json").rename(record.with_name("ours.json"))
+    os.symlink(record.with_name("ours.json"), record)  # a link, as a member would plant
+    assert log.lookup("ask-2") is None
