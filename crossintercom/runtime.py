@@ -14,6 +14,7 @@ import socket
 import sqlite3
 import stat
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 from crossintercom.config import CONFIG_FILE, MAX_SOCKET_PATH, Settings
@@ -96,32 +97,38 @@ def apply_mode(settings: Settings, path: Path, mode: int) -> None:
     """Set exactly ``mode`` (and the runtime group) on a path we own; log when it was looser.
 
     Exact rather than only tightened: under a umask such as 022, a group deployment would
-    otherwise create files its group cannot write. The path is pinned first without following
-    a symlink (O_PATH | O_NOFOLLOW), so a member who swaps in a symlink between the check and
-    the change gets nothing changed through it.
+    otherwise create files its group cannot write."""
+    was = set_mode(path, mode, group_gid(settings))
+    if was is not None:
+        log.warning("mode tightened", extra={"path": str(path), "was": oct(was), "now": oct(mode)})
+
+
+def set_mode(
+    path: Path, mode: int, gid: int | None = None, *, only_tighten: bool = False
+) -> int | None:
+    """Set ``mode`` (and ``gid``) on a path of ours; with ``only_tighten``, only take bits away.
+    Returns the mode it had when that was looser than ``mode``, else None.
+
+    The path is pinned first without following a symlink (O_PATH | O_NOFOLLOW), so a member
+    who swaps in a symlink between the check and the change gets nothing changed through it.
     """
     try:
         fd = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
     except FileNotFoundError:
-        return
+        return None
     try:
         st = os.fstat(fd)
         if stat.S_ISLNK(st.st_mode) or st.st_uid != os.geteuid():
-            return
+            return None
         pinned = f"/proc/self/fd/{fd}"  # the inode the fd holds, whatever the name now is
         current = stat.S_IMODE(st.st_mode)
-        if current != mode:
-            os.chmod(pinned, mode)
-            if current & ~mode:
-                log.warning(
-                    "mode tightened",
-                    extra={"path": str(path), "was": oct(current), "now": oct(mode)},
-                )
-        gid = group_gid(settings)
+        if current != mode and not (only_tighten and not current & ~mode):
+            os.chmod(pinned, current & mode if only_tighten else mode)
         if gid is not None and st.st_gid != gid:
             os.chown(pinned, -1, gid)
     finally:
         os.close(fd)
+    return current if current & ~mode else None
 
 
 def secure_file(settings: Settings, path: Path) -> None:
@@ -173,14 +180,33 @@ def open_file(path: Path, flags: int, mode: int = 0o600, *, gid: int | None = No
 
 def _check_plain(path: Path, st: os.stat_result, gid: int | None) -> None:
     """Refuse what is not a plain file of this user's (or of the runtime group)."""
-    if stat.S_ISLNK(st.st_mode):
-        raise _refused(path, "it is a symlink")
-    if not stat.S_ISREG(st.st_mode):
-        raise _refused(path, "it is not a regular file")
-    if st.st_nlink != 1:
-        raise _refused(path, "it is a hard link to another file")
+    _check_node(path, st, stat.S_ISREG(st.st_mode), "a regular file")
     if st.st_uid != os.geteuid() and (gid is None or st.st_gid != gid):
         raise _refused(path, f"it belongs to uid {st.st_uid}")
+
+
+def _check_node(path: Path, st: os.stat_result, right_kind: bool, kind: str) -> None:
+    if stat.S_ISLNK(st.st_mode):
+        raise _refused(path, "it is a symlink")
+    if not right_kind:
+        raise _refused(path, f"it is not {kind}")
+    if st.st_nlink != 1:
+        raise _refused(path, "it is a hard link to another file")
+
+
+@contextlib.contextmanager
+def socket_address(path: Path) -> Iterator[str]:
+    """An address to connect to the socket at ``path`` by, pinned without following a symlink
+    (``connect`` follows one: a member's link would have this process talk to any socket it
+    may reach). Raises ``FileNotFoundError`` when there is none, ``RuntimeDirError`` when what
+    is there is not a socket. Its owner is not checked: any member may run the broker."""
+    fd = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        _check_node(path, st, stat.S_ISSOCK(st.st_mode), "a socket")
+        yield f"/proc/self/fd/{fd}"  # the inode the fd holds, whatever the name now is
+    finally:
+        os.close(fd)
 
 
 SQLITE_SIDE_FILES = ("-journal", "-wal", "-shm")

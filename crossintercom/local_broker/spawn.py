@@ -21,7 +21,14 @@ from pathlib import Path
 from crossintercom.config import ENV_GROUP, ENV_HOME, ENV_HOST_ID, Settings
 from crossintercom.errors import BrokerUnavailable
 from crossintercom.local_broker.logcap import LOG_CAP_BYTES, trim_fd
-from crossintercom.runtime import ensure_runtime_dir, group_gid, modes, open_file, secure_file
+from crossintercom.runtime import (
+    ensure_runtime_dir,
+    group_gid,
+    modes,
+    open_file,
+    secure_file,
+    socket_address,
+)
 
 _STALE_LOCK_S = 60.0
 # A lock dated further ahead than this was not written by a spawn on this clock.
@@ -29,10 +36,13 @@ _CLOCK_SLACK_S = 5.0
 
 
 def can_connect(path: Path) -> bool:
+    """Whether a broker answers at ``path``; raises ``RuntimeDirError`` when a symlink or
+    another file was planted there."""
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         s.settimeout(1.0)
-        s.connect(str(path))
+        with socket_address(path) as address:
+            s.connect(address)
     except OSError:
         return False
     finally:

@@ -9,6 +9,7 @@ import grp
 import os
 import pwd
 import signal
+import socket
 import sqlite3
 import stat
 import subprocess
@@ -24,7 +25,8 @@ from crossintercom.agents.session import agents_dir
 from crossintercom.agents.supervisor import EscalationLog
 from crossintercom.config import Settings
 from crossintercom.errors import ConfigError, RuntimeDirError
-from crossintercom.models import new_id
+from crossintercom.inbox import Inbox
+from crossintercom.models import Message, Peer, new_id
 from crossintercom.runtime import ensure_runtime_dir, machine_identity, secure_tree
 from crossintercom.storage import migrate
 from crossintercom.tools.harness import RELAY
@@ -273,3 +275,41 @@ def test_escalation_record_a_member_planted_is_not_read(shared: Shared) -> None:
     (log.dir / "ask-1.json").rename(record.with_name("ours.json"))
     os.symlink(record.with_name("ours.json"), record)  # a link, as a member would plant
     assert log.lookup("ask-2") is None
+
+
+def test_symlinked_broker_socket_is_refused_not_connected_to(shared: Shared) -> None:
+    """connect() follows a symlink: a member's link at broker.sock would have a client talk to
+    any socket the link names, here one only root may reach."""
+    private = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    private.bind(str(shared.secret.parent / "private.sock"))
+    private.listen(8)
+    private.setblocking(False)
+    shared.member(
+        "ln", "-s", str(shared.secret.parent / "private.sock"), str(shared.home / "broker.sock")
+    )
+    try:
+        out = run_cli(shared.env, "list", "--json", timeout=60)
+        with pytest.raises(BlockingIOError):
+            private.accept()  # nobody connected to it
+    finally:
+        private.close()
+    assert out.returncode != 0
+    said = out.stdout + out.stderr
+    assert f"refusing to open {shared.home / 'broker.sock'}: it is a symlink" in said, said
+
+
+def test_symlinked_inbox_file_is_not_read_by_a_viewer(shared: Shared) -> None:
+    """The overseer page and inbox search read every inbox file of the dir: one a member
+    links to another user's inbox shows nothing of it."""
+    vault = shared.secret.parent
+    with Inbox(vault, "victim") as box:
+        box.save(
+            Message(id="m-1", sender=Peer(id="s", name="a", host="h"), to="victim", text=SECRET)
+        )
+    shared.member(
+        "ln", "-s", str(vault / "victim.sqlite"), str(shared.settings.inbox_dir / "x.sqlite")
+    )
+    with Inbox.view(shared.settings.inbox_dir, "x") as seen:
+        assert seen.messages() == []
+    with pytest.raises(RuntimeDirError, match="it is a symlink"):
+        Inbox.of(shared.settings, "x")
