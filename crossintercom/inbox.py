@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import sqlite3
 import time
 from collections.abc import Iterator, Sequence
@@ -32,7 +31,7 @@ from crossintercom.models import (
     Message,
     Receipt,
 )
-from crossintercom.runtime import modes, open_file, refuse_planted, set_mode
+from crossintercom.runtime import claim_sqlite, modes, refuse_planted, set_mode
 
 log = logging.getLogger(__name__)
 
@@ -169,17 +168,8 @@ class Inbox:
             self._db = _open_read_only(self.path)
             return
         directory.mkdir(parents=True, exist_ok=True)
-        fresh = not self.path.exists()
         gid = directory.stat().st_gid if file_mode & 0o060 else None
-        # Claimed before SQLite opens it: a link a member plants in the name is refused here,
-        # and ours cannot be replaced in the sticky dir (docs/operations.md).
-        fd = open_file(self.path, os.O_RDWR | os.O_CREAT, file_mode, gid=gid)
-        try:
-            if fresh:
-                os.fchmod(fd, file_mode)  # exactly, whatever the umask
-        finally:
-            os.close(fd)
-        refuse_planted(self.path, gid)
+        fresh = claim_sqlite(self.path, file_mode, gid)
         self._db = sqlite3.connect(self.path, timeout=30.0, isolation_level=None)
         if not fresh:
             _tighten(self.path, file_mode)

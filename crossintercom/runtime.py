@@ -224,6 +224,26 @@ def refuse_planted(path: Path, gid: int | None) -> None:
         _check_plain(candidate, st, gid)
 
 
+def claim_sqlite(path: Path, mode: int, gid: int | None) -> bool:
+    """Before SQLite opens a file of the runtime dir: create it (exactly ``mode``, whatever
+    the umask) or find it through ``open_file``'s checks, so a link a member plants in its name
+    is refused rather than followed, then check its journal files (``refuse_planted``).
+    Returns True when it was new (SQLite reads an empty file as an empty database)."""
+    try:
+        fd = open_file(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, mode, gid=gid)
+        fresh = True
+    except FileExistsError:
+        fd = open_file(path, os.O_RDWR, mode, gid=gid)
+        fresh = False
+    try:
+        if fresh:
+            os.fchmod(fd, mode)
+    finally:
+        os.close(fd)
+    refuse_planted(path, gid)
+    return fresh
+
+
 def _refused(path: Path, why: str) -> RuntimeDirError:
     return RuntimeDirError(
         f"refusing to open {path}: {why} (planted in the runtime dir?); remove it",

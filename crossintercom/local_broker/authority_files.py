@@ -37,7 +37,7 @@ from typing import Any, NamedTuple
 from urllib.parse import quote
 
 from crossintercom.errors import AuthorityError
-from crossintercom.runtime import bound_wal, refuse_planted
+from crossintercom.runtime import bound_wal, refuse_planted, set_mode
 
 # Logs under the authority's name: operators see one component, not how its code is laid out.
 log = logging.getLogger("crossintercom.local_broker.authority")
@@ -262,7 +262,7 @@ def _open_db(
     if perms & ~mode:
         # Holds no secrets (only keyed digests), so tightening is enough.
         log.warning("tightening %s from %04o to %04o", path, perms, mode)
-        os.chmod(path, mode)
+        set_mode(path, mode, only_tighten=True)
     # mode=rw: never let sqlite create an empty file in place of a vanished one.
     uri = f"file:{quote(str(path))}?mode=rw"
     # The broker may open the authority before starting its event loop thread; calls are
