@@ -169,7 +169,7 @@ class Inbox:
             return
         directory.mkdir(parents=True, exist_ok=True)
         gid = directory.stat().st_gid if file_mode & 0o060 else None
-        fresh = claim_sqlite(self.path, file_mode, gid)
+        fresh = claim_sqlite(self.path, file_mode, gid, ("-journal",))
         self._db = sqlite3.connect(self.path, timeout=30.0, isolation_level=None)
         if not fresh:
             _tighten(self.path, file_mode)

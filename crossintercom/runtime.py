@@ -224,11 +224,21 @@ def refuse_planted(path: Path, gid: int | None) -> None:
         _check_plain(candidate, st, gid)
 
 
-def claim_sqlite(path: Path, mode: int, gid: int | None) -> bool:
+def claim_sqlite(path: Path, mode: int, gid: int | None, sides: tuple[str, ...] = ()) -> bool:
     """Before SQLite opens a file of the runtime dir: create it (exactly ``mode``, whatever
     the umask) or find it through ``open_file``'s checks, so a link a member plants in its name
-    is refused rather than followed, then check its journal files (``refuse_planted``).
-    Returns True when it was new (SQLite reads an empty file as an empty database)."""
+    is refused rather than followed; the same for the journal files named in ``sides`` (which
+    SQLite would otherwise create later, following a link planted meanwhile; it reads an
+    empty one as none), then check the others (``refuse_planted``). Returns True when the
+    file was new (SQLite reads an empty file as an empty database)."""
+    fresh = _claim(path, mode, gid)
+    for side in sides:
+        _claim(Path(f"{path}{side}"), mode, gid)
+    refuse_planted(path, gid)
+    return fresh
+
+
+def _claim(path: Path, mode: int, gid: int | None) -> bool:
     try:
         fd = open_file(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, mode, gid=gid)
         fresh = True
@@ -237,10 +247,9 @@ def claim_sqlite(path: Path, mode: int, gid: int | None) -> bool:
         fresh = False
     try:
         if fresh:
-            os.fchmod(fd, mode)
+            os.fchmod(fd, mode)  # exactly, whatever the umask
     finally:
         os.close(fd)
-    refuse_planted(path, gid)
     return fresh
 
 

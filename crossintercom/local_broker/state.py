@@ -119,7 +119,8 @@ class BrokerState:
         wal_max_bytes: int = WAL_MAX_BYTES,
     ) -> None:
         path = home / self.FILE
-        claim_sqlite(path, file_mode, home.stat().st_gid if file_mode & 0o060 else None)
+        gid = home.stat().st_gid if file_mode & 0o060 else None
+        claim_sqlite(path, file_mode, gid, ("-wal", "-shm"))
         self._db = sqlite3.connect(path, isolation_level=None, timeout=30.0)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute(synchronous_pragma(synchronous))
