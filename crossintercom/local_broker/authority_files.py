@@ -187,11 +187,14 @@ def _create(directory: Path, mode: int) -> bytes:
             os.fsync(fd)
         finally:
             os.close(fd)
-        fd = os.open(tmp_db, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
-        try:
-            os.fchmod(fd, mode)
-        finally:
-            os.close(fd)
+        # The database and the journal SQLite will write beside it, both ours before SQLite
+        # opens them (it follows a link a member could plant at the journal's name).
+        for name in (tmp_db, tmp_db.with_name(tmp_db.name + "-journal")):
+            fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
+            try:
+                os.fchmod(fd, mode)
+            finally:
+                os.close(fd)
         conn = sqlite3.connect(tmp_db, isolation_level=None)
         try:
             conn.execute("PRAGMA synchronous=FULL")
