@@ -7,10 +7,12 @@ for settings that are safe to inherit (docs/operations.md): never targets, reply
 
 from __future__ import annotations
 
+import errno
 import getpass
 import json
 import os
 import socket
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
@@ -132,8 +134,8 @@ def load_settings(env: Mapping[str, str] | None = None, **overrides: Any) -> Set
     if not home.is_absolute():
         home = Path.cwd() / home
     values: dict[str, Any] = {}
-    cfg_path = home / "config.json"
-    if cfg_path.exists():
+    cfg_path = home / CONFIG_FILE
+    if os.path.lexists(cfg_path):
         values.update(_read_config(cfg_path))
     for key, var in (
         ("store_url", ENV_STORE),
@@ -162,9 +164,51 @@ def load_settings(env: Mapping[str, str] | None = None, **overrides: Any) -> Set
         raise ConfigError(f"unknown setting: {exc}") from None
 
 
+CONFIG_FILE = "config.json"
+_CONFIG_MAX = 64 * 1024
+
+
+def _config_text(path: Path) -> str:
+    """config.json routes mail and names a password file, so in a runtime dir others may write
+    to (a group dir) only a file its trusted owners wrote is read: never through a symlink,
+    a regular file with one link, owned by this user, root or the dir's owner (who can replace
+    any file of the dir anyway), and, when the dir is open to others, writable by its owner
+    alone (docs/operations.md, "Files in the runtime dir")."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return "{}"
+    except OSError as exc:
+        why = "it is a symlink" if exc.errno == errno.ELOOP else exc.strerror
+        raise ConfigError(f"refusing to read {path}: {why}; remove it") from None
+    try:
+        why = _untrusted(os.fstat(fd), os.stat(path.parent))
+        if why:
+            raise ConfigError(f"refusing to read {path}: {why}; remove it or fix it")
+        raw = os.read(fd, _CONFIG_MAX + 1)
+    finally:
+        os.close(fd)
+    if len(raw) > _CONFIG_MAX:
+        raise ConfigError(f"{path}: over {_CONFIG_MAX} bytes")
+    return raw.decode()
+
+
+def _untrusted(st: os.stat_result, dir_st: os.stat_result) -> str:
+    """Why config.json is not to be read, or ''."""
+    if not stat.S_ISREG(st.st_mode):
+        return "it is not a regular file"
+    if st.st_nlink != 1:
+        return "it is a hard link to another file"
+    if st.st_uid not in {os.geteuid(), 0, dir_st.st_uid}:
+        return f"it belongs to uid {st.st_uid}, not to you, root or the dir's owner"
+    if dir_st.st_mode & 0o077 and st.st_mode & 0o022:
+        return "others may write it (chmod go-w)"
+    return ""
+
+
 def _read_config(path: Path) -> dict[str, Any]:
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(_config_text(path))
     except (OSError, ValueError) as exc:
         raise ConfigError(f"{path}: not readable JSON ({exc})") from None
     if not isinstance(data, dict):

@@ -16,7 +16,6 @@ import contextlib
 import json
 import logging
 import sqlite3
-import stat
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -27,11 +26,12 @@ import msgspec
 import tenacity
 
 from crossintercom.config import Settings, synchronous_pragma
+from crossintercom.errors import RuntimeDirError
 from crossintercom.models import (
     Message,
     Receipt,
 )
-from crossintercom.runtime import modes, refuse_planted
+from crossintercom.runtime import claim_sqlite, modes, refuse_planted, set_mode
 
 log = logging.getLogger(__name__)
 
@@ -59,14 +59,11 @@ class Entry:
 
 
 def _tighten(path: Path, file_mode: int) -> None:
-    """Give an inbox file the runtime file mode; a looser one is tightened and logged."""
-    try:
-        current = stat.S_IMODE(path.stat().st_mode)
-    except FileNotFoundError:
-        return
-    if current & ~file_mode:
-        path.chmod(file_mode)
-        log.warning("inbox file mode tightened", extra={"path": str(path), "was": oct(current)})
+    """Give an inbox file the runtime file mode; a looser one is tightened and logged (never
+    through a symlink, never another user's file)."""
+    was = set_mode(path, file_mode, only_tighten=True)
+    if was is not None:
+        log.warning("inbox file mode tightened", extra={"path": str(path), "was": oct(was)})
 
 
 _COLUMNS = "seq, id, kind, body, shown"
@@ -87,7 +84,7 @@ def _row(item: Message | Receipt, shown: bool, now: float) -> tuple[str, str, st
 
 def _open_read_only(path: Path) -> sqlite3.Connection:
     """A connection that can only read ``path``; an inbox not written yet reads as empty."""
-    if path.exists():
+    if path.exists() and _not_planted(path):
         db = sqlite3.connect(f"{path.absolute().as_uri()}?mode=ro", uri=True, timeout=30.0)
         if db.execute("SELECT 1 FROM sqlite_master WHERE name = 'entries'").fetchone():
             return db
@@ -96,6 +93,18 @@ def _open_read_only(path: Path) -> sqlite3.Connection:
     db.executescript(_SCHEMA)
     db.execute("PRAGMA query_only = ON")
     return db
+
+
+def _not_planted(path: Path) -> bool:
+    """A reader opens another's inbox only if it is a plain file of the inbox dir's group
+    (SQLite would follow a symlink a member planted); anything else reads as empty."""
+    st = path.parent.stat()
+    try:
+        refuse_planted(path, st.st_gid if st.st_mode & 0o070 else None)
+    except RuntimeDirError as exc:
+        log.warning("inbox file refused", extra={"path": str(path), "why": str(exc)})
+        return False
+    return True
 
 
 # Entries kept by default (docs/operations.md, setting ``inbox_max_entries``); entries never
@@ -159,12 +168,10 @@ class Inbox:
             self._db = _open_read_only(self.path)
             return
         directory.mkdir(parents=True, exist_ok=True)
-        fresh = not self.path.exists()
-        refuse_planted(self.path, directory.stat().st_gid if file_mode & 0o060 else None)
+        gid = directory.stat().st_gid if file_mode & 0o060 else None
+        fresh = claim_sqlite(self.path, file_mode, gid, ("-journal",))
         self._db = sqlite3.connect(self.path, timeout=30.0, isolation_level=None)
-        if fresh:
-            self.path.chmod(file_mode)
-        else:
+        if not fresh:
             _tighten(self.path, file_mode)
         _prepare(self._db, synchronous)
         _tighten(self.path.with_name(self.path.name + "-journal"), file_mode)

@@ -14,9 +14,10 @@ import socket
 import sqlite3
 import stat
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
-from crossintercom.config import MAX_SOCKET_PATH, Settings
+from crossintercom.config import CONFIG_FILE, MAX_SOCKET_PATH, Settings
 from crossintercom.errors import RuntimeDirError
 
 log = logging.getLogger(__name__)
@@ -68,52 +69,74 @@ def ensure_runtime_dir(settings: Settings) -> Path:
         )
     if st.st_uid == os.geteuid():
         apply_mode(settings, home, dir_mode)
-    inbox = settings.inbox_dir
-    inbox.mkdir(mode=dir_mode, exist_ok=True)
-    ist = inbox.lstat()
-    if not stat.S_ISDIR(ist.st_mode) or (
-        ist.st_uid != os.geteuid() and not (gid is not None and ist.st_gid == gid)
-    ):
-        raise RuntimeDirError(f"{inbox} is not a directory of this runtime dir's; remove it")
-    apply_mode(settings, inbox, dir_mode)
+    ensure_subdir(settings, settings.inbox_dir)
     return home
+
+
+def ensure_subdir(settings: Settings, path: Path, *, own: bool = False) -> Path:
+    """Create or check a directory inside the runtime dir, with the runtime dir mode: a real
+    directory (a symlink planted in its place would have files created wherever it points),
+    this user's or, unless ``own``, the runtime group's."""
+    dir_mode, _ = modes(settings)
+    gid = group_gid(settings)
+    with contextlib.suppress(FileExistsError):
+        path.mkdir(mode=dir_mode)
+    st = path.lstat()
+    if not stat.S_ISDIR(st.st_mode) or (
+        st.st_uid != os.geteuid() and (own or gid is None or st.st_gid != gid)
+    ):
+        raise RuntimeDirError(
+            f"{path} is not a directory of this runtime dir's (planted?); remove it",
+            path=str(path),
+        )
+    apply_mode(settings, path, dir_mode)
+    return path
 
 
 def apply_mode(settings: Settings, path: Path, mode: int) -> None:
     """Set exactly ``mode`` (and the runtime group) on a path we own; log when it was looser.
 
     Exact rather than only tightened: under a umask such as 022, a group deployment would
-    otherwise create files its group cannot write. The path is pinned first without following
-    a symlink (O_PATH | O_NOFOLLOW), so a member who swaps in a symlink between the check and
-    the change gets nothing changed through it.
+    otherwise create files its group cannot write."""
+    was = set_mode(path, mode, group_gid(settings))
+    if was is not None:
+        log.warning("mode tightened", extra={"path": str(path), "was": oct(was), "now": oct(mode)})
+
+
+def set_mode(
+    path: Path, mode: int, gid: int | None = None, *, only_tighten: bool = False
+) -> int | None:
+    """Set ``mode`` (and ``gid``) on a path of ours; with ``only_tighten``, only take bits away.
+    Returns the mode it had when that was looser than ``mode``, else None.
+
+    The path is pinned first without following a symlink (O_PATH | O_NOFOLLOW), so a member
+    who swaps in a symlink between the check and the change gets nothing changed through it.
     """
     try:
         fd = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
     except FileNotFoundError:
-        return
+        return None
     try:
         st = os.fstat(fd)
         if stat.S_ISLNK(st.st_mode) or st.st_uid != os.geteuid():
-            return
+            return None
         pinned = f"/proc/self/fd/{fd}"  # the inode the fd holds, whatever the name now is
         current = stat.S_IMODE(st.st_mode)
-        if current != mode:
-            os.chmod(pinned, mode)
-            if current & ~mode:
-                log.warning(
-                    "mode tightened",
-                    extra={"path": str(path), "was": oct(current), "now": oct(mode)},
-                )
-        gid = group_gid(settings)
+        if current != mode and not (only_tighten and not current & ~mode):
+            os.chmod(pinned, current & mode if only_tighten else mode)
         if gid is not None and st.st_gid != gid:
             os.chown(pinned, -1, gid)
     finally:
         os.close(fd)
+    return current if current & ~mode else None
 
 
 def secure_file(settings: Settings, path: Path) -> None:
-    """Give a file the runtime file mode and group (a private file stays 0600)."""
+    """Give a file the runtime file mode and group (a private file stays 0600, config.json
+    stays unwritable by the group: members read it, never change it)."""
     mode = 0o600 if path.name in PRIVATE_FILES else modes(settings)[1]
+    if path.name == CONFIG_FILE:
+        mode &= 0o640
     apply_mode(settings, path, mode)
 
 
@@ -157,14 +180,33 @@ def open_file(path: Path, flags: int, mode: int = 0o600, *, gid: int | None = No
 
 def _check_plain(path: Path, st: os.stat_result, gid: int | None) -> None:
     """Refuse what is not a plain file of this user's (or of the runtime group)."""
-    if stat.S_ISLNK(st.st_mode):
-        raise _refused(path, "it is a symlink")
-    if not stat.S_ISREG(st.st_mode):
-        raise _refused(path, "it is not a regular file")
-    if st.st_nlink != 1:
-        raise _refused(path, "it is a hard link to another file")
+    _check_node(path, st, stat.S_ISREG(st.st_mode), "a regular file")
     if st.st_uid != os.geteuid() and (gid is None or st.st_gid != gid):
         raise _refused(path, f"it belongs to uid {st.st_uid}")
+
+
+def _check_node(path: Path, st: os.stat_result, right_kind: bool, kind: str) -> None:
+    if stat.S_ISLNK(st.st_mode):
+        raise _refused(path, "it is a symlink")
+    if not right_kind:
+        raise _refused(path, f"it is not {kind}")
+    if st.st_nlink != 1:
+        raise _refused(path, "it is a hard link to another file")
+
+
+@contextlib.contextmanager
+def socket_address(path: Path) -> Iterator[str]:
+    """An address to connect to the socket at ``path`` by, pinned without following a symlink
+    (``connect`` follows one: a member's link would have this process talk to any socket it
+    may reach). Raises ``FileNotFoundError`` when there is none, ``RuntimeDirError`` when what
+    is there is not a socket. Its owner is not checked: any member may run the broker."""
+    fd = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        _check_node(path, st, stat.S_ISSOCK(st.st_mode), "a socket")
+        yield f"/proc/self/fd/{fd}"  # the inode the fd holds, whatever the name now is
+    finally:
+        os.close(fd)
 
 
 SQLITE_SIDE_FILES = ("-journal", "-wal", "-shm")
@@ -180,6 +222,35 @@ def refuse_planted(path: Path, gid: int | None) -> None:
         except FileNotFoundError:
             continue
         _check_plain(candidate, st, gid)
+
+
+def claim_sqlite(path: Path, mode: int, gid: int | None, sides: tuple[str, ...] = ()) -> bool:
+    """Before SQLite opens a file of the runtime dir: create it (exactly ``mode``, whatever
+    the umask) or find it through ``open_file``'s checks, so a link a member plants in its name
+    is refused rather than followed; the same for the journal files named in ``sides`` (which
+    SQLite would otherwise create later, following a link planted meanwhile; it reads an
+    empty one as none), then check the others (``refuse_planted``). Returns True when the
+    file was new (SQLite reads an empty file as an empty database)."""
+    fresh = _claim(path, mode, gid)
+    for side in sides:
+        _claim(Path(f"{path}{side}"), mode, gid)
+    refuse_planted(path, gid)
+    return fresh
+
+
+def _claim(path: Path, mode: int, gid: int | None) -> bool:
+    try:
+        fd = open_file(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, mode, gid=gid)
+        fresh = True
+    except FileExistsError:
+        fd = open_file(path, os.O_RDWR, mode, gid=gid)
+        fresh = False
+    try:
+        if fresh:
+            os.fchmod(fd, mode)  # exactly, whatever the umask
+    finally:
+        os.close(fd)
+    return fresh
 
 
 def _refused(path: Path, why: str) -> RuntimeDirError:

@@ -22,22 +22,61 @@ def need_root() -> None:
         pytest.skip("needs root and setpriv to act as a second Unix user")
 
 
+# A third user, for a runtime dir that nobody owns while another member plants files in it
+# (root ignores the sticky bit, so only two unprivileged users show what it does).
+OTHER_USER: Final = "daemon"
+
+
 def as_nobody(
     *argv: str, groups: tuple[int, ...] = (), timeout: float = 30
 ) -> subprocess.CompletedProcess[str]:
     """``argv`` run as nobody (its own group, plus ``groups``), no capabilities."""
-    nobody = pwd.getpwnam("nobody")
+    return as_user("nobody", *argv, groups=groups, timeout=timeout)
+
+
+def as_user(
+    user: str,
+    *argv: str,
+    groups: tuple[int, ...] = (),
+    env: dict[str, str] | None = None,
+    timeout: float = 30,
+) -> subprocess.CompletedProcess[str]:
+    """``argv`` run as ``user`` (its own group, plus ``groups``), no capabilities."""
+    entry = pwd.getpwnam(user)
     group_opt = ["--groups", ",".join(map(str, groups))] if groups else ["--clear-groups"]
     cmd = [
         "setpriv",
-        f"--reuid={nobody.pw_uid}",
-        f"--regid={nobody.pw_gid}",
+        f"--reuid={entry.pw_uid}",
+        f"--regid={entry.pw_gid}",
         *group_opt,
         "--inh-caps=-all",
         "--",
         *argv,
     ]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+    return subprocess.run(
+        cmd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        env=env,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def python_for(user: str, env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+    """An interpreter ``user`` can run, with this tree's packages, and ``env`` for it: this
+    one, or (when it lives where ``user`` cannot reach) the system's of the same version with
+    this one's packages on PYTHONPATH, so processes it spawns run too; skips if neither."""
+    probe = "import os, sys; sys.exit(not os.access(sys.executable, os.X_OK))"
+    if as_user(user, sys.executable, "-c", probe, env=env).returncode == 0:
+        return [sys.executable], env
+    system = Path(f"/usr/bin/python{sys.version_info[0]}.{sys.version_info[1]}")
+    if not system.exists():
+        pytest.skip(f"{user} cannot run {sys.executable} and there is no {system}")
+    root = Path(__file__).resolve().parents[1]
+    paths = [p for p in sys.path if p.endswith("site-packages")] + [str(root)]
+    return [str(system)], {**env, "PYTHONPATH": os.pathsep.join(paths)}
 
 
 def python_as_nobody(

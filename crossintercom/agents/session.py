@@ -34,8 +34,8 @@ from crossintercom.errors import Code, CrossintercomError, RemoteError
 from crossintercom.inbox import Entry, Inbox
 from crossintercom.models import Message, WakePolicy
 from crossintercom.runtime import (
-    apply_mode,
     ensure_runtime_dir,
+    ensure_subdir,
     group_gid,
     modes,
     open_file,
@@ -60,10 +60,8 @@ class Busy(CrossintercomError):
 
 def agents_dir(settings: Settings) -> Path:
     """``$CROSSINTERCOM_HOME/agents``: locks and escalation records, with the runtime modes."""
-    path = settings.home / "agents"
-    path.mkdir(mode=modes(settings)[0], parents=True, exist_ok=True)
-    apply_mode(settings, path, modes(settings)[0])
-    return path
+    settings.home.mkdir(mode=modes(settings)[0], parents=True, exist_ok=True)
+    return ensure_subdir(settings, settings.home / "agents")
 
 
 @contextlib.contextmanager

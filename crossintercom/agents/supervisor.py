@@ -16,6 +16,7 @@ surface read it against the questions it answers (docs/agents.md#escalations).
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -32,12 +33,14 @@ from crossintercom.agents.escalation import (
 from crossintercom.agents.session import agents_dir
 from crossintercom.client import MAX_ASK_TIMEOUT_S, AsyncClient, Client
 from crossintercom.config import Settings
-from crossintercom.errors import UsageError
+from crossintercom.errors import RuntimeDirError, UsageError
 from crossintercom.models import Outcome, SendResult, new_id
-from crossintercom.runtime import apply_mode, modes, secure_file
+from crossintercom.runtime import ensure_subdir, group_gid, modes, open_file, replace_file
 
 # Sent escalations are kept as long as queued mail is (its answer may come that late).
 LOG_KEEP_S = 8 * 86400.0
+# An escalation record is a few KiB; more is not one of ours.
+_RECORD_MAX = 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,16 +74,23 @@ class EscalationLog:
         return self.dir / f"{Path(message_id).name}.json"
 
     def remember(self, message_id: str, esc: Escalation) -> None:
-        self.dir.mkdir(mode=modes(self.settings)[0], exist_ok=True)
-        apply_mode(self.settings, self.dir, modes(self.settings)[0])
-        path = self._path(message_id)
-        path.write_text(json.dumps(esc.to_payload()))
-        secure_file(self.settings, path)
+        # The dir is this user's alone and each record a new file renamed into place, so a
+        # member of a group runtime dir can redirect no write (docs/operations.md).
+        ensure_subdir(self.settings, self.dir, own=True)
+        data = json.dumps(esc.to_payload()).encode()
+        replace_file(
+            self._path(message_id), data, modes(self.settings)[1], gid=group_gid(self.settings)
+        )
         self._prune()
 
     def lookup(self, message_id: str) -> Escalation | None:
         try:
-            return Escalation.from_payload(json.loads(self._path(message_id).read_text()))
+            fd = open_file(self._path(message_id), os.O_RDONLY, gid=group_gid(self.settings))
+        except (OSError, RuntimeDirError):
+            return None  # none, or not a record of ours: a planted link is never read
+        try:
+            with os.fdopen(fd, "rb") as f:
+                return Escalation.from_payload(json.loads(f.read(_RECORD_MAX)))
         except (OSError, ValueError):
             return None
 
@@ -93,7 +103,7 @@ class EscalationLog:
     def _prune(self) -> None:
         cutoff = time.time() - LOG_KEEP_S
         for old in self.dir.glob("*.json"):
-            if old.stat().st_mtime < cutoff:
+            if old.lstat().st_mtime < cutoff:
                 old.unlink(missing_ok=True)
 
 

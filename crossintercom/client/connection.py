@@ -25,7 +25,7 @@ from crossintercom.errors import (
     RemoteError,
 )
 from crossintercom.local_broker.spawn import ensure_broker
-from crossintercom.runtime import check_socket_path
+from crossintercom.runtime import check_socket_path, socket_address
 
 log = logging.getLogger(__name__)
 
@@ -72,9 +72,10 @@ class BrokerConnection:
         if spawn:
             await asyncio.to_thread(ensure_broker, self.settings)
         try:
-            reader, writer = await asyncio.open_unix_connection(
-                str(self.settings.socket_path), limit=self.settings.max_frame_bytes + 1024
-            )
+            with socket_address(self.settings.socket_path) as address:
+                reader, writer = await asyncio.open_unix_connection(
+                    address, limit=self.settings.max_frame_bytes + 1024
+                )
         except OSError as exc:
             raise BrokerUnavailable(
                 f"cannot reach the broker at {self.settings.socket_path}: {exc.strerror}"

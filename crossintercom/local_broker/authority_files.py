@@ -37,7 +37,7 @@ from typing import Any, NamedTuple
 from urllib.parse import quote
 
 from crossintercom.errors import AuthorityError
-from crossintercom.runtime import bound_wal, refuse_planted
+from crossintercom.runtime import bound_wal, refuse_planted, set_mode
 
 # Logs under the authority's name: operators see one component, not how its code is laid out.
 log = logging.getLogger("crossintercom.local_broker.authority")
@@ -187,11 +187,14 @@ def _create(directory: Path, mode: int) -> bytes:
             os.fsync(fd)
         finally:
             os.close(fd)
-        fd = os.open(tmp_db, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
-        try:
-            os.fchmod(fd, mode)
-        finally:
-            os.close(fd)
+        # The database and the journal SQLite will write beside it, both ours before SQLite
+        # opens them (it follows a link a member could plant at the journal's name).
+        for name in (tmp_db, tmp_db.with_name(tmp_db.name + "-journal")):
+            fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
+            try:
+                os.fchmod(fd, mode)
+            finally:
+                os.close(fd)
         conn = sqlite3.connect(tmp_db, isolation_level=None)
         try:
             conn.execute("PRAGMA synchronous=FULL")
@@ -262,7 +265,7 @@ def _open_db(
     if perms & ~mode:
         # Holds no secrets (only keyed digests), so tightening is enough.
         log.warning("tightening %s from %04o to %04o", path, perms, mode)
-        os.chmod(path, mode)
+        set_mode(path, mode, only_tighten=True)
     # mode=rw: never let sqlite create an empty file in place of a vanished one.
     uri = f"file:{quote(str(path))}?mode=rw"
     # The broker may open the authority before starting its event loop thread; calls are

@@ -19,9 +19,16 @@ import time
 from pathlib import Path
 
 from crossintercom.config import ENV_GROUP, ENV_HOME, ENV_HOST_ID, Settings
-from crossintercom.errors import BrokerUnavailable
+from crossintercom.errors import BrokerUnavailable, RuntimeDirError
 from crossintercom.local_broker.logcap import LOG_CAP_BYTES, trim_fd
-from crossintercom.runtime import ensure_runtime_dir, group_gid, modes, open_file, secure_file
+from crossintercom.runtime import (
+    ensure_runtime_dir,
+    group_gid,
+    modes,
+    open_file,
+    secure_file,
+    socket_address,
+)
 
 _STALE_LOCK_S = 60.0
 # A lock dated further ahead than this was not written by a spawn on this clock.
@@ -29,10 +36,13 @@ _CLOCK_SLACK_S = 5.0
 
 
 def can_connect(path: Path) -> bool:
+    """Whether a broker answers at ``path``; raises ``RuntimeDirError`` when a symlink or
+    another file was planted there."""
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         s.settimeout(1.0)
-        s.connect(str(path))
+        with socket_address(path) as address:
+            s.connect(address)
     except OSError:
         return False
     finally:
@@ -147,9 +157,8 @@ def _spawn_and_wait(settings: Settings, deadline: float) -> None:
         env[ENV_GROUP] = settings.group
     # Appended to, not truncated, at each spawn: the lines of an earlier failed start are what
     # an operator needs. Trimmed to its cap here as the broker trims it while it runs.
-    fd = open_file(
-        log_path, os.O_RDWR | os.O_CREAT | os.O_APPEND, modes(settings)[1], gid=group_gid(settings)
-    )
+    gid = group_gid(settings)
+    fd = open_file(log_path, os.O_RDWR | os.O_CREAT | os.O_APPEND, modes(settings)[1], gid=gid)
     secure_file(settings, log_path)
     trim_fd(fd, LOG_CAP_BYTES, LOG_CAP_BYTES // 4)
     os.write(fd, f"--- spawn by pid {os.getpid()} at {time.strftime('%FT%T%z')}\n".encode())
@@ -171,16 +180,16 @@ def _spawn_and_wait(settings: Settings, deadline: float) -> None:
     try:
         pid = int(out.stdout.strip())
     except ValueError:
-        raise BrokerUnavailable(f"could not start the broker: {_tail(log_path)}") from None
+        raise BrokerUnavailable(f"could not start the broker: {_tail(log_path, gid)}") from None
     while time.monotonic() < deadline:
         if can_connect(settings.socket_path):
             return
         if not _pid_alive(pid):
             if can_connect(settings.socket_path):
                 return  # another broker won the race for the pid lock
-            raise BrokerUnavailable(f"the broker exited at start: {_tail(log_path)}")
+            raise BrokerUnavailable(f"the broker exited at start: {_tail(log_path, gid)}")
         time.sleep(0.02)
-    raise BrokerUnavailable(f"the broker did not come up in time: {_tail(log_path)}")
+    raise BrokerUnavailable(f"the broker did not come up in time: {_tail(log_path, gid)}")
 
 
 _LAUNCHER = (
@@ -196,12 +205,17 @@ _LAUNCHER = (
 _NOISE = ("--- Logging error ---", "--- spawn by pid", "Traceback", "  File ", "Call stack:")
 
 
-def _tail(path: Path) -> str:
-    """Why the last start failed, from broker.log: its last telling line."""
+def _tail(path: Path, gid: int | None = None) -> str:
+    """Why the last start failed, from broker.log: its last telling line (read through
+    open_file: a member's symlink there would put another file's line in our error)."""
     try:
-        text = path.read_text(errors="replace").strip().splitlines()
+        fd = open_file(path, os.O_RDONLY, gid=gid)
     except OSError as exc:
         return os.strerror(exc.errno or errno.EIO)
+    except RuntimeDirError as exc:
+        return exc.message
+    with os.fdopen(fd, "rb") as f:
+        text = f.read(LOG_CAP_BYTES * 2).decode(errors="replace").strip().splitlines()
     start = max(
         (i for i, line in enumerate(text) if line.startswith("--- spawn by pid")), default=-1
     )

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from crossintercom.config import synchronous_pragma
-from crossintercom.runtime import WAL_MAX_BYTES, bound_wal, refuse_planted, truncate_wal
+from crossintercom.runtime import WAL_MAX_BYTES, bound_wal, claim_sqlite, truncate_wal
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS known_sessions (
@@ -119,11 +119,9 @@ class BrokerState:
         wal_max_bytes: int = WAL_MAX_BYTES,
     ) -> None:
         path = home / self.FILE
-        fresh = not path.exists()
-        refuse_planted(path, home.stat().st_gid if file_mode & 0o060 else None)
+        gid = home.stat().st_gid if file_mode & 0o060 else None
+        claim_sqlite(path, file_mode, gid, ("-wal", "-shm"))
         self._db = sqlite3.connect(path, isolation_level=None, timeout=30.0)
-        if fresh:
-            path.chmod(file_mode)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute(synchronous_pragma(synchronous))
         bound_wal(self._db, wal_max_bytes)

@@ -27,6 +27,7 @@ from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
 from watchdog.observers.polling import PollingObserver
 
+from crossintercom.runtime import replace_file
 from crossintercom.storage import queries as q
 from crossintercom.storage import sqlitetrust
 from crossintercom.storage.engine import PG_KEEPALIVES, application_name
@@ -95,16 +96,20 @@ def doorbell_path(db_path: Path, host_id: str, kind: str = DELIVERIES) -> Path:
     return doorbell_dir(db_path) / (key if kind == DELIVERIES else f"{key}.{kind}")
 
 
+# Read by the store's group (its dir keeps others out); the content is only a timestamp.
+_BELL_MODE: Final = 0o640
+
+
 def ring_doorbell(db_path: Path, host_id: str, kind: str = DELIVERIES) -> None:
     """Rewrite the host's doorbell file: a content change is seen by inotify and by polling."""
     bell = doorbell_path(db_path, host_id, kind)
-    tmp = bell.with_name(f"{bell.name}.{os.getpid()}.{threading.get_ident()}")
+    # Through a new file of a random name, created exclusively: the doorbell dir is shared
+    # with the store's group, whose members could plant a link at a name we would write.
     try:
-        tmp.write_text(f"{time.time_ns()}\n")
+        replace_file(bell, f"{time.time_ns()}\n".encode(), _BELL_MODE)
     except FileNotFoundError:
         make_doorbell_dir(db_path)
-        tmp.write_text(f"{time.time_ns()}\n")
-    os.replace(tmp, bell)
+        replace_file(bell, f"{time.time_ns()}\n".encode(), _BELL_MODE)
 
 
 def make_doorbell_dir(db_path: Path) -> None:

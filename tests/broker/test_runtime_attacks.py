@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import grp
 import os
+import pwd
 import signal
+import socket
 import sqlite3
 import stat
 import subprocess
@@ -18,15 +20,28 @@ from pathlib import Path
 
 import pytest
 
+from crossintercom.agents.escalation import Escalation
+from crossintercom.agents.session import agents_dir
+from crossintercom.agents.supervisor import EscalationLog
 from crossintercom.config import Settings
-from crossintercom.errors import RuntimeDirError
+from crossintercom.errors import ConfigError, RuntimeDirError
+from crossintercom.inbox import Inbox
+from crossintercom.models import Message, Peer, new_id
 from crossintercom.runtime import ensure_runtime_dir, machine_identity, secure_tree
 from crossintercom.storage import migrate
 from crossintercom.tools.harness import RELAY
 from crossintercom.web.auth import write_token_file
 from tests.conftest import make_env, run_cli, settings_for
 from tests.soak import broker_pid, pid_alive, wait_for
-from tests.unixuser import SHARED_GROUP, as_nobody, need_root, python_as_nobody
+from tests.unixuser import (
+    OTHER_USER,
+    SHARED_GROUP,
+    as_nobody,
+    as_user,
+    need_root,
+    python_as_nobody,
+    python_for,
+)
 
 SECRET = "root-only secret 0123456789\n"
 
@@ -173,3 +188,139 @@ def test_spawn_lock_from_the_future_is_stale(shared: Shared, owner: str) -> None
     took = time.monotonic() - started
     assert out.returncode == 0, out.stderr
     assert took < 10, f"the client waited {took:.1f} s behind the planted lock"
+
+
+def test_members_spawn_lock_the_sticky_dir_keeps_is_passed_by(runtime_home: Path) -> None:
+    """The sticky bit binds neither root nor the dir's owner, so here root owns the group dir
+    (as the service user does in a host-wide deployment), nobody runs the client and a third
+    user of the group plants a lock that looks live: the client cannot remove it and still
+    starts the broker at once."""
+    need_root()
+    runtime_home.chmod(0o755)
+    gid = grp.getgrnam(SHARED_GROUP).gr_gid
+    home = runtime_home / "shared"
+    home.mkdir()
+    os.chown(home, 0, gid)
+    home.chmod(0o1770)
+    lock = home / "broker.spawn.lock"
+    planted = as_user(
+        OTHER_USER, "sh", "-c", f"umask 0; echo '1 {time.time():.3f}' > {lock}", groups=(gid,)
+    )
+    assert planted.returncode == 0, planted
+    python, env = python_for("nobody", make_env(home, CROSSINTERCOM_GROUP=SHARED_GROUP))
+    started = time.monotonic()
+    out = as_user(
+        "nobody", *python, "-m", "crossintercom", "list", "--json", groups=(gid,), env=env
+    )
+    took = time.monotonic() - started
+    assert out.returncode == 0, out
+    assert took < 10, f"the client waited {took:.1f} s behind the member's lock"
+    # the sticky bit kept the member's file: the client passed it by rather than removing it
+    assert lock.stat().st_uid == pwd.getpwnam(OTHER_USER).pw_uid
+    pid = broker_pid(home)
+    assert pid is not None and Path(f"/proc/{pid}").stat().st_uid == pwd.getpwnam("nobody").pw_uid
+
+
+def test_config_json_a_member_wrote_is_refused(shared: Shared) -> None:
+    """config.json routes mail and names a password file: one a member planted (its own file,
+    or a symlink to one) would send this user's store password wherever the member says."""
+    cfg = shared.home / "config.json"
+    hostile = '{"store_url": "postgresql://evil@127.0.0.1:1/x", "store_password_file": "%s"}'
+    own = shared.home / "members-own.json"
+    shared.member("sh", "-c", f"echo '{hostile % shared.secret}' > {own}")
+    shared.member("ln", "-s", str(own), str(cfg))
+    with pytest.raises(ConfigError, match="it is a symlink"):
+        settings_for(shared.env)
+    cfg.unlink()
+    shared.member("sh", "-c", f"umask 0; cp {own} {cfg}")
+    with pytest.raises(ConfigError, match=f"it belongs to uid {pwd.getpwnam('nobody').pw_uid}"):
+        settings_for(shared.env)
+    out = run_cli(shared.env, "status", "--json")
+    assert out.returncode != 0 and f"refusing to read {cfg}" in out.stdout + out.stderr, out
+    cfg.unlink()
+
+
+def test_config_json_the_group_may_write_is_refused_and_kept_unwritable(shared: Shared) -> None:
+    cfg = shared.home / "config.json"
+    cfg.write_text('{"max_frame_bytes": 123456}')
+    cfg.chmod(0o660)  # what the broker's start-up re-moding used to leave
+    with pytest.raises(ConfigError, match="others may write it"):
+        settings_for(shared.env)
+    cfg.chmod(0o640)
+    assert settings_for(shared.env).max_frame_bytes == 123456
+    secure_tree(shared.settings)
+    assert stat.S_IMODE(cfg.stat().st_mode) == 0o640
+    assert cfg.stat().st_gid == shared.gid  # members read it
+    assert settings_for(shared.env).max_frame_bytes == 123456
+
+
+@pytest.mark.parametrize("planted", ["agents", "agents/sid.escalations"])
+def test_symlinked_agents_dir_gets_no_file_written_through_it(shared: Shared, planted: str) -> None:
+    """The agents' dirs hold lock files and escalation records: a member who plants either dir
+    as a symlink would have this user's process create files wherever it points."""
+    if planted != "agents":
+        agents_dir(shared.settings)
+    vault = shared.secret.parent
+    shared.member("ln", "-s", str(vault), str(shared.home / planted))
+    with pytest.raises(RuntimeDirError, match="is not a directory of this runtime dir's"):
+        EscalationLog(shared.settings, "sid").remember(new_id(), Escalation.decision("go?"))
+    assert sorted(p.name for p in vault.iterdir()) == ["secret"]
+
+
+def test_escalation_record_a_member_planted_is_not_read(shared: Shared) -> None:
+    log = EscalationLog(shared.settings, "sid")
+    log.remember("ask-1", Escalation.decision("go?", ["yes", "no"]))
+    assert log.lookup("ask-1") is not None
+    record = log.dir / "ask-2.json"
+    (log.dir / "ask-1.json").rename(record.with_name("ours.json"))
+    os.symlink(record.with_name("ours.json"), record)  # a link, as a member would plant
+    assert log.lookup("ask-2") is None
+
+
+def test_symlinked_broker_socket_is_refused_not_connected_to(shared: Shared) -> None:
+    """connect() follows a symlink: a member's link at broker.sock would have a client talk to
+    any socket the link names, here one only root may reach."""
+    private = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    private.bind(str(shared.secret.parent / "private.sock"))
+    private.listen(8)
+    private.setblocking(False)
+    shared.member(
+        "ln", "-s", str(shared.secret.parent / "private.sock"), str(shared.home / "broker.sock")
+    )
+    try:
+        out = run_cli(shared.env, "list", "--json", timeout=60)
+        with pytest.raises(BlockingIOError):
+            private.accept()  # nobody connected to it
+    finally:
+        private.close()
+    assert out.returncode != 0
+    said = out.stdout + out.stderr
+    assert f"refusing to open {shared.home / 'broker.sock'}: it is a symlink" in said, said
+
+
+def test_symlinked_inbox_file_is_not_read_by_a_viewer(shared: Shared) -> None:
+    """The overseer page and inbox search read every inbox file of the dir: one a member
+    links to another user's inbox shows nothing of it."""
+    vault = shared.secret.parent
+    with Inbox(vault, "victim") as box:
+        box.save(
+            Message(id="m-1", sender=Peer(id="s", name="a", host="h"), to="victim", text=SECRET)
+        )
+    shared.member(
+        "ln", "-s", str(vault / "victim.sqlite"), str(shared.settings.inbox_dir / "x.sqlite")
+    )
+    with Inbox.view(shared.settings.inbox_dir, "x") as seen:
+        assert seen.messages() == []
+    with pytest.raises(RuntimeDirError, match="it is a symlink"):
+        Inbox.of(shared.settings, "x")
+
+
+def test_failed_start_never_quotes_a_file_a_member_linked_as_the_log(shared: Shared) -> None:
+    """A failed broker start quotes broker.log's last line in the client's error: a member who
+    swaps in a link there (its own log, which the sticky dir lets it replace) gets nothing."""
+    from crossintercom.local_broker.spawn import _tail
+
+    shared.member("ln", "-s", str(shared.secret), str(shared.home / "broker.log"))
+    said = _tail(shared.home / "broker.log", shared.gid)
+    assert SECRET.strip() not in said
+    assert "it is a symlink" in said

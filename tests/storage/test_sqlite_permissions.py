@@ -10,6 +10,7 @@ import os
 import sqlite3
 import stat
 import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from crossintercom.config import ENV_GROUP
 from crossintercom.storage import migrate
 from crossintercom.storage.sqlite import SqliteStore
 from crossintercom.storage.urls import parse_store_url
-from crossintercom.storage.wakeup import doorbell_dir, ring_doorbell
+from crossintercom.storage.wakeup import doorbell_dir, doorbell_path, ring_doorbell
 from tests.unixuser import SHARED_GROUP, need_root, open_dir, python_as_nobody
 
 TRY_OPEN = "import sys; open(sys.argv[1], 'rb').read(1); print('opened')"
@@ -125,3 +126,29 @@ def test_existing_world_readable_store_is_named(public_dir: Path) -> None:
     assert len(warnings) == 2, warnings
     assert f"{db} is readable by every local user (mode 644)" in warnings[0]
     assert "doorbells is readable by every local user (mode 757)" in warnings[1]
+
+
+def test_a_link_a_member_plants_in_the_doorbell_dir_is_not_written_through(
+    public_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The doorbell dir is the store group's to write: a member's link at the name a ring
+    would write next never has the ringing process truncate the file it names."""
+    need_root()
+    gid = grp.getgrnam(SHARED_GROUP).gr_gid
+    monkeypatch.setenv(ENV_GROUP, SHARED_GROUP)
+    vault = public_dir / "vault"
+    vault.mkdir(mode=0o700)
+    secret = vault / "secret"
+    secret.write_text("root only\n")
+    db = public_dir / "mailbox.sqlite"
+    migrate.upgrade(f"sqlite:///{db}")
+    ring_doorbell(db, "some-host")
+    bell = doorbell_path(db, "some-host")
+    # the temporary names a ring from this process and thread used to write
+    planted = bell.with_name(f"{bell.name}.{os.getpid()}.{threading.get_ident()}")
+    link = "import os, sys; os.symlink(sys.argv[1], sys.argv[2])"
+    made = python_as_nobody(link, str(secret), str(planted), groups=(gid,))
+    assert made.returncode == 0, made
+    ring_doorbell(db, "some-host")
+    assert secret.read_text() == "root only\n"
+    assert bell.read_text().strip().isdigit()
