@@ -8,6 +8,10 @@ is bounded: past ``max_entries``, the oldest entries already shown are pruned (d
 This module is the only one that knows where an inbox file lives and what it holds: every reader
 (the CLI, the tools, the tests) goes through ``Inbox``; ``Inbox.view`` reads another process's
 inbox without creating or changing anything.
+
+A full disk or a read-only inbox makes an operation raise ``InboxUnavailable`` (and records the
+fault in ``faults``, inbox_faults.py) instead of SQLite's error; messages a surface showed but
+could not mark are held as shown in this process and marked once the file can be written.
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ import msgspec
 import tenacity
 
 from crossintercom.config import Settings, synchronous_pragma
+from crossintercom.errors import InboxUnavailable
+from crossintercom.inbox_faults import FAULTS, READ, WRITE, InboxFaults, guarded
 from crossintercom.models import (
     Message,
     Receipt,
@@ -151,26 +157,38 @@ class Inbox:
         read_only: bool = False,
         synchronous: str = "NORMAL",
         max_entries: int = DEFAULT_MAX_ENTRIES,
+        faults: InboxFaults | None = None,
     ) -> None:
         self.path = directory / f"{session_id}.sqlite"
         self.max_entries = max_entries
+        self.faults = faults or InboxFaults()
         self._saves = 0
+        # Entries shown by this process whose mark could not be written yet (see mark_shown).
+        self._unmarked: set[int] = set()
         if read_only:
             self._db = _open_read_only(self.path)
             return
-        directory.mkdir(parents=True, exist_ok=True)
-        fresh = not self.path.exists()
-        self._db = sqlite3.connect(self.path, timeout=30.0, isolation_level=None)
-        if fresh:
-            self.path.chmod(file_mode)
-        else:
-            _tighten(self.path, file_mode)
-        _prepare(self._db, synchronous)
-        _tighten(self.path.with_name(self.path.name + "-journal"), file_mode)
-        self.prune()
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            fresh = not self.path.exists()
+            self._db = sqlite3.connect(self.path, timeout=30.0, isolation_level=None)
+        except FAULTS as exc:
+            raise self.faults.failed(READ, exc) from exc
+        try:
+            if fresh:
+                self.path.chmod(file_mode)
+            else:
+                _tighten(self.path, file_mode)
+            _prepare(self._db, synchronous)
+            _tighten(self.path.with_name(self.path.name + "-journal"), file_mode)
+        except FAULTS as exc:
+            self._db.close()
+            raise self.faults.failed(READ, exc) from exc
+        with contextlib.suppress(InboxUnavailable):  # pruning waits for a writable file
+            self.prune()
 
     @classmethod
-    def of(cls, settings: Settings, session_id: str) -> Inbox:
+    def of(cls, settings: Settings, session_id: str, faults: InboxFaults | None = None) -> Inbox:
         """The session's own inbox on this host: the host's file mode, durability and bound."""
         return cls(
             settings.inbox_dir,
@@ -178,6 +196,7 @@ class Inbox:
             modes(settings)[1],
             synchronous=settings.sqlite_synchronous,
             max_entries=settings.inbox_max_entries,
+            faults=faults,
         )
 
     @classmethod
@@ -209,6 +228,7 @@ class Inbox:
         """Store once; True if it was new. Committed before the caller acknowledges."""
         return self.save_many([(message, shown)])[0]
 
+    @guarded(WRITE)
     def save_many(self, items: Sequence[tuple[Message | Receipt, bool]]) -> list[bool]:
         """``save`` (or ``save_receipt``) for several entries, each with its ``shown`` mark, in
         one transaction: all are committed or none (the error is raised). Whether each was new,
@@ -239,8 +259,10 @@ class Inbox:
     def _saved(self, n: int = 1) -> None:
         before, self._saves = self._saves, self._saves + n
         if before // _PRUNE_EVERY != self._saves // _PRUNE_EVERY:
-            self.prune()
+            with contextlib.suppress(InboxUnavailable):  # saved all the same; pruned later
+                self.prune()
 
+    @guarded(WRITE)
     def prune(self) -> int:
         """Delete the oldest shown entries past ``max_entries``; returns how many went.
 
@@ -264,21 +286,38 @@ class Inbox:
             return False
         return Message.from_dict(held.body).canonical_payload() != message.canonical_payload()
 
-    def mark_shown(self, seqs: list[int]) -> None:
-        """Mark entries shown, in one transaction."""
-        if not seqs:
-            return
+    def mark_shown(self, seqs: list[int]) -> bool:
+        """Mark entries shown, in one transaction; False if the file cannot be written now.
+
+        Never raises for that: the caller has shown them already. They are held as shown in
+        this process (``unshown`` leaves them out) and marked with the next mark that works.
+        """
+        todo = sorted(self._unmarked.union(seqs))
+        if not todo:
+            return True
+        try:
+            self._mark(todo)
+        except InboxUnavailable:
+            self._unmarked.update(seqs)
+            return False
+        self._unmarked.clear()
+        return True
+
+    @guarded(WRITE)
+    def _mark(self, seqs: list[int]) -> None:
         if len(seqs) == 1:
             self._db.execute(_MARK_SHOWN, (seqs[0],))
             return
         with self._transaction():
             self._db.executemany(_MARK_SHOWN, [(s,) for s in seqs])
 
+    @guarded(WRITE)
     def mark_message_shown(self, message_id: str) -> None:
         self._db.execute(
             "UPDATE entries SET shown = 1 WHERE kind = 'message' AND id = ?", (message_id,)
         )
 
+    @guarded(WRITE)
     def add_flag(self, message_id: str, flag: str) -> None:
         held = self.message(message_id)
         if held is None:
@@ -293,6 +332,7 @@ class Inbox:
 
     # --- reading ------------------------------------------------------------------------------
 
+    @guarded(READ)
     def _select(self, where: str = "", params: tuple[Any, ...] = ()) -> list[Entry]:
         rows = self._db.execute(
             f"SELECT {_COLUMNS} FROM entries {where} ORDER BY seq", params
@@ -314,18 +354,23 @@ class Inbox:
         return self._select("WHERE kind = 'receipt'")
 
     def unshown(self) -> list[Entry]:
-        return self._select("WHERE shown = 0")
+        """Entries never shown, oldest first (those shown here but not marked yet left out)."""
+        if self._unmarked:
+            self.mark_shown([])
+        return [e for e in self._select("WHERE shown = 0") if e.seq not in self._unmarked]
 
     def message(self, message_id: str) -> Entry | None:
         found = self._select("WHERE kind = 'message' AND id = ?", (message_id,))
         return found[0] if found else None
 
+    @guarded(READ)
     def has(self, message_id: str) -> bool:
         row = self._db.execute(
             "SELECT 1 FROM entries WHERE kind = 'message' AND id = ?", (message_id,)
         ).fetchone()
         return row is not None
 
+    @guarded(READ)
     def received_at(self, message_ids: list[str]) -> dict[str, float]:
         """When each held message of ``message_ids`` was saved (wall clock), by id."""
         out: dict[str, float] = {}
@@ -339,6 +384,7 @@ class Inbox:
             out.update((r[0], float(r[1])) for r in rows)
         return out
 
+    @guarded(READ)
     def count(self) -> int:
         """How many messages are held (receipts not counted)."""
         row = self._db.execute("SELECT count(*) FROM entries WHERE kind = 'message'").fetchone()

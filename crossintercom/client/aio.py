@@ -26,10 +26,12 @@ from crossintercom.errors import (
     Code,
     CrossintercomError,
     Disconnected,
+    InboxUnavailable,
     RemoteError,
     UsageError,
 )
 from crossintercom.inbox import Inbox
+from crossintercom.inbox_faults import InboxFaults
 from crossintercom.models import (
     Attachment,
     Message,
@@ -82,6 +84,9 @@ class AsyncClient:
         self._in_flight = 0
         self._closed = False
         self._inbox: Inbox | None = None
+        # What fails in the inbox now; each change is told to the broker (`status` shows it).
+        self.inbox_faults = InboxFaults()
+        self.inbox_faults.on_change = self._report_faults
         self._save_retry: asyncio.TimerHandle | None = None
         self._to_save: list[p.Deliver | p.Notice] = []
         self.connected = asyncio.Event()
@@ -95,7 +100,7 @@ class AsyncClient:
         if self._inbox is None:
             if self.identity is None:
                 raise UsageError("this client has no session, so no inbox")
-            self._inbox = Inbox.of(self.settings, self.identity.id)
+            self._inbox = Inbox.of(self.settings, self.identity.id, self.inbox_faults)
             secure_file(self.settings, self._inbox.path)
         return self._inbox
 
@@ -134,6 +139,8 @@ class AsyncClient:
                 self.attached = resp.attached
                 if resp.session is not None:
                     self.session = resp.session
+                if self.inbox_faults.current:  # a new connection: the broker knows nothing yet
+                    self._report_faults()
             self.connected.set()
 
     def _drop_connection(self) -> asyncio.StreamWriter | None:
@@ -176,7 +183,7 @@ class AsyncClient:
         batch = [self._entry(f) for f in frames]
         try:
             new = self.inbox.save_many([(item, waiter is not None) for item, waiter in batch])
-        except (sqlite3.Error, OSError) as exc:
+        except (sqlite3.Error, OSError, InboxUnavailable) as exc:
             for item, _ in batch:
                 if isinstance(item, Message):
                     self._save_failed(item, exc)
@@ -190,10 +197,10 @@ class AsyncClient:
             if isinstance(item, Receipt):
                 acks.append(p.Ack(item.key))
                 shown.append(Incoming("receipt", receipt=item))
-            elif waiter is None and not fresh and self.inbox.holds_other_payload(item):
-                # The id was reused for another payload after its dedup record was released:
-                # this one is not saved, so it must not be reported delivered.
-                acks.append(p.Ack(item.id, Code.ID_CONFLICT))
+            elif waiter is None and not fresh and (conflict := self._conflict(item)):
+                # The id was reused for another payload after its dedup record was released
+                # (or that cannot be told now): not saved, so not reported delivered.
+                acks.append(p.Ack(item.id, conflict))
             else:
                 acks.append(p.Ack(item.id))
                 if waiter is not None:
@@ -203,6 +210,23 @@ class AsyncClient:
         self._conn.post_many(acks)
         for incoming in shown:
             self.incoming.put_nowait(incoming)
+
+    def _conflict(self, msg: Message) -> str | None:
+        """Why a message already held by id cannot be acknowledged as saved, if it cannot."""
+        try:
+            return Code.ID_CONFLICT if self.inbox.holds_other_payload(msg) else None
+        except InboxUnavailable:
+            self._hand_over_again()
+            return Code.SAVE_FAILED
+
+    def _report_faults(self) -> None:
+        """Tell the broker what fails in the inbox now (nothing: it works again)."""
+        if self.identity is not None:
+            items = [
+                p.InboxFaultItem(f.op, f.since, f.error[:500])
+                for f in self.inbox_faults.current.values()
+            ]
+            self._conn.post(p.InboxFault(items))
 
     def _entry(
         self, frame: p.Deliver | p.Notice
@@ -221,8 +245,11 @@ class AsyncClient:
         """The inbox cannot be written (full or read-only disk): not saved, so not delivered.
         The broker keeps it queued and hands it over again when this client registers anew,
         which it does after a pause: mail flows once the disk is writable (docs/delivery.md)."""
-        log.error("cannot save message %s to the inbox: %s", msg.id, exc)
+        log.error("cannot save message %s to the inbox: %s", msg.id, exc.__cause__ or exc)
         self._ack(msg.id, refused=Code.SAVE_FAILED)
+        self._hand_over_again()
+
+    def _hand_over_again(self) -> None:
         if self.reconnect and self._save_retry is None:
             self._save_retry = asyncio.get_running_loop().call_later(SAVE_RETRY_S, self._reregister)
 
