@@ -22,7 +22,7 @@ import logging
 import sqlite3
 import stat
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -303,6 +303,24 @@ class Inbox:
         self._unmarked.clear()
         return True
 
+    def recheck(self) -> InboxUnavailable | None:
+        """Try again what failed (a read; the marks held back, or a write that changes nothing
+        one can see); the error if the inbox still fails, None if it works (docs/reliability.md)."""
+        with contextlib.suppress(InboxUnavailable):
+            if READ in self.faults.current:
+                self.count()
+            if self._unmarked:
+                self.mark_shown([])
+            elif WRITE in self.faults.current:
+                self._probe()
+        return self.faults.error()
+
+    @guarded(WRITE)
+    def _probe(self) -> None:
+        # Rewrites the header page (journal and all): a real write, so it fails as a save would.
+        version = self._db.execute("PRAGMA user_version").fetchone()[0]
+        self._db.execute(f"PRAGMA user_version = {int(version)}")
+
     @guarded(WRITE)
     def _mark(self, seqs: list[int]) -> None:
         if len(seqs) == 1:
@@ -355,8 +373,8 @@ class Inbox:
 
     def unshown(self) -> list[Entry]:
         """Entries never shown, oldest first (those shown here but not marked yet left out)."""
-        if self._unmarked:
-            self.mark_shown([])
+        if self._unmarked or self.faults.current:
+            self.recheck()
         return [e for e in self._select("WHERE shown = 0") if e.seq not in self._unmarked]
 
     def message(self, message_id: str) -> Entry | None:
@@ -396,3 +414,11 @@ def session_ids(directory: Path) -> list[str]:
     if not directory.is_dir():
         return []
     return sorted(p.stem for p in directory.glob("*.sqlite"))
+
+
+def trouble(open_box: Callable[[], Inbox]) -> InboxUnavailable | None:
+    """Why a session's inbox fails now, after trying again what failed; None if it works."""
+    try:
+        return open_box().recheck()
+    except InboxUnavailable as exc:  # it cannot even be opened
+        return exc

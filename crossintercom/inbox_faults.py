@@ -59,6 +59,13 @@ class InboxFaults:
             log.warning("the inbox can be %s again", _done(op))
             self._changed()
 
+    def error(self) -> InboxUnavailable | None:
+        """The error for the earliest fault now; None when the inbox works."""
+        if not self.current:
+            return None
+        first = min(self.current.values(), key=lambda f: f.since)
+        return unavailable(first.op, first.error)
+
     def _changed(self) -> None:
         if self.on_change is not None:
             self.on_change()

@@ -32,7 +32,6 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from crossintercom.errors import CrossintercomError, UsageError
-from crossintercom.inbox_faults import unavailable
 from crossintercom.models import SearchQuery, parse_since, search_terms
 from crossintercom.web.auth import COOKIE, CSRF_HEADER, Guard
 from crossintercom.web.overseer import Overseer
@@ -139,10 +138,9 @@ def build_app(overseer: Overseer, guard: Guard, *, manage_lifecycle: bool = True
     async def health(request: Request) -> Response:
         """200 while the page works; 503 while its own inbox fails (it recovers by itself)."""
         warnings = overseer.roster.get("warnings", [])
-        fault = overseer.inbox_fault()
-        if fault is None:
+        error = overseer.inbox_trouble()
+        if error is None:
             return JSONResponse({"ok": True, "warnings": warnings})
-        error = unavailable(fault.op, fault.error)
         body = {"error": {"code": error.code, "message": error.message}, "warnings": warnings}
         return JSONResponse(body, status_code=503)
 

@@ -8,7 +8,7 @@
 - The live feed: the archive when the store keeps one (every host's messages), else the inboxes
   on this host; polled off the event loop and pushed to every open page (``subscribe``).
 - The host's degraded states (``status`` warnings: a full disk, a failing inbox) with the
-  roster, shown as a banner; ``inbox_fault`` says whether the page's own inbox fails now.
+  roster, shown as a banner; ``inbox_trouble`` says whether the page's own inbox fails now.
 """
 
 from __future__ import annotations
@@ -23,9 +23,8 @@ from typing import Any, Literal
 from crossintercom import history
 from crossintercom.client import AsyncClient, Identity
 from crossintercom.config import Settings
-from crossintercom.errors import CrossintercomError, StoreError, UsageError
-from crossintercom.inbox import Inbox, session_ids
-from crossintercom.inbox_faults import Fault
+from crossintercom.errors import CrossintercomError, InboxUnavailable, StoreError, UsageError
+from crossintercom.inbox import Inbox, session_ids, trouble
 from crossintercom.models import Message, SearchQuery, SendResult
 from crossintercom.storage import (
     ArchivedMessage,
@@ -203,10 +202,9 @@ class Overseer:
 
     # --- hosts and sessions ---------------------------------------------------------------------
 
-    def inbox_fault(self) -> Fault | None:
-        """The earliest fault of the human session's inbox now, if it fails (docs/web.md)."""
-        faults = sorted(self.client.inbox_faults.current.values(), key=lambda f: f.since)
-        return faults[0] if faults else None
+    def inbox_trouble(self) -> InboxUnavailable | None:
+        """Why the human session's inbox fails now, if it does (docs/web.md)."""
+        return trouble(lambda: self.client.inbox)
 
     async def _refresh_roster(self) -> None:
         sessions = await self.client.list_sessions()
