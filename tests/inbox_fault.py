@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Generator
 from pathlib import Path
 
 import pytest
@@ -65,7 +65,7 @@ class InboxFault:
             self._mounted = False
 
 
-def inbox_fault(kind: str, inbox_dir: Path) -> Iterator[InboxFault]:
+def inbox_fault(kind: str, inbox_dir: Path) -> Generator[InboxFault, None, None]:
     """The body of a fixture: a prepared fault, always cleared and unmounted at the end."""
     fault = InboxFault(kind, inbox_dir)
     fault.prepare()

@@ -67,7 +67,7 @@ def test_the_page_shows_a_failing_inbox_and_resumes_by_itself(
             sent.append(result.id)
         wait_for(lambda: get("/api/health")[0] == 503, 30, "the health check to say 503")
         status, body = get("/api/health")
-        assert body["error"]["code"] == "inbox_unavailable", body
+        assert (status, body["error"]["code"]) == (503, "inbox_unavailable"), body
         wait_for(boss_warned, 30, "the roster to carry the warning")
         page = get("/")[1]
         banner = re.search(r'<div id="warnings"[^>]*>(.*?)</div>', page, re.S)
