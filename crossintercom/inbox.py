@@ -5,9 +5,9 @@ so a message handed over twice (after a crash, a retry or a relay restart) is he
 ``shown`` mark is set only after the message was printed and flushed (docs/delivery.md). The file
 is bounded: past ``max_entries``, the oldest entries already shown are pruned (docs/operations.md).
 
-This module is the only one that knows where an inbox file lives and what it holds: every reader
-(the CLI, the tools, the tests) goes through ``Inbox``; ``Inbox.view`` reads another process's
-inbox without creating or changing anything.
+This module (with inbox_file.py, which opens the file) is the only one that knows where an inbox
+file lives and what it holds: every reader (the CLI, the tools, the tests) goes through ``Inbox``;
+``Inbox.view`` reads another process's inbox without creating or changing anything.
 
 A full disk or a read-only inbox makes an operation raise ``InboxUnavailable`` (and records the
 fault in ``faults``, inbox_faults.py) instead of SQLite's error; messages a surface showed but
@@ -19,8 +19,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import sqlite3
-import stat
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -28,11 +26,11 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-import tenacity
 
-from crossintercom.config import Settings, synchronous_pragma
+from crossintercom.config import Settings
 from crossintercom.errors import InboxUnavailable
 from crossintercom.inbox_faults import FAULTS, READ, WRITE, InboxFaults, guarded
+from crossintercom.inbox_file import open_read_only, open_writable
 from crossintercom.models import (
     Message,
     Receipt,
@@ -40,19 +38,6 @@ from crossintercom.models import (
 from crossintercom.runtime import modes
 
 log = logging.getLogger(__name__)
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS entries (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,
-    id TEXT NOT NULL,
-    kind TEXT NOT NULL,            -- 'message' or 'receipt'
-    body TEXT NOT NULL,            -- the JSON object as printed by --json
-    received_at REAL NOT NULL,
-    shown INTEGER NOT NULL DEFAULT 0,
-    UNIQUE (kind, id)
-);
-CREATE INDEX IF NOT EXISTS entries_unshown ON entries (shown, seq);
-"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,17 +47,6 @@ class Entry:
     kind: str
     body: dict[str, Any]
     shown: bool
-
-
-def _tighten(path: Path, file_mode: int) -> None:
-    """Give an inbox file the runtime file mode; a looser one is tightened and logged."""
-    try:
-        current = stat.S_IMODE(path.stat().st_mode)
-    except FileNotFoundError:
-        return
-    if current & ~file_mode:
-        path.chmod(file_mode)
-        log.warning("inbox file mode tightened", extra={"path": str(path), "was": oct(current)})
 
 
 _COLUMNS = "seq, id, kind, body, shown"
@@ -91,58 +65,11 @@ def _row(item: Message | Receipt, shown: bool, now: float) -> tuple[str, str, st
     return item.key, "receipt", body, now, int(shown)
 
 
-def _open_read_only(path: Path) -> sqlite3.Connection:
-    """A connection that can only read ``path``; an inbox not written yet reads as empty."""
-    if path.exists():
-        db = sqlite3.connect(f"{path.absolute().as_uri()}?mode=ro", uri=True, timeout=30.0)
-        if db.execute("SELECT 1 FROM sqlite_master WHERE name = 'entries'").fetchone():
-            return db
-        db.close()  # created by its owner, who has not written the schema yet
-    db = sqlite3.connect(":memory:")
-    db.executescript(_SCHEMA)
-    db.execute("PRAGMA query_only = ON")
-    return db
-
-
 # Entries kept by default (docs/operations.md, setting ``inbox_max_entries``); entries never
 # shown are kept whatever the bound, since pruning them would lose mail.
 DEFAULT_MAX_ENTRIES = 10_000
 # Pruning runs at open and then once per this many saves: a bounded cost per save.
 _PRUNE_EVERY = 100
-
-
-def _busy(exc: BaseException) -> bool:
-    code = getattr(exc, "sqlite_errorcode", None)
-    return (
-        isinstance(exc, sqlite3.OperationalError)
-        and code is not None
-        and code & 0xFF == sqlite3.SQLITE_BUSY
-    )
-
-
-# Switching a file's journal mode takes an exclusive lock without waiting on the busy handler,
-# so two connections opening one fresh inbox at once (a listener's display and its client) can
-# see "database is locked" here: retry briefly instead of failing the first save.
-@tenacity.retry(
-    retry=tenacity.retry_if_exception(_busy),
-    wait=tenacity.wait_random(0.005, 0.05),
-    stop=tenacity.stop_after_delay(5),
-    reraise=True,
-)
-def _prepare(db: sqlite3.Connection, synchronous: str) -> None:
-    # A rollback journal, not WAL: WAL maps its -shm index into memory, and a write to that
-    # mapping once the file is made immutable (or its disk is full) kills the process with
-    # SIGBUS; a journal write fails with an error the client turns into a refused ack
-    # (docs/reliability.md). At the default durability synchronous=OFF: a commit still
-    # survives a process crash (the failure model), with no fsync per message; durability
-    # `full` syncs each commit, so it survives a power cut too (docs/operations.md).
-    if db.execute("PRAGMA journal_mode").fetchone()[0].lower() != "truncate":
-        db.execute("PRAGMA journal_mode=TRUNCATE")
-    if synchronous == "NORMAL":
-        db.execute("PRAGMA synchronous=OFF")
-    else:
-        db.execute(synchronous_pragma(synchronous))
-    db.executescript(_SCHEMA)
 
 
 class Inbox:
@@ -166,23 +93,11 @@ class Inbox:
         # Entries shown by this process whose mark could not be written yet (see mark_shown).
         self._unmarked: set[int] = set()
         if read_only:
-            self._db = _open_read_only(self.path)
+            self._db = open_read_only(self.path)
             return
         try:
-            directory.mkdir(parents=True, exist_ok=True)
-            fresh = not self.path.exists()
-            self._db = sqlite3.connect(self.path, timeout=30.0, isolation_level=None)
+            self._db = open_writable(self.path, file_mode, synchronous)
         except FAULTS as exc:
-            raise self.faults.failed(READ, exc) from exc
-        try:
-            if fresh:
-                self.path.chmod(file_mode)
-            else:
-                _tighten(self.path, file_mode)
-            _prepare(self._db, synchronous)
-            _tighten(self.path.with_name(self.path.name + "-journal"), file_mode)
-        except FAULTS as exc:
-            self._db.close()
             raise self.faults.failed(READ, exc) from exc
         with contextlib.suppress(InboxUnavailable):  # pruning waits for a writable file
             self.prune()

@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import logging
 import sqlite3
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -20,11 +20,16 @@ import msgspec
 from crossintercom import protocol as p
 from crossintercom.client.connection import BrokerConnection, expect
 from crossintercom.client.identity import Identity, outgoing_body
-from crossintercom.client.retries import SAVE_RETRY_S, reconnect_forever, with_retries
+from crossintercom.client.queries import Queries
+from crossintercom.client.retries import (
+    SAVE_RETRY_S,
+    await_reply,
+    reconnect_forever,
+    with_retries,
+)
 from crossintercom.config import Settings
 from crossintercom.errors import (
     Code,
-    CrossintercomError,
     Disconnected,
     InboxUnavailable,
     RemoteError,
@@ -57,7 +62,7 @@ class Incoming:
     receipt: Receipt | None = None
 
 
-class AsyncClient:
+class AsyncClient(Queries):
     def __init__(
         self,
         settings: Settings,
@@ -211,6 +216,13 @@ class AsyncClient:
         for incoming in shown:
             self.incoming.put_nowait(incoming)
 
+    def _connect_for_reply(self) -> Awaitable[None] | None:
+        """A client that does not reconnect by itself (a one-shot command) re-registers while
+        it waits for an ask's reply, so a new broker can still hand it over."""
+        if self._conn.open or self.reconnect or self._closed:
+            return None
+        return self._ensure_connected()
+
     def _conflict(self, msg: Message) -> str | None:
         """Why a message already held by id cannot be acknowledged as saved, if it cannot."""
         try:
@@ -348,31 +360,12 @@ class AsyncClient:
             if result.outcome not in (Outcome.DELIVERED, Outcome.QUEUED):
                 return result
             try:
-                reply = await self._await_reply(waiter, timeout)
+                reply = await await_reply(waiter, timeout, self._connect_for_reply)
             except TimeoutError:
                 return result
             return msgspec.structs.replace(result, reply=reply)
         finally:
             self._ask_waiters.pop(body.id, None)
-
-    async def _await_reply(self, waiter: asyncio.Future[Message], timeout: float) -> Message:
-        """Wait for an ask's reply. A client that does not reconnect by itself (a one-shot
-        command) re-registers here when the broker goes away, so the new broker can still hand
-        it the reply (live, or from the queue) instead of the ask waiting out its timeout."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while not waiter.done():
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                raise TimeoutError
-            pause = 0.5
-            if not self._conn.open and not self.reconnect and not self._closed:
-                try:
-                    await asyncio.wait_for(self._ensure_connected(), remaining)
-                except CrossintercomError:
-                    pause = 1.0  # no broker yet: try again shortly
-            await asyncio.wait({waiter}, timeout=min(pause, max(0.0, deadline - loop.time())))
-        return waiter.result()
 
     async def reply(
         self,
@@ -392,27 +385,6 @@ class AsyncClient:
         """Any request frame (its ``request_id`` is set here); connects first if needed."""
         await self._ensure_connected()
         return await self._conn.request(frame)
-
-    async def list_sessions(self) -> list[SessionInfo]:
-        return expect(await self.request(p.ListSessions(0)), p.Sessions).sessions
-
-    async def status(self) -> p.StatusReport:
-        return expect(await self.request(p.Status(0)), p.StatusReport)
-
-    async def groups(self) -> list[p.Group]:
-        return expect(await self.request(p.Groups(0)), p.GroupList).groups
-
-    async def pending(self) -> list[Message]:
-        return expect(await self.request(p.Pending(0)), p.PendingList).messages
-
-    async def join(self, group: str) -> list[str]:
-        return expect(await self.request(p.Join(0, group)), p.Ok).groups or []
-
-    async def leave(self, group: str) -> list[str]:
-        return expect(await self.request(p.Leave(0, group)), p.Ok).groups or []
-
-    async def set_status(self, status: str | None) -> None:
-        expect(await self.request(p.SetStatus(0, status)), p.Ok)
 
     def drain_incoming(self) -> list[Incoming]:
         """Everything that arrived and was not taken yet, without waiting."""
