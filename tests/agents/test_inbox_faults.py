@@ -12,6 +12,7 @@ import json
 import re
 import subprocess
 import threading
+import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -172,6 +173,7 @@ def test_listen_and_wait_outlive_a_failing_inbox_and_show_each_message_once(
             for s in surfaces:
                 assert s.alive(), f"{s.name} ({s.fmt}) died: {''.join(s.err)[-2000:]}"
             fault.off()
+            cleared = time.monotonic()
 
             def all_shown() -> bool:
                 for s in surfaces:
@@ -179,6 +181,11 @@ def test_listen_and_wait_outlive_a_failing_inbox_and_show_each_message_once(
                 return all(set(sent[s.name]) <= set(s.ids()) for s in surfaces)
 
             wait_for(all_shown, RECOVERY_S, "every message sent during the fault to be shown")
+            took = time.monotonic() - cleared
+            print(
+                f"inbox fault ({fault.kind}): {len(surfaces)} surfaces showed all "
+                f"{PER_NAME * len(names)} messages {took:.1f} s after it cleared"
+            )
             for s in surfaces:
                 shown = s.ids()
                 assert all(shown[m] == 1 for m in sent[s.name]), (s.name, s.fmt, shown)
@@ -244,6 +251,7 @@ async def _mcp_under_fault(env: dict[str, str], fault: InboxFault) -> None:
             out = await worker.data("send", to="mate", message="still here")
             assert out["outcome"] in ACKED, out
             fault.off()
+            cleared = loop.time()
 
             seen: Counter[str] = Counter()
             deadline = loop.time() + RECOVERY_S
@@ -253,6 +261,10 @@ async def _mcp_under_fault(env: dict[str, str], fault: InboxFault) -> None:
                 seen.update(ids)
                 codes.append(code)
                 await asyncio.sleep(0.2)
+            print(
+                f"inbox fault ({fault.kind}): the MCP inbox tool showed all {PER_NAME} messages "
+                f"{loop.time() - cleared:.1f} s after it cleared"
+            )
             for _ in range(5):  # a late second copy would show in the next calls
                 seen.update((await _inbox_ids(worker))[0])
             assert all(seen[m] == 1 for m in sent), seen
