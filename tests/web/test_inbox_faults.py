@@ -92,3 +92,35 @@ def test_the_page_shows_a_failing_inbox_and_resumes_by_itself(
         assert all(held[m] == 1 for m in [first.id, *sent]), held
     finally:
         faults.close()
+
+
+def test_the_banner_comes_and_goes_in_a_browser(
+    sqlite_cluster: Cluster, browser: Any, web_servers: list[WebServer]
+) -> None:
+    b = sqlite_cluster.host("B", relay=False)
+    inbox_dir = b.settings.inbox_dir
+    faults = inbox_fault("immutable", inbox_dir)
+    fault = next(faults)
+    try:
+        web = start_web(b, "--as", "boss")
+        web_servers.append(web)
+        page = browser.new_page()
+        page.goto(web.url)
+        page.wait_for_selector("#live.on")
+        assert page.is_hidden("#warnings")
+        mate = b.client("mate")
+        assert mate.send("boss", "before").outcome.value == "delivered"
+        sid = b.identity("boss").id
+        wait_for((inbox_dir / f"{sid}.sqlite").exists, 20, "the page's inbox to exist")
+
+        fault.on(sid)
+        during = mate.send("boss", "during the fault")
+        assert during.outcome.value in ACKED, during
+        banner = page.wait_for_selector("#warnings:not([hidden])", timeout=30_000)
+        assert banner is not None and "boss cannot" in banner.inner_text()
+        fault.off()
+        page.wait_for_selector(f'#feed li[data-id="{during.id}"]', timeout=RECOVERY_S * 1000)
+        page.wait_for_selector("#warnings[hidden]", state="attached", timeout=RECOVERY_S * 1000)
+        page.close()
+    finally:
+        faults.close()
