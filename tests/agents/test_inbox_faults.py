@@ -169,9 +169,13 @@ def test_listen_and_wait_outlive_a_failing_inbox_and_show_each_message_once(
                     result = mate.send(n, f"during the fault {k}")
                     assert result.outcome.value in ACKED, result
                     sent[n].append(result.id)
-            wait_for(lambda: _names_faulted(cli_env, names), 30, "status to name every fault")
-            for s in surfaces:
-                assert s.alive(), f"{s.name} ({s.fmt}) died: {''.join(s.err)[-2000:]}"
+
+            def up_and_faulted() -> bool:
+                for s in surfaces:
+                    assert s.alive(), f"{s.name} ({s.fmt}) died: {''.join(s.err)[-2000:]}"
+                return _names_faulted(cli_env, names)
+
+            wait_for(up_and_faulted, 30, "status to name every fault")
             fault.off()
             cleared = time.monotonic()
 
