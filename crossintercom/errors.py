@@ -74,6 +74,9 @@ class Code(StrEnum):
     # An ack's refusal: the client could not save the message to its inbox, so it was not
     # delivered; the broker keeps it queued (docs/delivery.md).
     SAVE_FAILED = "save_failed"
+    # The session's inbox file cannot be read or written right now (a full disk, a read-only or
+    # immutable file): a surface says so and retries; nothing was lost (docs/reliability.md).
+    INBOX_UNAVAILABLE = "inbox_unavailable"
     STORE_UNAVAILABLE = "store_unavailable"
     STORE_IN_DOUBT = "store_in_doubt"
     BROKER_UNAVAILABLE = "broker_unavailable"
@@ -156,6 +159,13 @@ class RemoteError(CrossintercomError):
     def __init__(self, code: str, message: str, **details: Any) -> None:
         super().__init__(message, **details)
         self.code = code  # type: ignore[misc]
+
+
+class InboxUnavailable(CrossintercomError):
+    """The session's inbox cannot be read or written right now (a full disk or a read-only
+    inbox); nothing was lost, and it is retried until it can."""
+
+    code = "inbox_unavailable"
 
 
 class AuthorityError(CrossintercomError):

@@ -5,9 +5,13 @@ so a message handed over twice (after a crash, a retry or a relay restart) is he
 ``shown`` mark is set only after the message was printed and flushed (docs/delivery.md). The file
 is bounded: past ``max_entries``, the oldest entries already shown are pruned (docs/operations.md).
 
-This module is the only one that knows where an inbox file lives and what it holds: every reader
-(the CLI, the tools, the tests) goes through ``Inbox``; ``Inbox.view`` reads another process's
-inbox without creating or changing anything.
+This module (with inbox_file.py, which opens the file) is the only one that knows where an inbox
+file lives and what it holds: every reader (the CLI, the tools, the tests) goes through ``Inbox``;
+``Inbox.view`` reads another process's inbox without creating or changing anything.
+
+A full disk or a read-only inbox makes an operation raise ``InboxUnavailable`` (and records the
+fault in ``faults``, inbox_faults.py) instead of SQLite's error; messages a surface showed but
+could not mark are held as shown in this process and marked once the file can be written.
 """
 
 from __future__ import annotations
@@ -15,38 +19,25 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import sqlite3
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import msgspec
-import tenacity
 
-from crossintercom.config import Settings, synchronous_pragma
-from crossintercom.errors import RuntimeDirError
+from crossintercom.config import Settings
+from crossintercom.errors import InboxUnavailable
+from crossintercom.inbox_faults import FAULTS, READ, WRITE, InboxFaults, guarded
+from crossintercom.inbox_file import open_read_only, open_writable
 from crossintercom.models import (
     Message,
     Receipt,
 )
-from crossintercom.runtime import claim_sqlite, modes, refuse_planted, set_mode
+from crossintercom.runtime import modes
 
 log = logging.getLogger(__name__)
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS entries (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,
-    id TEXT NOT NULL,
-    kind TEXT NOT NULL,            -- 'message' or 'receipt'
-    body TEXT NOT NULL,            -- the JSON object as printed by --json
-    received_at REAL NOT NULL,
-    shown INTEGER NOT NULL DEFAULT 0,
-    UNIQUE (kind, id)
-);
-CREATE INDEX IF NOT EXISTS entries_unshown ON entries (shown, seq);
-"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,14 +47,6 @@ class Entry:
     kind: str
     body: dict[str, Any]
     shown: bool
-
-
-def _tighten(path: Path, file_mode: int) -> None:
-    """Give an inbox file the runtime file mode; a looser one is tightened and logged (never
-    through a symlink, never another user's file)."""
-    was = set_mode(path, file_mode, only_tighten=True)
-    if was is not None:
-        log.warning("inbox file mode tightened", extra={"path": str(path), "was": oct(was)})
 
 
 _COLUMNS = "seq, id, kind, body, shown"
@@ -82,70 +65,11 @@ def _row(item: Message | Receipt, shown: bool, now: float) -> tuple[str, str, st
     return item.key, "receipt", body, now, int(shown)
 
 
-def _open_read_only(path: Path) -> sqlite3.Connection:
-    """A connection that can only read ``path``; an inbox not written yet reads as empty."""
-    if path.exists() and _not_planted(path):
-        db = sqlite3.connect(f"{path.absolute().as_uri()}?mode=ro", uri=True, timeout=30.0)
-        if db.execute("SELECT 1 FROM sqlite_master WHERE name = 'entries'").fetchone():
-            return db
-        db.close()  # created by its owner, who has not written the schema yet
-    db = sqlite3.connect(":memory:")
-    db.executescript(_SCHEMA)
-    db.execute("PRAGMA query_only = ON")
-    return db
-
-
-def _not_planted(path: Path) -> bool:
-    """A reader opens another's inbox only if it is a plain file of the inbox dir's group
-    (SQLite would follow a symlink a member planted); anything else reads as empty."""
-    st = path.parent.stat()
-    try:
-        refuse_planted(path, st.st_gid if st.st_mode & 0o070 else None)
-    except RuntimeDirError as exc:
-        log.warning("inbox file refused", extra={"path": str(path), "why": str(exc)})
-        return False
-    return True
-
-
 # Entries kept by default (docs/operations.md, setting ``inbox_max_entries``); entries never
 # shown are kept whatever the bound, since pruning them would lose mail.
 DEFAULT_MAX_ENTRIES = 10_000
 # Pruning runs at open and then once per this many saves: a bounded cost per save.
 _PRUNE_EVERY = 100
-
-
-def _busy(exc: BaseException) -> bool:
-    code = getattr(exc, "sqlite_errorcode", None)
-    return (
-        isinstance(exc, sqlite3.OperationalError)
-        and code is not None
-        and code & 0xFF == sqlite3.SQLITE_BUSY
-    )
-
-
-# Switching a file's journal mode takes an exclusive lock without waiting on the busy handler,
-# so two connections opening one fresh inbox at once (a listener's display and its client) can
-# see "database is locked" here: retry briefly instead of failing the first save.
-@tenacity.retry(
-    retry=tenacity.retry_if_exception(_busy),
-    wait=tenacity.wait_random(0.005, 0.05),
-    stop=tenacity.stop_after_delay(5),
-    reraise=True,
-)
-def _prepare(db: sqlite3.Connection, synchronous: str) -> None:
-    # A rollback journal, not WAL: WAL maps its -shm index into memory, and a write to that
-    # mapping once the file is made immutable (or its disk is full) kills the process with
-    # SIGBUS; a journal write fails with an error the client turns into a refused ack
-    # (docs/reliability.md). At the default durability synchronous=OFF: a commit still
-    # survives a process crash (the failure model), with no fsync per message; durability
-    # `full` syncs each commit, so it survives a power cut too (docs/operations.md).
-    if db.execute("PRAGMA journal_mode").fetchone()[0].lower() != "truncate":
-        db.execute("PRAGMA journal_mode=TRUNCATE")
-    if synchronous == "NORMAL":
-        db.execute("PRAGMA synchronous=OFF")
-    else:
-        db.execute(synchronous_pragma(synchronous))
-    db.executescript(_SCHEMA)
 
 
 class Inbox:
@@ -160,25 +84,26 @@ class Inbox:
         read_only: bool = False,
         synchronous: str = "NORMAL",
         max_entries: int = DEFAULT_MAX_ENTRIES,
+        faults: InboxFaults | None = None,
     ) -> None:
         self.path = directory / f"{session_id}.sqlite"
         self.max_entries = max_entries
+        self.faults = faults or InboxFaults()
         self._saves = 0
+        # Entries shown by this process whose mark could not be written yet (see mark_shown).
+        self._unmarked: set[int] = set()
         if read_only:
-            self._db = _open_read_only(self.path)
+            self._db = open_read_only(self.path)
             return
-        directory.mkdir(parents=True, exist_ok=True)
-        gid = directory.stat().st_gid if file_mode & 0o060 else None
-        fresh = claim_sqlite(self.path, file_mode, gid, ("-journal",))
-        self._db = sqlite3.connect(self.path, timeout=30.0, isolation_level=None)
-        if not fresh:
-            _tighten(self.path, file_mode)
-        _prepare(self._db, synchronous)
-        _tighten(self.path.with_name(self.path.name + "-journal"), file_mode)
-        self.prune()
+        try:
+            self._db = open_writable(self.path, file_mode, synchronous)
+        except FAULTS as exc:
+            raise self.faults.failed(READ, exc) from exc
+        with contextlib.suppress(InboxUnavailable):  # pruning waits for a writable file
+            self.prune()
 
     @classmethod
-    def of(cls, settings: Settings, session_id: str) -> Inbox:
+    def of(cls, settings: Settings, session_id: str, faults: InboxFaults | None = None) -> Inbox:
         """The session's own inbox on this host: the host's file mode, durability and bound."""
         return cls(
             settings.inbox_dir,
@@ -186,6 +111,7 @@ class Inbox:
             modes(settings)[1],
             synchronous=settings.sqlite_synchronous,
             max_entries=settings.inbox_max_entries,
+            faults=faults,
         )
 
     @classmethod
@@ -217,6 +143,7 @@ class Inbox:
         """Store once; True if it was new. Committed before the caller acknowledges."""
         return self.save_many([(message, shown)])[0]
 
+    @guarded(WRITE)
     def save_many(self, items: Sequence[tuple[Message | Receipt, bool]]) -> list[bool]:
         """``save`` (or ``save_receipt``) for several entries, each with its ``shown`` mark, in
         one transaction: all are committed or none (the error is raised). Whether each was new,
@@ -247,8 +174,10 @@ class Inbox:
     def _saved(self, n: int = 1) -> None:
         before, self._saves = self._saves, self._saves + n
         if before // _PRUNE_EVERY != self._saves // _PRUNE_EVERY:
-            self.prune()
+            with contextlib.suppress(InboxUnavailable):  # saved all the same; pruned later
+                self.prune()
 
+    @guarded(WRITE)
     def prune(self) -> int:
         """Delete the oldest shown entries past ``max_entries``; returns how many went.
 
@@ -272,21 +201,56 @@ class Inbox:
             return False
         return Message.from_dict(held.body).canonical_payload() != message.canonical_payload()
 
-    def mark_shown(self, seqs: list[int]) -> None:
-        """Mark entries shown, in one transaction."""
-        if not seqs:
-            return
+    def mark_shown(self, seqs: list[int]) -> bool:
+        """Mark entries shown, in one transaction; False if the file cannot be written now.
+
+        Never raises for that: the caller has shown them already. They are held as shown in
+        this process (``unshown`` leaves them out) and marked with the next mark that works.
+        """
+        todo = sorted(self._unmarked.union(seqs))
+        if not todo:
+            return True
+        try:
+            self._mark(todo)
+        except InboxUnavailable:
+            self._unmarked.update(seqs)
+            return False
+        self._unmarked.clear()
+        return True
+
+    def recheck(self) -> InboxUnavailable | None:
+        """Try again what failed (a read; the marks held back, or a write that changes nothing
+        one can see); the error if the inbox still fails, None if it works (docs/reliability.md)."""
+        with contextlib.suppress(InboxUnavailable):
+            if READ in self.faults.current:
+                self.count()
+            if self._unmarked:
+                self.mark_shown([])
+            elif WRITE in self.faults.current:
+                self._probe()
+        return self.faults.error()
+
+    @guarded(WRITE)
+    def _probe(self) -> None:
+        # Rewrites the header page (journal and all): a real write, so it fails as a save would.
+        version = self._db.execute("PRAGMA user_version").fetchone()[0]
+        self._db.execute(f"PRAGMA user_version = {int(version)}")
+
+    @guarded(WRITE)
+    def _mark(self, seqs: list[int]) -> None:
         if len(seqs) == 1:
             self._db.execute(_MARK_SHOWN, (seqs[0],))
             return
         with self._transaction():
             self._db.executemany(_MARK_SHOWN, [(s,) for s in seqs])
 
+    @guarded(WRITE)
     def mark_message_shown(self, message_id: str) -> None:
         self._db.execute(
             "UPDATE entries SET shown = 1 WHERE kind = 'message' AND id = ?", (message_id,)
         )
 
+    @guarded(WRITE)
     def add_flag(self, message_id: str, flag: str) -> None:
         held = self.message(message_id)
         if held is None:
@@ -301,6 +265,7 @@ class Inbox:
 
     # --- reading ------------------------------------------------------------------------------
 
+    @guarded(READ)
     def _select(self, where: str = "", params: tuple[Any, ...] = ()) -> list[Entry]:
         rows = self._db.execute(
             f"SELECT {_COLUMNS} FROM entries {where} ORDER BY seq", params
@@ -322,18 +287,23 @@ class Inbox:
         return self._select("WHERE kind = 'receipt'")
 
     def unshown(self) -> list[Entry]:
-        return self._select("WHERE shown = 0")
+        """Entries never shown, oldest first (those shown here but not marked yet left out)."""
+        if self._unmarked or self.faults.current:
+            self.recheck()
+        return [e for e in self._select("WHERE shown = 0") if e.seq not in self._unmarked]
 
     def message(self, message_id: str) -> Entry | None:
         found = self._select("WHERE kind = 'message' AND id = ?", (message_id,))
         return found[0] if found else None
 
+    @guarded(READ)
     def has(self, message_id: str) -> bool:
         row = self._db.execute(
             "SELECT 1 FROM entries WHERE kind = 'message' AND id = ?", (message_id,)
         ).fetchone()
         return row is not None
 
+    @guarded(READ)
     def received_at(self, message_ids: list[str]) -> dict[str, float]:
         """When each held message of ``message_ids`` was saved (wall clock), by id."""
         out: dict[str, float] = {}
@@ -347,6 +317,7 @@ class Inbox:
             out.update((r[0], float(r[1])) for r in rows)
         return out
 
+    @guarded(READ)
     def count(self) -> int:
         """How many messages are held (receipts not counted)."""
         row = self._db.execute("SELECT count(*) FROM entries WHERE kind = 'message'").fetchone()
@@ -358,3 +329,11 @@ def session_ids(directory: Path) -> list[str]:
     if not directory.is_dir():
         return []
     return sorted(p.stem for p in directory.glob("*.sqlite"))
+
+
+def trouble(open_box: Callable[[], Inbox]) -> InboxUnavailable | None:
+    """Why a session's inbox fails now, after trying again what failed; None if it works."""
+    try:
+        return open_box().recheck()
+    except InboxUnavailable as exc:  # it cannot even be opened
+        return exc

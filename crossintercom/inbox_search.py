@@ -7,6 +7,7 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
+from crossintercom.errors import InboxUnavailable
 from crossintercom.inbox import Inbox, session_ids
 from crossintercom.models import (
     MARK_END,
@@ -39,7 +40,7 @@ def search_inboxes(directory: Path, host: str, query: SearchQuery) -> list[Searc
                 hit = _inbox_hit(entry.body, sid, host, terms, query)
                 if hit is not None and hit.message.id not in hits:
                     hits[hit.message.id] = hit
-        except sqlite3.Error:
+        except (sqlite3.Error, InboxUnavailable):  # one unreadable inbox hides only its own
             continue
         finally:
             box.close()

@@ -47,8 +47,15 @@ def instructions(name: str, host: str, supervisor: str | None) -> str:
     )
 
 
+# Tools that show mail from the inbox: while it fails (a full disk, a read-only file) they answer
+# `inbox_unavailable` rather than an empty inbox, until it works again (docs/agents.md).
+INBOX_TOOLS = frozenset({"inbox", "receipts"})
+
+
 class MailboxServer(MCPServer[Any]):
     """Checks every call's argument names and types, and answers mistakes with a code."""
+
+    session: AgentSession | None = None
 
     async def call_tool(
         self, name: str, arguments: dict[str, Any], context: Context[Any, Any] | None = None
@@ -64,6 +71,9 @@ class MailboxServer(MCPServer[Any]):
                 f"{name} takes no argument {', '.join(map(repr, extra))} (it takes "
                 f"{', '.join(sorted(allowed)) or 'none'}); nothing was done",
             )
+        trouble = self.session.inbox_trouble() if self.session and name in INBOX_TOOLS else None
+        if trouble is not None:
+            return res.error(trouble.code, trouble.message)
         try:
             return await super().call_tool(name, arguments, context)
         except ToolError as exc:
@@ -88,6 +98,7 @@ def build_server(session: AgentSession, supervisor: str | None) -> MailboxServer
         version=__version__,
         log_level="WARNING",
     )
+    server.session = session
     tools = Tools(session, supervisor)
     every = {
         **tools.all(),

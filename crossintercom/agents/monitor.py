@@ -16,6 +16,7 @@ from crossintercom.agents.session import AgentSession
 from crossintercom.client import Identity
 from crossintercom.config import Settings
 from crossintercom.inbox import Entry
+from crossintercom.inbox_faults import steady, steady_call
 
 
 def line_writer(as_name: str) -> Callable[[list[Entry]], None]:
@@ -36,8 +37,10 @@ async def run_line_monitor(settings: Settings, identity: Identity) -> None:
     write = line_writer(identity.name or identity.id)
     async with AgentSession(settings, identity) as session:
         while not stop.is_set():
-            if await session.woken():  # under its wake policy (docs/agents.md#wake-policy)
-                session.show(write)
+            # under its wake policy (docs/agents.md#wake-policy); a failing inbox is waited
+            # out, never the end of the monitor (docs/reliability.md)
+            if await steady(session.woken, stop.is_set):
+                await steady_call(lambda: session.show(write), stop.is_set)
             changed = loop.create_task(session.wait_changed(3600))
             stopped = loop.create_task(stop.wait())
             await asyncio.wait({changed, stopped}, return_when=asyncio.FIRST_COMPLETED)

@@ -30,8 +30,8 @@ from watchdog.observers import Observer
 from crossintercom import protocol as p
 from crossintercom.client import AsyncClient, Identity, shown_frame
 from crossintercom.config import Settings
-from crossintercom.errors import Code, CrossintercomError, RemoteError
-from crossintercom.inbox import Entry, Inbox
+from crossintercom.errors import Code, CrossintercomError, InboxUnavailable, RemoteError
+from crossintercom.inbox import Entry, Inbox, trouble
 from crossintercom.models import Message, WakePolicy
 from crossintercom.runtime import (
     ensure_runtime_dir,
@@ -163,6 +163,11 @@ class AgentSession:
     @property
     def inbox(self) -> Inbox:
         return self.client.inbox
+
+    def inbox_trouble(self) -> InboxUnavailable | None:
+        """Why NAME's inbox fails now (a full or read-only file), after trying again what
+        failed; None when it works (docs/reliability.md)."""
+        return trouble(lambda: self.inbox)
 
     async def start(self) -> AgentSession:
         ensure_runtime_dir(self.settings)

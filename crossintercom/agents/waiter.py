@@ -20,7 +20,9 @@ from pathlib import Path
 from crossintercom.agents.session import AgentSession, Busy, agents_dir, unseen
 from crossintercom.client import Identity
 from crossintercom.config import Settings
+from crossintercom.errors import InboxUnavailable
 from crossintercom.inbox import Entry
+from crossintercom.inbox_faults import steady, steady_call
 from crossintercom.runtime import group_gid, modes, open_file, secure_file
 
 # A burst (several messages within moments) is handed over as one wake, but never held longer
@@ -80,15 +82,17 @@ def waiter_lock(settings: Settings, session_id: str, *, replace: bool) -> Iterat
 
 
 async def _settle(session: AgentSession, quiet: float) -> None:
-    """Let a burst finish: return once no new message came for ``quiet`` seconds."""
+    """Let a burst finish: return once no new message came for ``quiet`` seconds (or the
+    inbox cannot be read: showing then waits for it)."""
     end = time.monotonic() + MAX_COALESCE_S
-    count = len(unseen(session.inbox))
-    while time.monotonic() < end:
-        await asyncio.sleep(quiet)
-        now = len(unseen(session.inbox))
-        if now == count:
-            return
-        count = now
+    with contextlib.suppress(InboxUnavailable):
+        count = len(unseen(session.inbox))
+        while time.monotonic() < end:
+            await asyncio.sleep(quiet)
+            now = len(unseen(session.inbox))
+            if now == count:
+                return
+            count = now
 
 
 async def wait_for_mail(
@@ -114,7 +118,13 @@ async def wait_for_mail(
         with waiter_lock(settings, identity.id, replace=replace):
             async with AgentSession(settings, identity) as session:
                 deadline = loop.time() + timeout
-                while not await session.woken():
+
+                def ended() -> bool:
+                    return stop.is_set() or loop.time() >= deadline
+
+                # A full or read-only inbox is waited out until the deadline, never the end of
+                # the waiter (docs/reliability.md): each read is tried again until it works.
+                while not await steady(session.woken, ended):
                     remaining = deadline - loop.time()
                     if remaining <= 0 or stop.is_set():
                         return []
@@ -128,7 +138,7 @@ async def wait_for_mail(
                 await _settle(session, quiet)
                 if stop.is_set():
                     return []
-                return session.show(write)
+                return await steady_call(lambda: session.show(write), stop.is_set) or []
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)

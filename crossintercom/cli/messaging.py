@@ -27,6 +27,7 @@ from crossintercom.client import (
 )
 from crossintercom.config import Settings
 from crossintercom.inbox import Entry, Inbox
+from crossintercom.inbox_faults import steady_call
 from crossintercom.models import Attachment
 from crossintercom.runtime import ensure_runtime_dir
 
@@ -147,9 +148,16 @@ async def _listen(
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     async with AsyncClient(cfg, ident, mode="own") as client:
-        display = client.inbox
+        # A full or read-only inbox is waited out, never the end of the listener: each step on
+        # the inbox is tried again until it works (docs/reliability.md).
+        opened = await steady_call(lambda: client.inbox, stop.is_set)
+        if opened is None:
+            return
+        display: Inbox = opened
         if fresh:  # skip printing what was already waiting; it stays in the inbox
-            display.mark_shown([e.seq for e in display.unshown()])
+            await steady_call(
+                lambda: display.mark_shown([e.seq for e in display.unshown()]), stop.is_set
+            )
         if not view.as_json:
             click.echo(
                 f"listening as {as_name}@{cfg.host_id} (session {ident.id}); Ctrl-C to stop",
@@ -161,7 +169,11 @@ async def _listen(
             # At most one display pass (and one commit of its marks) per DISPLAY_EVERY_S: a
             # lone message is shown at once, a stream in passes that each show several.
             await asyncio.sleep(max(0.0, shown_at + DISPLAY_EVERY_S - loop.time()))
-            printed = _show_unshown(cfg, display, ident.id, view)
+            printed = await steady_call(
+                lambda: _show_unshown(cfg, display, ident.id, view), stop.is_set
+            )
+            if printed is None:
+                break
             shown_at = loop.time()
             if printed and not unreported:
                 due = loop.time() + SHOWN_COALESCE_S

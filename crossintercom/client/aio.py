@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import logging
 import sqlite3
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -20,16 +20,23 @@ import msgspec
 from crossintercom import protocol as p
 from crossintercom.client.connection import BrokerConnection, expect
 from crossintercom.client.identity import Identity, outgoing_body
-from crossintercom.client.retries import SAVE_RETRY_S, reconnect_forever, with_retries
+from crossintercom.client.queries import Queries
+from crossintercom.client.retries import (
+    SAVE_RETRY_S,
+    await_reply,
+    reconnect_forever,
+    with_retries,
+)
 from crossintercom.config import Settings
 from crossintercom.errors import (
     Code,
-    CrossintercomError,
     Disconnected,
+    InboxUnavailable,
     RemoteError,
     UsageError,
 )
 from crossintercom.inbox import Inbox
+from crossintercom.inbox_faults import InboxFaults
 from crossintercom.models import (
     Attachment,
     Message,
@@ -55,7 +62,7 @@ class Incoming:
     receipt: Receipt | None = None
 
 
-class AsyncClient:
+class AsyncClient(Queries):
     def __init__(
         self,
         settings: Settings,
@@ -82,6 +89,9 @@ class AsyncClient:
         self._in_flight = 0
         self._closed = False
         self._inbox: Inbox | None = None
+        # What fails in the inbox now; each change is told to the broker (`status` shows it).
+        self.inbox_faults = InboxFaults()
+        self.inbox_faults.on_change = self._report_faults
         self._save_retry: asyncio.TimerHandle | None = None
         self._to_save: list[p.Deliver | p.Notice] = []
         self.connected = asyncio.Event()
@@ -95,7 +105,7 @@ class AsyncClient:
         if self._inbox is None:
             if self.identity is None:
                 raise UsageError("this client has no session, so no inbox")
-            self._inbox = Inbox.of(self.settings, self.identity.id)
+            self._inbox = Inbox.of(self.settings, self.identity.id, self.inbox_faults)
             secure_file(self.settings, self._inbox.path)
         return self._inbox
 
@@ -134,6 +144,8 @@ class AsyncClient:
                 self.attached = resp.attached
                 if resp.session is not None:
                     self.session = resp.session
+                if self.inbox_faults.current:  # a new connection: the broker knows nothing yet
+                    self._report_faults()
             self.connected.set()
 
     def _drop_connection(self) -> asyncio.StreamWriter | None:
@@ -176,7 +188,7 @@ class AsyncClient:
         batch = [self._entry(f) for f in frames]
         try:
             new = self.inbox.save_many([(item, waiter is not None) for item, waiter in batch])
-        except (sqlite3.Error, OSError) as exc:
+        except (sqlite3.Error, OSError, InboxUnavailable) as exc:
             for item, _ in batch:
                 if isinstance(item, Message):
                     self._save_failed(item, exc)
@@ -190,10 +202,10 @@ class AsyncClient:
             if isinstance(item, Receipt):
                 acks.append(p.Ack(item.key))
                 shown.append(Incoming("receipt", receipt=item))
-            elif waiter is None and not fresh and self.inbox.holds_other_payload(item):
-                # The id was reused for another payload after its dedup record was released:
-                # this one is not saved, so it must not be reported delivered.
-                acks.append(p.Ack(item.id, Code.ID_CONFLICT))
+            elif waiter is None and not fresh and (conflict := self._conflict(item)):
+                # The id was reused for another payload after its dedup record was released
+                # (or that cannot be told now): not saved, so not reported delivered.
+                acks.append(p.Ack(item.id, conflict))
             else:
                 acks.append(p.Ack(item.id))
                 if waiter is not None:
@@ -203,6 +215,30 @@ class AsyncClient:
         self._conn.post_many(acks)
         for incoming in shown:
             self.incoming.put_nowait(incoming)
+
+    def _connect_for_reply(self) -> Awaitable[None] | None:
+        """A client that does not reconnect by itself (a one-shot command) re-registers while
+        it waits for an ask's reply, so a new broker can still hand it over."""
+        if self._conn.open or self.reconnect or self._closed:
+            return None
+        return self._ensure_connected()
+
+    def _conflict(self, msg: Message) -> str | None:
+        """Why a message already held by id cannot be acknowledged as saved, if it cannot."""
+        try:
+            return Code.ID_CONFLICT if self.inbox.holds_other_payload(msg) else None
+        except InboxUnavailable:
+            self._hand_over_again()
+            return Code.SAVE_FAILED
+
+    def _report_faults(self) -> None:
+        """Tell the broker what fails in the inbox now (nothing: it works again)."""
+        if self.identity is not None:
+            items = [
+                p.InboxFaultItem(f.op, f.since, f.error[:500])
+                for f in self.inbox_faults.current.values()
+            ]
+            self._conn.post(p.InboxFault(items))
 
     def _entry(
         self, frame: p.Deliver | p.Notice
@@ -221,8 +257,11 @@ class AsyncClient:
         """The inbox cannot be written (full or read-only disk): not saved, so not delivered.
         The broker keeps it queued and hands it over again when this client registers anew,
         which it does after a pause: mail flows once the disk is writable (docs/delivery.md)."""
-        log.error("cannot save message %s to the inbox: %s", msg.id, exc)
+        log.error("cannot save message %s to the inbox: %s", msg.id, exc.__cause__ or exc)
         self._ack(msg.id, refused=Code.SAVE_FAILED)
+        self._hand_over_again()
+
+    def _hand_over_again(self) -> None:
         if self.reconnect and self._save_retry is None:
             self._save_retry = asyncio.get_running_loop().call_later(SAVE_RETRY_S, self._reregister)
 
@@ -321,31 +360,12 @@ class AsyncClient:
             if result.outcome not in (Outcome.DELIVERED, Outcome.QUEUED):
                 return result
             try:
-                reply = await self._await_reply(waiter, timeout)
+                reply = await await_reply(waiter, timeout, self._connect_for_reply)
             except TimeoutError:
                 return result
             return msgspec.structs.replace(result, reply=reply)
         finally:
             self._ask_waiters.pop(body.id, None)
-
-    async def _await_reply(self, waiter: asyncio.Future[Message], timeout: float) -> Message:
-        """Wait for an ask's reply. A client that does not reconnect by itself (a one-shot
-        command) re-registers here when the broker goes away, so the new broker can still hand
-        it the reply (live, or from the queue) instead of the ask waiting out its timeout."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while not waiter.done():
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                raise TimeoutError
-            pause = 0.5
-            if not self._conn.open and not self.reconnect and not self._closed:
-                try:
-                    await asyncio.wait_for(self._ensure_connected(), remaining)
-                except CrossintercomError:
-                    pause = 1.0  # no broker yet: try again shortly
-            await asyncio.wait({waiter}, timeout=min(pause, max(0.0, deadline - loop.time())))
-        return waiter.result()
 
     async def reply(
         self,
@@ -365,27 +385,6 @@ class AsyncClient:
         """Any request frame (its ``request_id`` is set here); connects first if needed."""
         await self._ensure_connected()
         return await self._conn.request(frame)
-
-    async def list_sessions(self) -> list[SessionInfo]:
-        return expect(await self.request(p.ListSessions(0)), p.Sessions).sessions
-
-    async def status(self) -> p.StatusReport:
-        return expect(await self.request(p.Status(0)), p.StatusReport)
-
-    async def groups(self) -> list[p.Group]:
-        return expect(await self.request(p.Groups(0)), p.GroupList).groups
-
-    async def pending(self) -> list[Message]:
-        return expect(await self.request(p.Pending(0)), p.PendingList).messages
-
-    async def join(self, group: str) -> list[str]:
-        return expect(await self.request(p.Join(0, group)), p.Ok).groups or []
-
-    async def leave(self, group: str) -> list[str]:
-        return expect(await self.request(p.Leave(0, group)), p.Ok).groups or []
-
-    async def set_status(self, status: str | None) -> None:
-        expect(await self.request(p.SetStatus(0, status)), p.Ok)
 
     def drain_incoming(self) -> list[Incoming]:
         """Everything that arrived and was not taken yet, without waiting."""

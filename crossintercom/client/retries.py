@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 import tenacity
 
@@ -23,6 +24,7 @@ from crossintercom.errors import (
 from crossintercom.models import Outcome, SendResult
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 OPERATION_DEADLINE_S = 660.0
 RETRY_WAITS_S = (1.0, 2.0, 5.0)
@@ -101,3 +103,28 @@ async def reconnect_forever(
         async for attempt in retrying:
             with attempt:
                 await connect()
+
+
+async def await_reply(
+    waiter: asyncio.Future[T],
+    timeout: float,
+    connect: Callable[[], Awaitable[None] | None],
+) -> T:
+    """Wait for an ask's reply; ``connect()`` gives a registration to make first when the
+    client should re-register itself (else None), so the new broker can still hand it the
+    reply (live, or from the queue) instead of the ask waiting out its timeout."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not waiter.done():
+        remaining = deadline - loop.time()
+        if remaining <= 0:
+            raise TimeoutError
+        pause = 0.5
+        registering = connect()
+        if registering is not None:
+            try:
+                await asyncio.wait_for(registering, remaining)
+            except CrossintercomError:
+                pause = 1.0  # no broker yet: try again shortly
+        await asyncio.wait({waiter}, timeout=min(pause, max(0.0, deadline - loop.time())))
+    return waiter.result()

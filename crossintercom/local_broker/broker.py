@@ -87,6 +87,7 @@ class Broker:
                 fut.set_result(outcomes.CONNECTION_LOST)
         conn.acks.clear()
         self.delivery.forget_conn(conn)
+        self.health.reported(conn, conn.session_id, [])
         self.relay.detach(conn)
         if self.registry.detach(conn):
             self.relay.send_local_roster()
@@ -204,6 +205,10 @@ class Broker:
 
     async def _on_shown(self, conn: Conn, f: p.Shown) -> None:
         self.aftercare.shown(conn, f)
+
+    async def _on_inbox_fault(self, conn: Conn, f: p.InboxFault) -> None:
+        assert conn.session_id is not None
+        self.health.reported(conn, conn.session_id, f.faults)
 
     async def _on_forget(self, conn: Conn, f: p.Forget) -> None:
         conn.write(self.aftercare.forget(f))
@@ -337,6 +342,7 @@ class Broker:
         p.SetWake: _on_set_wake,
         p.Shown: _on_shown,
         p.Forget: _on_forget,
+        p.InboxFault: _on_inbox_fault,
         p.RemoteRoster: _on_remote_roster,
         p.Inbound: _on_inbound,
         p.InboundBatch: _on_inbound_batch,

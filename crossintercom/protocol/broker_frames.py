@@ -116,7 +116,7 @@ class StatusReport(msgspec.Struct, tag="status", frozen=True):
     relay: RelayState
     queued: int
     dedup: DedupStats
-    # Degraded states (disk full, inbox unwritable), one readable line each; empty when healthy.
+    # Degraded states (disk full, an inbox unwritable or unreadable), one line each; [] if healthy.
     warnings: list[str] = []
     # Asks whose asker is connected and waiting here for the reply.
     asks_waiting: int = 0

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 import msgspec
 
@@ -148,6 +148,21 @@ class Forget(msgspec.Struct, tag="forget", frozen=True):
     session: SessionId
 
 
+class InboxFaultItem(msgspec.Struct, frozen=True):
+    """One way the session's inbox fails: reading or writing, since when (Unix time), why."""
+
+    op: Literal["read", "write"]
+    since: float
+    error: Annotated[str, msgspec.Meta(max_length=500)]
+
+
+class InboxFault(msgspec.Struct, tag="inbox_fault", frozen=True):
+    """The client's inbox fails now (empty: it works again); ``status`` shows it for as long as
+    this connection says so (docs/reliability.md, "A session's inbox fails")."""
+
+    faults: Annotated[list[InboxFaultItem], msgspec.Meta(max_length=2)]
+
+
 ClientFrame = (
     Register
     | Send
@@ -165,6 +180,7 @@ ClientFrame = (
     | Shown
     | SetWake
     | Forget
+    | InboxFault
 )
 
 # Frames a connection may send before it registers: queries that need no identity
@@ -174,5 +190,5 @@ ANONYMOUS_TYPES: frozenset[str] = frozenset(
 )
 # Frames that act as a mailbox; a control session (the relay) is not one.
 MAILBOX_TYPES: frozenset[str] = frozenset(
-    {"send", "reply", "join", "leave", "pending", "shown", "set_wake"}
+    {"send", "reply", "join", "leave", "pending", "shown", "set_wake", "inbox_fault"}
 )

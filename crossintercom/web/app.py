@@ -135,6 +135,15 @@ def build_app(overseer: Overseer, guard: Guard, *, manage_lifecycle: bool = True
 
         return StreamingResponse(stream(), media_type="text/event-stream")
 
+    async def health(request: Request) -> Response:
+        """200 while the page works; 503 while its own inbox fails (it recovers by itself)."""
+        warnings = overseer.roster.get("warnings", [])
+        error = overseer.inbox_trouble()
+        if error is None:
+            return JSONResponse({"ok": True, "warnings": warnings})
+        body = {"error": {"code": error.code, "message": error.message}, "warnings": warnings}
+        return JSONResponse(body, status_code=503)
+
     @api
     async def roster(request: Request) -> Response:
         return JSONResponse(overseer.roster)
@@ -196,6 +205,7 @@ def build_app(overseer: Overseer, guard: Guard, *, manage_lifecycle: bool = True
         Route("/api/search", search),
         Route("/api/compose", compose, methods=["POST"]),
         Route("/healthz", lambda _r: PlainTextResponse("ok")),
+        Route("/api/health", health),
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
     ]
     return Starlette(

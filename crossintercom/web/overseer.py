@@ -7,6 +7,8 @@
   store (read-only, judged on this process's own clock like a relay does).
 - The live feed: the archive when the store keeps one (every host's messages), else the inboxes
   on this host; polled off the event loop and pushed to every open page (``subscribe``).
+- The host's degraded states (``status`` warnings: a full disk, a failing inbox) with the
+  roster, shown as a banner; ``inbox_trouble`` says whether the page's own inbox fails now.
 """
 
 from __future__ import annotations
@@ -21,8 +23,8 @@ from typing import Any, Literal
 from crossintercom import history
 from crossintercom.client import AsyncClient, Identity
 from crossintercom.config import Settings
-from crossintercom.errors import CrossintercomError, StoreError, UsageError
-from crossintercom.inbox import Inbox, session_ids
+from crossintercom.errors import CrossintercomError, InboxUnavailable, StoreError, UsageError
+from crossintercom.inbox import Inbox, session_ids, trouble
 from crossintercom.models import Message, SearchQuery, SendResult
 from crossintercom.storage import (
     ArchivedMessage,
@@ -65,7 +67,7 @@ class Overseer:
         self._inbox_seq: dict[str, int] = {}
         self._subscribers: set[asyncio.Queue[tuple[str, Any]]] = set()
         self._tasks: list[asyncio.Task[None]] = []
-        self.roster: dict[str, Any] = {"hosts": [], "sessions": []}
+        self.roster: dict[str, Any] = {"hosts": [], "sessions": [], "warnings": []}
 
     # --- lifecycle ------------------------------------------------------------------------------
 
@@ -200,8 +202,13 @@ class Overseer:
 
     # --- hosts and sessions ---------------------------------------------------------------------
 
+    def inbox_trouble(self) -> InboxUnavailable | None:
+        """Why the human session's inbox fails now, if it does (docs/web.md)."""
+        return trouble(lambda: self.client.inbox)
+
     async def _refresh_roster(self) -> None:
         sessions = await self.client.list_sessions()
+        warnings = (await self.client.status()).warnings
         hosts: dict[str, dict[str, Any]] = {}
         if self.store is not None:
             try:
@@ -236,6 +243,7 @@ class Overseer:
             "sessions": [s.to_dict() for s in sessions if s.purpose == "agent"],
             "archive": self.archive_on,
             "me": {"name": self.name, "host": self.settings.host_id, "id": self.identity.id},
+            "warnings": warnings,
         }
         if roster != self.roster:
             self.roster = roster

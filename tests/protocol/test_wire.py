@@ -85,6 +85,7 @@ SAMPLES: list[Any] = [
     p.Shown(messages=[p.ShownItem(id=sid(), sender=Peer("s", "planner", "h2"))]),
     p.SetWake(request_id=14, wake="asks"),
     p.Forget(request_id=15, session=sid()),
+    p.InboxFault(faults=[p.InboxFaultItem(op="read", since=1.5, error="disk I/O error")]),
     p.RemoteRoster(sessions=[SessionInfo(id="x", host="h2")], request_id=12),
     p.Inbound(
         request_id=13, message=Message(id="m", sender=Peer("s", None, "h2")), recipient=sid()

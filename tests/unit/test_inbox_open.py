@@ -6,6 +6,7 @@ import sqlite3
 import threading
 from pathlib import Path
 
+from crossintercom.errors import InboxUnavailable
 from crossintercom.inbox import Inbox
 from crossintercom.models import Message, Peer
 
@@ -28,7 +29,7 @@ def test_concurrent_first_open_never_reports_locked(tmp_path: Path) -> None:
             try:
                 with Inbox(directory, "worker-session") as box:
                     box.save(_message(n))
-            except sqlite3.Error as exc:
+            except (sqlite3.Error, InboxUnavailable) as exc:
                 errors.append(exc)
 
         threads = [threading.Thread(target=open_and_save, args=(n,)) for n in range(2)]

@@ -57,6 +57,10 @@ function renderRoster(r) {
   sessions.replaceChildren(...r.sessions.map((s) => el("tr", { class: "session", "data-name": s.alias, "data-host": s.host },
     el("td", {}, s.alias), el("td", {}, s.host), el("td", { class: s.online ? "online" : "offline" }, s.online ? "online" : "offline"),
     el("td", {}, s.status || ""), el("td", {}, (s.groups || []).join(", ")), el("td", {}, s.cwd || ""), el("td", {}, s.model || ""))));
+  // The host's degraded states (a full disk, a failing inbox): shown until they clear.
+  const warnings = document.getElementById("warnings");
+  warnings.replaceChildren(...(r.warnings || []).map((w) => el("p", {}, w)));
+  warnings.hidden = !(r.warnings || []).length;
   const badge = document.getElementById("archive-state");
   badge.className = `badge ${r.archive ? "on" : "off"}`;
   badge.textContent = r.archive ? "archive on" : "archive off (this host only)";
