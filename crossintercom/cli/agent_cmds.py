@@ -72,8 +72,10 @@ def wait(
 ) -> None:
     """Wait until NAME has unseen mail, print it once, and exit (see the exit codes in
     docs/agents.md: text/json 0 mail, 6 timeout, 7 another waiter; claude-hook 2 mail)."""
+    from crossintercom.agents import lifeline
     from crossintercom.agents.waiter import wait_for_mail
 
+    lifeline.install()
     fmt = fmt or ("json" if as_json else "text")
     if fmt == "json":
         click.get_current_context().find_root().obj["json"] = True  # errors as JSON too
@@ -111,6 +113,9 @@ def mcp(as_name: str, session_id: str | None, supervisor: str | None) -> None:
         raise UsageError(
             f"the MCP server needs the mcp extra: pip install 'crossintercom[mcp]' ({exc})"
         ) from None
+    from crossintercom.agents import lifeline
+
+    lifeline.install()
     cfg = settings()
     asyncio.run(serve(cfg, Identity.named(cfg, as_name, session_id), supervisor))
 

@@ -1,0 +1,202 @@
+"""A lifeline for every process crossintercom runs for a harness (docs/agents.md#lifeline).
+
+``crossintercom mcp``, ``wait`` and ``listen --format line`` are started by a harness (Claude
+Code, Codex, OpenCode, Pi), directly or through ``sh -c``. When the harness ends, however it
+ends (normal exit, SIGTERM, SIGKILL), they must end too, within a second or two, or they keep
+the session's mailbox held and keep waking a session nobody runs.
+
+:func:`install` arranges that, once, at the start of such a command:
+
+- it finds the harness: the pid in ``CROSSINTERCOM_HARNESS_PID`` when set (a plugin that
+  spawns its child can name itself), else the nearest ancestor that is not a shell or a
+  launcher (``sh``, ``bash``, ``env``, ``timeout``, …), since hooks run through ``sh -c`` and
+  a shell that did not ``exec`` outlives a SIGKILLed harness;
+- it asks the kernel for a signal when the direct parent dies (``PR_SET_PDEATHSIG``), and
+  watches the harness process itself (a pidfd, polled by a daemon thread); a parent-death
+  signal is only acted on once the watched harness (or the direct parent) is really gone,
+  because Linux sends it when the parent *thread* that forked us exits, and harnesses run on
+  threads;
+- when the harness is gone it sends this process SIGTERM, so each command ends the way it ends
+  when the harness stops it (``wait`` quietly, with nothing shown; ``listen`` after its current
+  step), and ends it hard (``os._exit``) if it is still there :data:`GRACE_S` later.
+
+The MCP stdio server also ends when its stdin reaches end of file (the SDK's stdio transport
+does that): a harness closing the pipe without exiting, as Codex's app-server does when it
+drops a thread, ends it too. ``CROSSINTERCOM_LIFELINE=off`` disables the watch (a debugging
+aid; nothing relies on it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import os
+import select
+import signal
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+ENV_HARNESS_PID = "CROSSINTERCOM_HARNESS_PID"
+ENV_LIFELINE = "CROSSINTERCOM_LIFELINE"
+# After SIGTERM, a command that has not ended this long later is ended hard.
+GRACE_S = 2.0
+# Without pidfds (old kernels), the watched pid is polled this often.
+POLL_S = 0.25
+PR_SET_PDEATHSIG = 1
+PDEATH_SIGNAL = signal.SIGUSR2
+# Processes between a harness and its hook command that are not the harness: shells and the
+# launchers a hook line may start with.
+LAUNCHERS = frozenset(
+    {
+        "sh",
+        "bash",
+        "dash",
+        "zsh",
+        "ksh",
+        "mksh",
+        "fish",
+        "busybox",
+        "env",
+        "timeout",
+        "nohup",
+        "setsid",
+        "stdbuf",
+        "nice",
+        "ionice",
+        "sudo",
+        "su",
+        "doas",
+        "uv",
+        "uvx",
+        "pipx",
+    }
+)
+
+
+def _stat(pid: int) -> tuple[str, int, int] | None:
+    """(command name, parent pid, start time) of ``pid``; None once it is gone."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    name = raw[raw.index("(") + 1 : raw.rindex(")")]
+    fields = raw[raw.rindex(")") + 2 :].split()
+    if fields[0] in ("Z", "X"):
+        return None  # exited, not yet reaped: gone for our purpose
+    return name, int(fields[1]), int(fields[19])
+
+
+def _exe_name(pid: int) -> str:
+    try:
+        return Path(os.readlink(f"/proc/{pid}/exe")).name
+    except OSError:
+        return ""
+
+
+def _is_launcher(pid: int, comm: str) -> bool:
+    # The name in /proc/PID/stat is cut at 15 characters and can be a thread's: check both.
+    return comm in LAUNCHERS or _exe_name(pid) in LAUNCHERS
+
+
+def find_harness(environ: dict[str, str] | None = None) -> int | None:
+    """The pid of the harness this process runs for, or None (no parent worth watching)."""
+    environ = dict(os.environ) if environ is None else environ
+    raw = environ.get(ENV_HARNESS_PID, "").strip()
+    if raw.isdigit() and int(raw) > 1 and _stat(int(raw)) is not None:
+        return int(raw)
+    pid = os.getppid()
+    for _ in range(16):
+        if pid <= 1:
+            return None
+        st = _stat(pid)
+        if st is None:
+            return None
+        name, ppid, _start = st
+        if not _is_launcher(pid, name):
+            return pid
+        pid = ppid
+    return None
+
+
+def _set_pdeathsig() -> None:
+    libc_name = ctypes.util.find_library("c")
+    if not libc_name:
+        return
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(libc_name, use_errno=True).prctl(PR_SET_PDEATHSIG, int(PDEATH_SIGNAL), 0, 0, 0)
+
+
+class Lifeline:
+    """Ends this process when the watched harness (or the direct parent) is gone."""
+
+    def __init__(self, harness: int | None, end: Callable[[], None] | None = None) -> None:
+        self.harness = harness
+        self.parent = os.getppid()
+        st = _stat(harness) if harness else None
+        self._start = st[2] if st else None
+        self._end = end or _terminate
+        self._ended = threading.Event()
+
+    def gone(self) -> bool:
+        """The harness or our direct parent ended (a reused pid counts as ended)."""
+        if os.getppid() != self.parent:
+            return True
+        if self.harness is None:
+            return False
+        st = _stat(self.harness)
+        return st is None or st[2] != self._start
+
+    def check(self) -> None:
+        if self.gone() and not self._ended.is_set():
+            self._ended.set()
+            self._end()
+
+    def _watch(self) -> None:
+        fd = -1
+        if self.harness is not None:
+            with contextlib.suppress(OSError, AttributeError):
+                fd = os.pidfd_open(self.harness)
+        try:
+            while not self._ended.is_set():
+                if fd >= 0:
+                    # Readable when the harness exits; the timeout also catches the direct
+                    # parent (a shell between us and the harness) going away.
+                    select.select([fd], [], [], 1.0)
+                else:
+                    time.sleep(POLL_S)
+                self.check()
+        finally:
+            if fd >= 0:
+                os.close(fd)
+
+    def start(self) -> Lifeline:
+        if self.parent <= 1:
+            return self  # started by init or a subreaper on purpose: nothing to outlive
+        with contextlib.suppress(ValueError):  # not the main thread: the watch still runs
+            signal.signal(PDEATH_SIGNAL, lambda _sig, _frame: self.check())
+            _set_pdeathsig()
+        self.check()  # the parent may have died before the signal was asked for
+        threading.Thread(target=self._watch, name="crossintercom-lifeline", daemon=True).start()
+        return self
+
+
+def _terminate() -> None:
+    """End this process as the harness would: SIGTERM, then hard after GRACE_S."""
+
+    def hard() -> None:
+        time.sleep(GRACE_S)
+        os._exit(143)
+
+    threading.Thread(target=hard, name="crossintercom-lifeline-exit", daemon=True).start()
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def install(environ: dict[str, str] | None = None) -> Lifeline | None:
+    """Tie this process's life to its harness's; None when disabled."""
+    environ = dict(os.environ) if environ is None else environ
+    if environ.get(ENV_LIFELINE, "").lower() in ("off", "0", "no"):
+        return None
+    return Lifeline(find_harness(environ)).start()
