@@ -14,11 +14,12 @@ from crossintercom.agents.setup_claude import claude_code
 from crossintercom.agents.setup_codex import codex
 from crossintercom.agents.setup_common import Agent, Change, apply, carried_env, default_command
 from crossintercom.agents.setup_opencode import opencode
+from crossintercom.agents.setup_pi import pi
 from crossintercom.errors import UsageError
 
 __all__ = ["HARNESSES", "Agent", "Change", "apply", "carried_env", "default_command", "plan"]
 
-HARNESSES = ("claude-code", "codex", "opencode")
+HARNESSES = ("claude-code", "codex", "opencode", "pi")
 
 
 def plan(harness: str, agent: Agent, directory: Path) -> list[Change]:
@@ -28,4 +29,6 @@ def plan(harness: str, agent: Agent, directory: Path) -> list[Change]:
         return codex(agent, directory)
     if harness == "opencode":
         return opencode(agent, directory)
+    if harness == "pi":
+        return pi(agent, directory)
     raise UsageError(f"unknown harness {harness!r}; one of {', '.join(HARNESSES)}")

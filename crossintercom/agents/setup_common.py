@@ -13,6 +13,7 @@ import shutil
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +68,20 @@ class Agent:
 
     def wait_command(self, fmt: str, timeout: int) -> str:
         return self.shell("wait", "--as", self.name, "--format", fmt, "--timeout", str(timeout))
+
+
+def script_source(template: str, agent: Agent, wait_s: int) -> str:
+    """A harness plugin shipped in this package (``template``), its placeholders filled in as
+    JavaScript literals: how to start crossintercom, the env it carries, the name, the wait."""
+    text = resources.files("crossintercom.agents").joinpath(template).read_text()
+    for key, value in (
+        ("__COMMAND__", agent.command),
+        ("__ENV__", agent.env),
+        ("__NAME__", agent.name),
+        ("__WAIT_S__", wait_s),
+    ):
+        text = text.replace(key, json.dumps(value))
+    return text
 
 
 def is_ours(hook: Any, fmt: str) -> bool:

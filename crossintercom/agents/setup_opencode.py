@@ -5,12 +5,17 @@ new mail in ``DIR/.opencode/plugins/crossintercom.js``, where ``DIR`` is the pro
 
 from __future__ import annotations
 
-import json
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from crossintercom.agents.setup_common import SERVER_KEY, Agent, Change, json_change, read_text
+from crossintercom.agents.setup_common import (
+    SERVER_KEY,
+    Agent,
+    Change,
+    json_change,
+    read_text,
+    script_source,
+)
 from crossintercom.errors import UsageError
 
 # How long the plugin's `wait` child waits for mail before it is started again.
@@ -18,15 +23,7 @@ OPENCODE_WAIT_S = 3600
 
 
 def plugin_source(agent: Agent) -> str:
-    template = resources.files("crossintercom.agents").joinpath("opencode_plugin.js").read_text()
-    for key, value in (
-        ("__COMMAND__", agent.command),
-        ("__ENV__", agent.env),
-        ("__NAME__", agent.name),
-        ("__WAIT_S__", OPENCODE_WAIT_S),
-    ):
-        template = template.replace(key, json.dumps(value))
-    return template
+    return script_source("opencode_plugin.js", agent, OPENCODE_WAIT_S)
 
 
 def opencode(agent: Agent, project: Path) -> list[Change]:
