@@ -199,4 +199,10 @@ def install(environ: dict[str, str] | None = None) -> Lifeline | None:
     environ = dict(os.environ) if environ is None else environ
     if environ.get(ENV_LIFELINE, "").lower() in ("off", "0", "no"):
         return None
+    named = environ.get(ENV_HARNESS_PID, "").strip()
+    if named.isdigit() and int(named) > 1 and _stat(int(named)) is None:
+        # The harness that started us ended while we were starting (a plugin's waiter spawned
+        # as its host quits): we may already be init's child, so there is nothing left to watch.
+        _terminate()
+        return None
     return Lifeline(find_harness(environ)).start()

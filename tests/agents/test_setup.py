@@ -300,3 +300,16 @@ def _child_waiter(parent: int) -> int:
         return None
 
     return int(wait_for(found, 10, "the plugin's waiter"))
+
+
+def test_a_waiter_whose_harness_is_already_gone_ends_at_once(
+    cli_env: dict[str, str], tmp_path: Path
+) -> None:
+    """A plugin's waiter spawned just as its host quits starts with no harness to watch."""
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    env = {**cli_env, "CROSSINTERCOM_HARNESS_PID": str(gone.pid)}
+    started = time.monotonic()
+    done = run_cli(env, "wait", "--as", "worker", "--timeout", "600", timeout=60)
+    assert done.returncode != 0 and done.stdout == ""
+    assert time.monotonic() - started < 30
