@@ -112,6 +112,9 @@ def base_env(henv: HarnessEnv) -> dict[str, str]:
     for key in list(env):
         if key.startswith(_FOREIGN):
             del env[key]
+    # A stale PWD makes OpenCode open the checkout instead of its cwd (kits.py sets it).
+    env.pop("PWD", None)
+    env.pop("OLDPWD", None)
     home = henv.home
     bindir = str(Path(sys.executable).parent)  # this checkout's `crossintercom`
     env.update(

@@ -63,7 +63,7 @@ class Kit:
         """Run ``prompt`` one-shot to the end (stdin closed); never raises on exit status."""
         return subprocess.run(
             [*self.argv, *self.one_shot(prompt), *extra],
-            env=self.env,
+            env={**self.env, "PWD": str(self.cwd)},
             cwd=self.cwd,
             stdin=subprocess.DEVNULL,
             capture_output=True,
@@ -76,7 +76,7 @@ class Kit:
         """The harness with ``args`` in the background, its output piped."""
         return subprocess.Popen(
             [*self.argv, *args],
-            env=self.env,
+            env={**self.env, "PWD": str(self.cwd)},
             cwd=self.cwd,
             stdin=stdin,
             stdout=subprocess.PIPE,
@@ -167,6 +167,12 @@ def opencode(mock: MockModel, henv: HarnessEnv) -> Kit:
         "share": "disabled",
     }
     config = _write_json(henv.home / ".config" / "opencode" / "opencode.json", settings)
+    # OpenCode installs @opencode-ai/plugin into each config dir from the registry, in the
+    # background, at every start; a lock naming it (and a node_modules dir) says it is there.
+    # Seconds saved, no registry needed; the plugin crossintercom installs imports nothing.
+    (config.parent / "node_modules").mkdir(exist_ok=True)
+    lock = {"packages": {"": {"dependencies": {"@opencode-ai/plugin": "*"}}}}
+    _write_json(config.parent / "package-lock.json", lock)
     env = {
         **henv.env,
         "OPENCODE_DISABLE_AUTOUPDATE": "1",
