@@ -48,14 +48,17 @@ __all__ = ["MockModel", "Reply", "Request", "Responder"]
 # Keys of a request body that are not something the model reads as conversation.
 _NOT_SHOWN = {"tools", "tool_choice", "model", "metadata", "stream", "stream_options"}
 _TOOL_RESULT_TYPES = {"tool_result", "function_call_output", "custom_tool_call_output"}
+# Structure, not words: the values of these keys are left out of the text.
+_LABELS = {"type", "role", "id", "tool_use_id", "call_id", "status", "signature", "cache_control"}
 
 
 def _strings(value: Any) -> Iterator[str]:
     if isinstance(value, str):
         yield value
     elif isinstance(value, dict):
-        for item in value.values():
-            yield from _strings(item)
+        for key, item in value.items():
+            if key not in _LABELS:
+                yield from _strings(item)
     elif isinstance(value, list):
         for item in value:
             yield from _strings(item)
@@ -134,7 +137,8 @@ class Request:
         return out
 
     def all_text(self) -> str:
-        """Every string the model was shown, one per line (tool schemas left out)."""
+        """Every string the model was shown, one per line: system, messages, tool calls and
+        results (tool schemas and structural labels such as roles and ids left out)."""
         return "\n".join(_strings({k: v for k, v in self.body.items() if k not in _NOT_SHOWN}))
 
 
