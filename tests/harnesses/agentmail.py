@@ -10,9 +10,12 @@ crossintercom`` marker), and the sender's imitation of the end marker is nowhere
 from __future__ import annotations
 
 import json
+import subprocess
+import threading
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from tests.conftest import broker_pid, run_cli, wait_for
 from tests.harnesses.isolation import HarnessEnv
@@ -23,6 +26,7 @@ __all__ = [
     "PEER",
     "WORKER",
     "Hostile",
+    "Running",
     "children_gone",
     "crossintercom_tools",
     "joins",
@@ -143,6 +147,37 @@ def worker_children(henv: HarnessEnv) -> dict[str, int]:
                 if command in argv:
                     found[command] = pid
     return found
+
+
+class Running:
+    """A harness process whose stdout and stderr lines threads read as they come: each stdout
+    line goes to ``on_line``, stderr lines are kept in ``stderr``. ``stop()`` kills it if it
+    still runs, reaps it and closes its pipes."""
+
+    def __init__(self, proc: subprocess.Popen[str], on_line: Callable[[str], None]) -> None:
+        self.proc = proc
+        self.stderr: list[str] = []
+        self._readers = [
+            threading.Thread(target=self._read, args=args, daemon=True)
+            for args in ((proc.stdout, on_line), (proc.stderr, self.stderr.append))
+        ]
+        for reader in self._readers:
+            reader.start()
+
+    @staticmethod
+    def _read(pipe: IO[str] | None, handle: Callable[[str], None]) -> None:
+        for line in pipe or ():
+            handle(line)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(10)
+        for reader in self._readers:
+            reader.join(10)  # the pipes reach their end once every child holding them ended
+        for pipe in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+            if pipe is not None and not pipe.closed:
+                pipe.close()
 
 
 def crossintercom_tools(req: Request) -> list[str]:

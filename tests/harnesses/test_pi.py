@@ -25,6 +25,7 @@ from tests.conftest import wait_for
 from tests.harnesses import kits
 from tests.harnesses.agentmail import (
     Hostile,
+    Running,
     children_gone,
     crossintercom_tools,
     joins,
@@ -48,34 +49,22 @@ TRUST = "--approve"
 ONE_SHOT_S = 60
 
 
-class Rpc:
-    """`pi --mode rpc`: commands on stdin, events read from stdout by a thread."""
+class Rpc(Running):
+    """`pi --mode rpc`: commands on stdin, events read from stdout."""
 
     def __init__(self, kit: Kit) -> None:
-        self.proc = kit.start("--mode", "rpc", "--no-session", TRUST, stdin=subprocess.PIPE)
         self.events: list[dict[str, Any]] = []
-        self.stderr: list[str] = []
         self._lock = threading.Lock()
-        self._readers = [
-            threading.Thread(target=self._read, daemon=True),
-            threading.Thread(target=self._drain_stderr, daemon=True),
-        ]
-        for reader in self._readers:
-            reader.start()
+        proc = kit.start("--mode", "rpc", "--no-session", TRUST, stdin=subprocess.PIPE)
+        super().__init__(proc, self._event)
 
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            try:
-                event = json.loads(line)
-            except ValueError:
-                continue
-            with self._lock:
-                self.events.append(event)
-
-    def _drain_stderr(self) -> None:
-        assert self.proc.stderr is not None
-        self.stderr.extend(self.proc.stderr)
+    def _event(self, line: str) -> None:
+        try:
+            event = json.loads(line)
+        except ValueError:
+            return
+        with self._lock:
+            self.events.append(event)
 
     def send(self, command: dict[str, Any]) -> None:
         assert self.proc.stdin is not None
@@ -121,16 +110,6 @@ class Rpc:
         self.proc.wait(30)
         return time.monotonic() - started
 
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait(10)
-        for reader in self._readers:
-            reader.join(10)  # the pipes reach their end once every child holding them ended
-        for pipe in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
-            if pipe is not None and not pipe.closed:
-                pipe.close()
-
 
 @pytest.fixture
 def pi_kit(mock_model: MockModel, harness_env: HarnessEnv) -> Kit:
@@ -145,7 +124,7 @@ def rpc(pi_kit: Kit) -> Iterator[Rpc]:
     try:
         yield session
     finally:
-        session.kill()
+        session.stop()
 
 
 def test_rpc_session_sends_and_wakes_on_framed_mail(
