@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import wait_for
-from tests.harnesses import install, kits
+from tests.harnesses import kits
 from tests.harnesses.agentmail import (
     Hostile,
     Running,
@@ -44,7 +44,6 @@ from tests.harnesses.mockmodel import MockModel, Reply, Request
 # A one-shot run with crossintercom installed must end about as fast as OpenCode alone (the
 # baseline test); this bound only catches a run held open by a child.
 ONE_SHOT_S = 90
-OPENCODE_VERSION = install.HARNESSES["opencode"].version
 TURN_S = 90
 
 
@@ -89,15 +88,13 @@ class Server(Running):
 
 
 def sdk_installed(config_dir: Path) -> None:
-    """Mark OpenCode's plugin SDK as installed in ``config_dir``, as a user's second start finds
-    it. Before loading any plugin OpenCode installs ``@opencode-ai/plugin`` into each config dir
-    from the npm registry (tens of seconds here, per fresh dir); it skips that when
-    ``node_modules`` exists and package-lock.json lists what package.json asks for.
+    """Mark OpenCode's plugin SDK as installed in the project's ``.opencode`` (kits.py does so
+    for the user's config dir): before loading any plugin OpenCode installs
+    ``@opencode-ai/plugin`` into each config dir from the npm registry, tens of seconds per
+    fresh dir here, unless ``node_modules`` exists and package-lock.json names it.
     crossintercom's plugin imports nothing from it."""
-    dependencies = {"@opencode-ai/plugin": OPENCODE_VERSION}
     (config_dir / "node_modules").mkdir(parents=True, exist_ok=True)
-    (config_dir / "package.json").write_text(json.dumps({"dependencies": dependencies}))
-    lock = {"lockfileVersion": 3, "packages": {"": {"dependencies": dependencies}}}
+    lock = {"packages": {"": {"dependencies": {"@opencode-ai/plugin": "*"}}}}
     (config_dir / "package-lock.json").write_text(json.dumps(lock))
 
 
@@ -105,7 +102,6 @@ def sdk_installed(config_dir: Path) -> None:
 def oc_kit(mock_model: MockModel, harness_env: HarnessEnv) -> Kit:
     kit = kits.make("opencode", mock_model, harness_env)
     setup_worker(kit, "opencode")
-    sdk_installed(kit.config.parent)
     sdk_installed(kit.cwd / ".opencode")
     return kit
 
