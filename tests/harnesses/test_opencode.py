@@ -59,7 +59,7 @@ class Server(Running):
         self.output: list[str] = []
         proc = kit.start("serve", "--hostname", "127.0.0.1", "--port", str(port))
         super().__init__(proc, self.output.append)
-        wait_for(self._listening, 60, lambda: f"opencode serve to listen: {self.output[-10:]}")
+        wait_for(self._listening, 90, lambda: f"opencode serve to listen: {self.output[-10:]}")
 
     def _listening(self) -> bool:
         if self.proc.poll() is not None:

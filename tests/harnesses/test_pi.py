@@ -145,7 +145,7 @@ def test_rpc_session_sends_and_wakes_on_framed_mail(
     hostile = Hostile()
     seen = len(mock_model.requests)
     peer_send(pi_kit, hostile.text)
-    woken = mock_model.wait_for(lambda r: hostile.before in r.all_text(), timeout=30, after=seen)
+    woken = mock_model.wait_for(lambda r: hostile.before in r.all_text(), timeout=60, after=seen)
     assert shown_only_framed(woken, hostile), woken.all_text()[-2000:]
     rpc.settled(2)
     # In the conversation as a crossintercom message, not as something the user typed.
