@@ -43,7 +43,7 @@ def _default_name() -> str:
     "--dir",
     "directory",
     type=click.Path(file_okay=False, path_type=Path),
-    help="Project directory (claude-code, opencode; default: here) or Codex home (codex; "
+    help="Project directory (claude-code, opencode, pi; default: here) or Codex home (codex; "
     "default: $CODEX_HOME or ~/.codex).",
 )
 @click.option(
