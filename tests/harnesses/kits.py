@@ -21,7 +21,8 @@ same user-level files, keeping the kit's). Per harness:
   "responses"``, key from ``MOCK_API_KEY``), ``approval_policy = "never"``, full access sandbox,
   the project trusted, analytics and feedback off.
 - OpenCode: ``$XDG_CONFIG_HOME/opencode/opencode.json`` with a ``mock`` provider through the
-  openai-compatible SDK (Chat Completions), autoupdate and sharing off, models.dev not fetched.
+  openai-compatible SDK (Chat Completions), autoupdate and sharing off, models.dev not fetched,
+  the config dir marked as already holding ``@opencode-ai/plugin`` (no registry fetch).
 - Pi: ``~/.pi/agent/models.json`` with a ``mock`` provider (``anthropic-messages``),
   ``settings.json`` making it the default, ``PI_OFFLINE``. Pi runs under Node 22 (install.py).
 """
