@@ -34,6 +34,7 @@ import ctypes.util
 import os
 import select
 import signal
+import stat
 import threading
 import time
 from collections.abc import Callable
@@ -132,8 +133,15 @@ def _set_pdeathsig() -> None:
 class Lifeline:
     """Ends this process when the watched harness (or the direct parent) is gone."""
 
-    def __init__(self, harness: int | None, end: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        harness: int | None,
+        end: Callable[[], None] | None = None,
+        *,
+        watch_input: bool = False,
+    ) -> None:
         self.harness = harness
+        self.watch_input = watch_input
         self.parent = os.getppid()
         st = _stat(harness) if harness else None
         self._start = st[2] if st else None
@@ -155,21 +163,28 @@ class Lifeline:
             self._end()
 
     def _watch(self) -> None:
-        fd = -1
+        poller = select.poll()
+        fds: list[int] = []
+        inpipe = None
         if self.harness is not None:
             with contextlib.suppress(OSError, AttributeError):
-                fd = os.pidfd_open(self.harness)
+                fds.append(os.pidfd_open(self.harness))
+                poller.register(fds[-1], select.POLLIN)  # readable once the harness exits
+            if self.watch_input and (inpipe := _input_pipe(self.harness)) is not None:
+                fds.append(inpipe)
+                poller.register(inpipe, 0)  # reports only POLLHUP: the last writer closed it
         try:
             while not self._ended.is_set():
-                if fd >= 0:
-                    # Readable when the harness exits; the timeout also catches the direct
-                    # parent (a shell between us and the harness) going away.
-                    select.select([fd], [], [], 1.0)
-                else:
-                    time.sleep(POLL_S)
+                # The timeout also catches the direct parent (a shell between us and the
+                # harness) going away, and serves kernels without pidfds.
+                events = poller.poll(1000 if fds else POLL_S * 1000)
+                if any(fd == inpipe and ev & select.POLLHUP for fd, ev in events):
+                    self._ended.set()  # the harness's input ended: it is shutting down
+                    self._end()
+                    return
                 self.check()
         finally:
-            if fd >= 0:
+            for fd in fds:
                 os.close(fd)
 
     def start(self) -> Lifeline:
@@ -183,6 +198,18 @@ class Lifeline:
         return self
 
 
+def _input_pipe(pid: int) -> int | None:
+    """A read end of the pipe the harness reads its input from, or None when its stdin is not
+    a pipe (a terminal, /dev/null). It is only polled for hang-up, never read."""
+    path = f"/proc/{pid}/fd/0"
+    try:
+        if not stat.S_ISFIFO(os.stat(path).st_mode):
+            return None
+        return os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return None
+
+
 def _terminate() -> None:
     """End this process as the harness would: SIGTERM, then hard after GRACE_S."""
 
@@ -194,8 +221,13 @@ def _terminate() -> None:
     os.kill(os.getpid(), signal.SIGTERM)
 
 
-def install(environ: dict[str, str] | None = None) -> Lifeline | None:
-    """Tie this process's life to its harness's; None when disabled."""
+def install(environ: dict[str, str] | None = None, *, watch_input: bool = False) -> Lifeline | None:
+    """Tie this process's life to its harness's; None when disabled.
+
+    ``watch_input``: also end when the harness's stdin pipe loses its last writer (a harness
+    that reads a stream, as Claude Code's ``--input-format stream-json``, whose input ended:
+    it is about to exit, but may first wait for this process).
+    """
     environ = dict(os.environ) if environ is None else environ
     if environ.get(ENV_LIFELINE, "").lower() in ("off", "0", "no"):
         return None
@@ -205,4 +237,4 @@ def install(environ: dict[str, str] | None = None) -> Lifeline | None:
         # as its host quits): we may already be init's child, so there is nothing left to watch.
         _terminate()
         return None
-    return Lifeline(find_harness(environ)).start()
+    return Lifeline(find_harness(environ), watch_input=watch_input).start()

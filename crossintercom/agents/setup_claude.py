@@ -1,5 +1,6 @@
 """Claude Code: the MCP entry ``mcpServers.crossintercom`` in ``DIR/.mcp.json``; the Stop hook
-(``asyncRewake``) and ``enabledMcpjsonServers`` in ``DIR/.claude/settings.local.json``, where
+(``asyncRewake``), ``enabledMcpjsonServers`` and the permission rule ``mcp__crossintercom``
+(every tool of the server, unless ``--no-allow``) in ``DIR/.claude/settings.local.json``, where
 ``DIR`` is the project directory (docs/agents.md#claude-code).
 """
 
@@ -9,7 +10,10 @@ from pathlib import Path
 from typing import Any
 
 from crossintercom.agents.setup_common import SERVER_KEY, Agent, Change, json_change, stop_hooks
+from crossintercom.errors import UsageError
 
+# Claude Code's rule for every tool of one MCP server (2.1.332 also takes `mcp__NAME__*`).
+ALLOW_RULE = f"mcp__{SERVER_KEY}"
 # The hook waits this long, and Claude Code lets it run a minute longer.
 CLAUDE_WAIT_S = 3600
 
@@ -35,6 +39,16 @@ def claude_code(agent: Agent, project: Path) -> list[Change]:
         enabled = data.setdefault("enabledMcpjsonServers", [])
         if SERVER_KEY not in enabled:
             enabled.append(SERVER_KEY)
+        permissions = data.setdefault("permissions", {})
+        if not isinstance(permissions, dict):
+            raise UsageError('"permissions" is not an object; setup leaves the file alone')
+        allow = [r for r in permissions.get("allow", []) if r != ALLOW_RULE]
+        if agent.allow_tools:
+            allow.append(ALLOW_RULE)
+        if allow or "allow" in permissions:
+            permissions["allow"] = allow
+        if not permissions:
+            del data["permissions"]
 
     return [
         json_change(project / ".mcp.json", mcp),

@@ -10,6 +10,7 @@ from typing import Any
 import tomlkit
 
 from crossintercom.agents.setup_common import (
+    CARRIED_ENV,
     SERVER_KEY,
     Agent,
     Change,
@@ -21,6 +22,8 @@ from crossintercom.errors import UsageError
 
 # The hook waits this long, and Codex lets it run a minute longer.
 CODEX_WAIT_S = 1800
+# The server's start (a Python interpreter and its imports) on a loaded machine, with margin.
+CODEX_STARTUP_TIMEOUT_S = 30
 # Above the longest ask the MCP server allows (600 s), so the harness never cuts a tool off.
 CODEX_TOOL_TIMEOUT_S = 660
 
@@ -41,6 +44,15 @@ def codex(agent: Agent, codex_home: Path) -> list[Change]:
     entry["args"] = [*agent.command[1:], *agent.mcp_args()]
     if agent.env:
         entry["env"] = agent.env
+    # Codex gives an MCP server a short allow-list of its own environment: the settings not
+    # fixed above are passed through by name, so a later `export` still reaches the server.
+    passed = [k for k in CARRIED_ENV if k not in agent.env]
+    if passed:
+        entry["env_vars"] = passed
+    # Codex waits for a required server before the first turn (it otherwise starts without
+    # its tools about one run in five) and fails loudly when it cannot start.
+    entry["required"] = True
+    entry["startup_timeout_sec"] = CODEX_STARTUP_TIMEOUT_S
     entry["tool_timeout_sec"] = CODEX_TOOL_TIMEOUT_S
     servers[SERVER_KEY] = entry
 

@@ -56,6 +56,8 @@ class Agent:
     supervisor: str | None
     command: list[str]
     env: dict[str, str]
+    # Let the harness run the server's tools without asking, where it has such a rule.
+    allow_tools: bool = True
 
     def mcp_args(self) -> list[str]:
         args = ["mcp", "--as", self.name]

@@ -13,6 +13,7 @@ from crossintercom.agents.hooks import (
     busy_exit,
     effective_timeout,
     exit_code,
+    one_shot_harness,
     read_hook_input,
     writer,
 )
@@ -75,11 +76,14 @@ def wait(
     from crossintercom.agents import lifeline
     from crossintercom.agents.waiter import wait_for_mail
 
-    lifeline.install()
     fmt = fmt or ("json" if as_json else "text")
+    # A Claude Code session that reads a stream ends when its input ends: so does its hook.
+    lifeline.install(watch_input=fmt == "claude-hook")
     if fmt == "json":
         click.get_current_context().find_root().obj["json"] = True  # errors as JSON too
     hook_input = read_hook_input(sys.stdin) if fmt in HOOK_FORMATS else {}
+    if one_shot_harness(fmt):
+        sys.exit(0)  # `claude -p`, `codex exec` would wait for this hook: mail stays unseen
     cfg = settings()
     ident = Identity.named(cfg, as_name, session_id)
     try:

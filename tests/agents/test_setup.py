@@ -89,7 +89,8 @@ def test_claude_code_keeps_user_entries_and_is_idempotent(
     servers = json.loads((tmp_path / ".mcp.json").read_text())["mcpServers"]
     assert set(servers) == {"docs", "crossintercom"}
     data = json.loads(settings.read_text())
-    assert data["permissions"] == user_settings["permissions"]
+    # the user's rules kept, and the rule for every crossintercom tool added once
+    assert data["permissions"] == {"allow": ["Bash(ls)", "mcp__crossintercom"]}
     assert data["hooks"]["PreToolUse"] == user_settings["hooks"]["PreToolUse"]
     assert data["enabledMcpjsonServers"] == ["docs", "crossintercom"]
     commands = [h["command"] for g in data["hooks"]["Stop"] for h in g["hooks"]]
@@ -101,6 +102,10 @@ def test_claude_code_keeps_user_entries_and_is_idempotent(
     commands = [h["command"] for g in data["hooks"]["Stop"] for h in g["hooks"]]
     assert len(commands) == 2 and "--as reviewer" in commands[1]
 
+    # --no-allow takes crossintercom's rule out again, and only it
+    setup(cli_env, "claude-code", "--as", "reviewer", "--no-allow", "--dir", str(tmp_path))
+    assert json.loads(settings.read_text())["permissions"] == user_settings["permissions"]
+
 
 def test_codex_keeps_toml_comments_and_user_hooks(cli_env: dict[str, str], tmp_path: Path) -> None:
     config = tmp_path / "config.toml"
@@ -110,9 +115,11 @@ def test_codex_keeps_toml_comments_and_user_hooks(cli_env: dict[str, str], tmp_p
         json.dumps({"hooks": {"Stop": [{"hooks": [{"type": "command", "command": "x"}]}]}})
     )
     args = ("codex", "--as", "worker", "--supervisor", "lead@B", "--dir", str(tmp_path))
-    setup(cli_env, *args)
+    first = setup(cli_env, *args)
+    assert "open /hooks and trust" in first.stdout  # a new hook: the user must trust it
     before = (config.read_text(), hooks.read_text())
-    setup(cli_env, *args)
+    again = setup(cli_env, *args)
+    assert "trust" not in again.stdout  # the hook did not change: its trust holds
     assert (config.read_text(), hooks.read_text()) == before
     text = config.read_text()
     assert text.startswith('# mine\nmodel = "o3"') and 'command = "docs"  # keep' in text
@@ -120,6 +127,13 @@ def test_codex_keeps_toml_comments_and_user_hooks(cli_env: dict[str, str], tmp_p
     server = parsed["mcp_servers"]["crossintercom"]
     assert server["args"] == ["mcp", "--as", "worker", "--supervisor", "lead@B"]
     assert server["tool_timeout_sec"] > 600
+    # Codex waits for the server before the first turn; settings set later are passed through
+    assert server["required"] is True
+    assert set(server.get("env", {})) | set(server.get("env_vars", [])) >= {
+        "CROSSINTERCOM_HOME",
+        "CROSSINTERCOM_HOST_ID",
+        "CROSSINTERCOM_GROUP",
+    }
     stop = json.loads(hooks.read_text())["hooks"]["Stop"]
     assert stop[0]["hooks"][0]["command"] == "x"
     assert "wait --as worker --format codex-hook" in stop[1]["hooks"][0]["command"]
