@@ -102,24 +102,30 @@ def _is_launcher(pid: int, comm: str) -> bool:
     return comm in LAUNCHERS or _exe_name(pid) in LAUNCHERS
 
 
+def _ancestry() -> tuple[int | None, bool]:
+    """(the nearest ancestor that is not a launcher, whether the launchers between us and
+    init were orphaned): a shell whose parent is init started us for a harness that is gone."""
+    pid, launchers = os.getppid(), 0
+    for _ in range(16):
+        if pid <= 1:
+            return None, launchers > 0
+        st = _stat(pid)
+        if st is None:
+            return None, False
+        name, ppid, _start = st
+        if not _is_launcher(pid, name):
+            return pid, False
+        pid, launchers = ppid, launchers + 1
+    return None, False
+
+
 def find_harness(environ: dict[str, str] | None = None) -> int | None:
     """The pid of the harness this process runs for, or None (no parent worth watching)."""
     environ = dict(os.environ) if environ is None else environ
     raw = environ.get(ENV_HARNESS_PID, "").strip()
     if raw.isdigit() and int(raw) > 1 and _stat(int(raw)) is not None:
         return int(raw)
-    pid = os.getppid()
-    for _ in range(16):
-        if pid <= 1:
-            return None
-        st = _stat(pid)
-        if st is None:
-            return None
-        name, ppid, _start = st
-        if not _is_launcher(pid, name):
-            return pid
-        pid = ppid
-    return None
+    return _ancestry()[0]
 
 
 def _set_pdeathsig() -> None:
@@ -235,6 +241,10 @@ def install(environ: dict[str, str] | None = None, *, watch_input: bool = False)
     if named.isdigit() and int(named) > 1 and _stat(int(named)) is None:
         # The harness that started us ended while we were starting (a plugin's waiter spawned
         # as its host quits): we may already be init's child, so there is nothing left to watch.
+        _terminate()
+        return None
+    if not named and _ancestry()[1]:
+        # Likewise for a hook: its shell is left, orphaned, and the harness went first.
         _terminate()
         return None
     return Lifeline(find_harness(environ), watch_input=watch_input).start()
