@@ -35,6 +35,17 @@ export const CrossintercomMail = async ({ client }) => {
     }
   };
 
+  // A subagent's session (the task tool's) goes idle while its parent still works: not the
+  // session to wake.
+  const isSubagent = async (sessionID) => {
+    try {
+      const got = await client.session.get({ path: { id: sessionID } });
+      return Boolean(got?.data?.parentID);
+    } catch {
+      return false;
+    }
+  };
+
   const wait = (replace) => {
     if (!active || disposed || waiter !== null) return;
     const args = [...COMMAND.slice(1), "wait", "--as", NAME, "--format", "text"];
@@ -76,6 +87,7 @@ export const CrossintercomMail = async ({ client }) => {
       const props = event.properties ?? {};
       if (event.type === "session.idle") {
         const id = props.sessionID ?? event.sessionID;
+        if (await isSubagent(id)) return;
         if (held.length > 0) {
           await deliver(id, held.splice(0).join("\n\n"));
           return;

@@ -5,6 +5,7 @@ binaries run the written files in tests/harnesses."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import shutil
@@ -294,23 +295,67 @@ def test_opencode_plugin_waiter_ends_with_dispose_or_its_host_and_none_in_run(
     assert time.monotonic() - started < 10  # nothing held node open
 
 
+@pytest.mark.skipif(shutil.which("node") is None, reason="needs node to run the OpenCode plugin")
+def test_opencode_plugin_does_not_wait_for_a_subagent_session(
+    cli_env: dict[str, str], tmp_path: Path
+) -> None:
+    plugin = _setup_opencode(cli_env, tmp_path)
+    driver = tmp_path / "drive.mjs"
+    driver.write_text(
+        f"import {{ CrossintercomMail }} from {json.dumps(str(plugin))};\n"
+        "const client = { session: { get: async ({ path }) =>\n"
+        "  ({ data: { id: path.id, parentID: path.id === 'child' ? 's1' : undefined } }) } };\n"
+        "const hooks = await CrossintercomMail({ client });\n"
+        "const idle = (id) => hooks.event({ event: { type: 'session.idle',\n"
+        "  properties: { sessionID: id } } });\n"
+        "await idle('child');\n"
+        "console.log('child idle handled');\n"
+        "process.stdin.once('data', async () => { await idle('s1'); console.log('s1'); });\n"
+    )
+    node = subprocess.Popen(
+        ["node", str(driver)],
+        env=cli_env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert node.stdout is not None and node.stdin is not None
+        assert node.stdout.readline().strip() == "child idle handled"
+        assert _children(node.pid) == []  # a waiter would be spawned before the handler returns
+        node.stdin.write("parent idle\n")
+        node.stdin.flush()
+        assert node.stdout.readline().strip() == "s1"
+        assert len(_children(node.pid)) == 1  # the parent's idle starts it
+    finally:
+        node.kill()
+        node.communicate()
+
+
+def _children(parent: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat[stat.rindex(")") + 2 :].split()[1]) == parent:
+                found.append(int(entry.name))
+    return found
+
+
 def _gone(pid: int) -> bool:
     return not pid_alive(pid)
 
 
 def _child_waiter(parent: int) -> int:
     def found() -> int | None:
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            try:
-                stat = (entry / "stat").read_text()
-                cmdline = (entry / "cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
-            if ppid == parent and b"wait" in cmdline:
-                return int(entry.name)
+        for pid in _children(parent):
+            with contextlib.suppress(OSError):
+                if b"wait" in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0"):
+                    return pid
         return None
 
     return int(wait_for(found, 10, "the plugin's waiter"))
