@@ -40,6 +40,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+# The parent that started this process, noted when this module is first imported: the CLI
+# imports it before its slow imports, so a harness that dies while we start is still seen.
+FIRST_PARENT = os.getppid()
 ENV_HARNESS_PID = "CROSSINTERCOM_HARNESS_PID"
 ENV_LIFELINE = "CROSSINTERCOM_LIFELINE"
 # After SIGTERM, a command that has not ended this long later is ended hard.
@@ -243,8 +246,13 @@ def install(environ: dict[str, str] | None = None, *, watch_input: bool = False)
         # as its host quits): we may already be init's child, so there is nothing left to watch.
         _terminate()
         return None
-    if not named and _ancestry()[1]:
-        # Likewise for a hook: its shell is left, orphaned, and the harness went first.
+    # init's child (and not init itself, as in a container): whatever started us is gone. A
+    # harness's child is never started by init; one that lost its harness before it could note
+    # it (its first tenth of a second) is.
+    orphan = os.getppid() == 1 and os.getpid() != 1
+    if orphan or os.getppid() != FIRST_PARENT or (not named and _ancestry()[1]):
+        # Likewise when the process that started us is gone already, or a hook's shell is
+        # left orphaned: the harness went first.
         _terminate()
         return None
     return Lifeline(find_harness(environ), watch_input=watch_input).start()

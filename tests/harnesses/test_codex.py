@@ -14,7 +14,9 @@ from __future__ import annotations
 import dataclasses
 import html
 import json
+import os
 import queue
+import signal
 import subprocess
 import time
 import uuid
@@ -23,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import run_cli
+from tests.conftest import run_cli, wait_for
 from tests.harnesses import kits
 from tests.harnesses.agentmail import (
     WORKER,
@@ -37,6 +39,7 @@ from tests.harnesses.agentmail import (
     pending_for_worker,
     send_once,
     shown_only_framed,
+    worker_children,
 )
 from tests.harnesses.isolation import HarnessEnv
 from tests.harnesses.mockmodel import MockModel, Request
@@ -140,6 +143,13 @@ def unescaped(req: Request) -> Request:
     return dataclasses.replace(req, body=body)
 
 
+def _exe(pid: int) -> str:
+    try:
+        return os.readlink(f"/proc/{pid}/exe")
+    except OSError:
+        return ""
+
+
 def hook_started(msg: dict[str, Any]) -> bool:
     return msg.get("method") == "hook/started"
 
@@ -174,6 +184,28 @@ def test_idle_session_is_woken_framed_and_keeps_listening(
         stdin = server.running.proc.stdin
         assert stdin is not None
         stdin.close()
+        server.running.proc.wait(20)
+        children_gone(harness_env, timeout=10)
+    finally:
+        server.running.stop()
+
+
+@pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGKILL])
+def test_children_end_with_codex(
+    kit: kits.Kit, mock_model: MockModel, harness_env: HarnessEnv, how: signal.Signals
+) -> None:
+    """The MCP server and the waiting Stop hook end with the Codex process however it ends."""
+    server = AppServer(kit)
+    try:
+        server.trust_hooks()
+        thread = server.request("thread/start", cwd=str(kit.cwd))["thread"]["id"]
+        server.request("turn/start", threadId=thread, input=[{"type": "text", "text": "hello"}])
+        server.until(hook_started)
+        wait_for(lambda: {"mcp", "wait"} <= set(worker_children(harness_env)), 30, "children")
+        # the native binary (under the npm wrapper, if any) is the harness to end
+        native = [p for p in harness_env.leftovers() if _exe(p).endswith("/codex")]
+        assert len(native) == 1, harness_env.describe(harness_env.leftovers())
+        os.kill(native[0], how)
         server.running.proc.wait(20)
         children_gone(harness_env, timeout=10)
     finally:
