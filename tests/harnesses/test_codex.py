@@ -135,6 +135,13 @@ class AppServer:
         listed = self.request("hooks/list", cwds=[str(self.kit.cwd)])["data"][0]["hooks"]
         assert all(h["trustStatus"] == "trusted" for h in listed if "crossintercom" in h["command"])
 
+    def idle_session(self) -> None:
+        """A thread with the hook trusted, one turn done: its Stop hook waits for mail."""
+        self.trust_hooks()
+        thread = self.request("thread/start", cwd=str(self.kit.cwd))["thread"]["id"]
+        self.request("turn/start", threadId=thread, input=[{"type": "text", "text": "hello"}])
+        self.until(hook_started)
+
 
 def unescaped(req: Request) -> Request:
     """The request as the model reads it: Codex 0.171 hands a Stop hook's reason to the model
@@ -159,10 +166,7 @@ def test_idle_session_is_woken_framed_and_keeps_listening(
 ) -> None:
     server = AppServer(kit)
     try:
-        server.trust_hooks()
-        thread = server.request("thread/start", cwd=str(kit.cwd))["thread"]["id"]
-        server.request("turn/start", threadId=thread, input=[{"type": "text", "text": "hello"}])
-        server.until(hook_started)  # the turn is done; the Stop hook waits for mail
+        server.idle_session()  # one turn done; its Stop hook waits for mail
         first = Hostile()
         peer_send(kit, first.text)
         woken = mock_model.wait_for(lambda r: first.before in r.all_text(), timeout=60)
@@ -197,10 +201,7 @@ def test_children_end_with_codex(
     """The MCP server and the waiting Stop hook end with the Codex process however it ends."""
     server = AppServer(kit)
     try:
-        server.trust_hooks()
-        thread = server.request("thread/start", cwd=str(kit.cwd))["thread"]["id"]
-        server.request("turn/start", threadId=thread, input=[{"type": "text", "text": "hello"}])
-        server.until(hook_started)
+        server.idle_session()
         wait_for(lambda: {"mcp", "wait"} <= set(worker_children(harness_env)), 30, "children")
         # the native binary (under the npm wrapper, if any) is the harness to end
         native = [p for p in harness_env.leftovers() if _exe(p).endswith("/codex")]
