@@ -230,12 +230,16 @@ def _terminate() -> None:
     os.kill(os.getpid(), signal.SIGTERM)
 
 
-def install(environ: dict[str, str] | None = None, *, watch_input: bool = False) -> Lifeline | None:
+def install(
+    environ: dict[str, str] | None = None, *, watch_input: bool = False, hook: bool = False
+) -> Lifeline | None:
     """Tie this process's life to its harness's; None when disabled.
 
     ``watch_input``: also end when the harness's stdin pipe loses its last writer (a harness
     that reads a stream, as Claude Code's ``--input-format stream-json``, whose input ended:
-    it is about to exit, but may first wait for this process).
+    it is about to exit, but may first wait for this process). ``hook``: this is a harness's
+    hook, never a container's or a service's main process, so being init's child means the
+    harness is gone.
     """
     environ = dict(os.environ) if environ is None else environ
     if environ.get(ENV_LIFELINE, "").lower() in ("off", "0", "no"):
@@ -246,11 +250,11 @@ def install(environ: dict[str, str] | None = None, *, watch_input: bool = False)
         # as its host quits): we may already be init's child, so there is nothing left to watch.
         _terminate()
         return None
-    # init's child (and not init itself, as in a container): whatever started us is gone. A
-    # harness's child is never started by init; one that lost its harness before it could note
-    # it (its first tenth of a second) is.
-    orphan = os.getppid() == 1 and os.getpid() != 1
-    if orphan or os.getppid() != FIRST_PARENT or (not named and _ancestry()[1]):
+    # A hook that is init's child, or whose shell is, lost its harness before it could note it
+    # (in its first tenth of a second). An MCP server may be run by a container's init
+    # (`docker run --init`), through a shell or not: it has the end of its stdin instead.
+    orphan = hook and (os.getppid() == 1 or (not named and _ancestry()[1]))
+    if orphan or os.getppid() != FIRST_PARENT:
         # Likewise when the process that started us is gone already, or a hook's shell is
         # left orphaned: the harness went first.
         _terminate()

@@ -78,7 +78,7 @@ def wait(
 
     fmt = fmt or ("json" if as_json else "text")
     # A Claude Code session that reads a stream ends when its input ends: so does its hook.
-    lifeline.install(watch_input=fmt == "claude-hook")
+    lifeline.install(watch_input=fmt == "claude-hook", hook=fmt in HOOK_FORMATS)
     if fmt == "json":
         click.get_current_context().find_root().obj["json"] = True  # errors as JSON too
     hook_input = read_hook_input(sys.stdin) if fmt in HOOK_FORMATS else {}
