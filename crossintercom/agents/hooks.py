@@ -10,11 +10,14 @@ Exit codes and outputs (docs/agents.md#wait):
 | `codex-hook`  | 0, `{"decision": "block", "reason"}` stdout  | 0, nothing     | 0    | 1     |
 
 The hook formats read the JSON the harness writes on stdin. Codex runs its Stop hook
-synchronously, so when ``stop_hook_active`` says this stop already follows a hook's
-continuation the waiter only delivers mail that is already there and never waits: a chain of
-continuations ends as soon as the mailbox is quiet. Claude Code runs the ``asyncRewake`` hook in
+synchronously; the waiter waits its whole timeout even when ``stop_hook_active`` says this stop
+follows a hook's continuation (it only continues for unseen mail, so it cannot loop on itself),
+and returns at once in ``codex exec``. Claude Code runs the ``asyncRewake`` hook in
 the background: it holds no turn open, and it wakes the session only for unseen mail, which it
-marks shown, so it cannot re-trigger itself; it waits whatever ``stop_hook_active`` says.
+marks shown, so it cannot re-trigger itself; it waits whatever ``stop_hook_active`` says. In
+a one-shot ``claude -p`` Claude Code runs that hook synchronously, so there it returns at once
+(exit 0, nothing shown); in a stream-json session it ends when the session's input ends
+(docs/agents.md#claude-code).
 """
 
 from __future__ import annotations
@@ -26,8 +29,10 @@ import select
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import IO, Any
 
+from crossintercom.agents import lifeline
 from crossintercom.agents.mail import render_mail
 from crossintercom.inbox import Entry
 
@@ -76,9 +81,72 @@ def read_hook_input(stream: IO[str] | None, wait_s: float = STDIN_WAIT_S) -> dic
     return data if isinstance(data, dict) else {}
 
 
+def _cmdline(pid: int | None) -> list[str]:
+    if pid is None:
+        return []
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return []
+    return [a.decode(errors="replace") for a in raw.split(b"\0") if a]
+
+
+def claude_one_shot(environ: dict[str, str] | None = None) -> bool:
+    """Claude Code runs a one-shot ``claude -p`` (docs/agents.md#claude-code): printing, with
+    no streaming input (``--input-format stream-json``, ``--sdk-url``) that could bring another
+    turn. There it runs an ``asyncRewake`` hook synchronously and waits for it, so the hook must
+    return at once. Claude Code names its pid to hooks (``CLAUDE_PID``); its arguments say."""
+    environ = dict(os.environ) if environ is None else environ
+    raw = environ.get("CLAUDE_PID", "")
+    pid = int(raw) if raw.isdigit() else lifeline.find_harness(environ)
+    args = _cmdline(pid)[1:]
+    if not any(a in ("-p", "--print") for a in args):
+        return False
+    streaming = any(
+        a == "--input-format=stream-json"
+        or a.startswith("--sdk-url")
+        or (a == "--input-format" and nxt == "stream-json")
+        for a, nxt in zip(args, [*args[1:], ""], strict=True)
+    )
+    return not streaming
+
+
+# Codex options that take a value, before its subcommand.
+_CODEX_VALUE_OPTS = frozenset({"-c", "--config", "-m", "--model", "-p", "--profile", "-C", "--cd"})
+
+
+def codex_one_shot(environ: dict[str, str] | None = None) -> bool:
+    """Codex runs ``codex exec`` (docs/agents.md#codex): it waits for its Stop hook, and no
+    one is there to read a continuation, so the hook must return at once. The hook's input
+    says nothing of it; the harness's own arguments do (its subcommand)."""
+    argv = _cmdline(lifeline.find_harness(environ))
+    if not argv or not Path(argv[0]).name.startswith("codex"):
+        return False
+    skip = False
+    for arg in argv[1:]:
+        if skip:
+            skip = False
+        elif arg.startswith("-"):
+            skip = arg in _CODEX_VALUE_OPTS
+        else:
+            return arg in ("exec", "e")
+    return False
+
+
+def one_shot_harness(fmt: str, environ: dict[str, str] | None = None) -> bool:
+    """The hook runs for a one-shot harness run, which would wait for it: return at once."""
+    if fmt == "claude-hook":
+        return claude_one_shot(environ)
+    if fmt == "codex-hook":
+        return codex_one_shot(environ)
+    return False
+
+
 def effective_timeout(fmt: str, hook_input: dict[str, Any], timeout: float) -> float:
-    if fmt == "codex-hook" and hook_input.get("stop_hook_active") is True:
-        return 0.0
+    """The whole timeout, whatever ``stop_hook_active`` says: a hook only continues a session
+    for unseen mail, which it marks shown, so it cannot loop on itself, and a session woken
+    once keeps listening for the next message (docs/agents.md#wait)."""
+    del fmt, hook_input
     return timeout
 
 

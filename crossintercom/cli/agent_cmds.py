@@ -14,6 +14,7 @@ from crossintercom.agents.hooks import (
     busy_exit,
     effective_timeout,
     exit_code,
+    one_shot_harness,
     read_hook_input,
     writer,
 )
@@ -73,12 +74,17 @@ def wait(
 ) -> None:
     """Wait until NAME has unseen mail, print it once, and exit (see the exit codes in
     docs/agents.md: text/json 0 mail, 6 timeout, 7 another waiter; claude-hook 2 mail)."""
+    from crossintercom.agents import lifeline
     from crossintercom.agents.waiter import wait_for_mail
 
     fmt = fmt or ("json" if as_json else "text")
+    # A Claude Code session that reads a stream ends when its input ends: so does its hook.
+    lifeline.install(watch_input=fmt == "claude-hook", hook=fmt in HOOK_FORMATS)
     if fmt == "json":
         click.get_current_context().find_root().obj["json"] = True  # errors as JSON too
     hook_input = read_hook_input(sys.stdin) if fmt in HOOK_FORMATS else {}
+    if one_shot_harness(fmt):
+        sys.exit(0)  # `claude -p`, `codex exec` would wait for this hook: mail stays unseen
     cfg = settings()
     ident = Identity.named(cfg, as_name, session_id)
     try:
@@ -112,6 +118,9 @@ def mcp(as_name: str, session_id: str | None, supervisor: str | None) -> None:
         raise UsageError(
             f"the MCP server needs the mcp extra: pip install 'crossintercom[mcp]' ({exc})"
         ) from None
+    from crossintercom.agents import lifeline
+
+    lifeline.install()
     cfg = settings()
     asyncio.run(serve(cfg, Identity.named(cfg, as_name, session_id), supervisor))
 

@@ -11,6 +11,9 @@ from typing import Any, NoReturn, TypeVar
 
 import click
 
+# First of ours: the lifeline notes the parent that started us before the slow imports below
+# (docs/agents.md#lifeline).
+from crossintercom.agents import lifeline  # noqa: F401
 from crossintercom.cli import (
     agent_cmds,
     escalate,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import os
 import signal
 import sys
 from collections.abc import Callable
@@ -12,6 +13,7 @@ from typing import Any
 
 import click
 
+from crossintercom.agents import lifeline
 from crossintercom.agents.answered import answered, check_one_line
 from crossintercom.agents.session import show_lock
 from crossintercom.cli import inbox_cmd
@@ -113,6 +115,8 @@ def listen(
     cfg = settings()
     ensure_runtime_dir(cfg)
     ident = Identity.named(cfg, as_name, session_id)
+    if fmt == "line" or os.environ.get(lifeline.ENV_HARNESS_PID):
+        lifeline.install()  # a harness's monitor ends with its harness (docs/agents.md#lifeline)
     if fmt == "line":
         from crossintercom.agents.monitor import run_line_monitor
 

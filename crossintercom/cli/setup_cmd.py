@@ -43,7 +43,7 @@ def _default_name() -> str:
     "--dir",
     "directory",
     type=click.Path(file_okay=False, path_type=Path),
-    help="Project directory (claude-code, opencode; default: here) or Codex home (codex; "
+    help="Project directory (claude-code, opencode, pi; default: here) or Codex home (codex; "
     "default: $CODEX_HOME or ~/.codex).",
 )
 @click.option(
@@ -51,6 +51,13 @@ def _default_name() -> str:
     "command",
     metavar="CMD",
     help="How the harness starts crossintercom (default: this installation's script).",
+)
+@click.option(
+    "--allow/--no-allow",
+    "allow_tools",
+    default=True,
+    help="claude-code: let the agent use crossintercom's tools without asking "
+    "(permissions.allow mcp__crossintercom; default), or leave the rule out.",
 )
 @click.option(
     "--print", "print_only", is_flag=True, help="Show what would be written; write nothing."
@@ -62,6 +69,7 @@ def setup(
     supervisor: str | None,
     directory: Path | None,
     command: str | None,
+    allow_tools: bool,
     print_only: bool,
     as_json: bool,
 ) -> None:
@@ -75,6 +83,7 @@ def setup(
         supervisor=supervisor,
         command=shlex.split(command) if command else hs.default_command(),
         env=hs.carried_env(),
+        allow_tools=allow_tools,
     )
     target = (directory or _default_dir(harness)).expanduser().absolute()
     changes = hs.plan(harness, agent, target)
@@ -102,6 +111,13 @@ def setup(
             click.echo(f"{'wrote' if c.changed else 'unchanged'}: {c.path}")
     if not print_only:
         click.echo(f"{harness} will run crossintercom as {name}; restart it to load the entries.")
+        if harness == "codex" and any(c.changed and c.path.name == "hooks.json" for c in changes):
+            # Codex skips a new or changed hook, silently, until a person trusts it.
+            click.echo(
+                "Codex runs the wake hook only once you trust it: start codex, open /hooks and "
+                "trust the crossintercom Stop hook (again after each setup that changes it). "
+                "Until then mail does not wake an idle session."
+            )
 
 
 COMMANDS = (setup,)

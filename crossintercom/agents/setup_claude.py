@@ -1,0 +1,56 @@
+"""Claude Code: the MCP entry ``mcpServers.crossintercom`` in ``DIR/.mcp.json``; the Stop hook
+(``asyncRewake``), ``enabledMcpjsonServers`` and the permission rule ``mcp__crossintercom``
+(every tool of the server, unless ``--no-allow``) in ``DIR/.claude/settings.local.json``, where
+``DIR`` is the project directory (docs/agents.md#claude-code).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from crossintercom.agents.setup_common import SERVER_KEY, Agent, Change, json_change, stop_hooks
+from crossintercom.errors import UsageError
+
+# Claude Code's rule for every tool of one MCP server (2.1.332 also takes `mcp__NAME__*`).
+ALLOW_RULE = f"mcp__{SERVER_KEY}"
+# The hook waits this long, and Claude Code lets it run a minute longer.
+CLAUDE_WAIT_S = 3600
+
+
+def claude_code(agent: Agent, project: Path) -> list[Change]:
+    def mcp(data: dict[str, Any]) -> None:
+        servers = data.setdefault("mcpServers", {})
+        servers[SERVER_KEY] = {
+            "type": "stdio",
+            "command": agent.command[0],
+            "args": [*agent.command[1:], *agent.mcp_args()],
+            "env": agent.env,
+        }
+
+    def settings(data: dict[str, Any]) -> None:
+        hook = {
+            "type": "command",
+            "command": agent.wait_command("claude-hook", CLAUDE_WAIT_S),
+            "asyncRewake": True,
+            "timeout": CLAUDE_WAIT_S + 60,
+        }
+        stop_hooks(data, "claude-hook", hook)
+        enabled = data.setdefault("enabledMcpjsonServers", [])
+        if SERVER_KEY not in enabled:
+            enabled.append(SERVER_KEY)
+        permissions = data.setdefault("permissions", {})
+        if not isinstance(permissions, dict):
+            raise UsageError('"permissions" is not an object; setup leaves the file alone')
+        allow = [r for r in permissions.get("allow", []) if r != ALLOW_RULE]
+        if agent.allow_tools:
+            allow.append(ALLOW_RULE)
+        if allow or "allow" in permissions:
+            permissions["allow"] = allow
+        if not permissions:
+            del data["permissions"]
+
+    return [
+        json_change(project / ".mcp.json", mcp),
+        json_change(project / ".claude" / "settings.local.json", settings),
+    ]

@@ -1,0 +1,50 @@
+"""OpenCode: ``mcp.crossintercom`` in ``DIR/opencode.json``; the plugin that starts a turn on
+new mail in ``DIR/.opencode/plugins/crossintercom.js``, where ``DIR`` is the project directory
+(docs/agents.md#opencode).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from crossintercom.agents.setup_common import (
+    SERVER_KEY,
+    Agent,
+    Change,
+    json_change,
+    read_text,
+    script_source,
+)
+from crossintercom.errors import UsageError
+
+# How long the plugin's `wait` child waits for mail before it is started again.
+OPENCODE_WAIT_S = 3600
+
+
+def plugin_source(agent: Agent) -> str:
+    return script_source("opencode_plugin.js", agent, OPENCODE_WAIT_S)
+
+
+def opencode(agent: Agent, project: Path) -> list[Change]:
+    if (project / "opencode.jsonc").exists():
+        raise UsageError(
+            f"{project / 'opencode.jsonc'} may hold comments, which setup cannot keep; add the "
+            "entry `crossintercom setup opencode --print` shows by hand"
+        )
+
+    def config(data: dict[str, Any]) -> None:
+        data.setdefault("$schema", "https://opencode.ai/config.json")
+        servers = data.setdefault("mcp", {})
+        servers[SERVER_KEY] = {
+            "type": "local",
+            "command": [*agent.command, *agent.mcp_args()],
+            "enabled": True,
+            "environment": agent.env,
+        }
+
+    plugin = project / ".opencode" / "plugins" / "crossintercom.js"
+    return [
+        json_change(project / "opencode.json", config),
+        Change(plugin, read_text(plugin), plugin_source(agent)),
+    ]
