@@ -28,6 +28,7 @@ from tests.agents.conftest import (
     hook,
     mcp_server,
     online,
+    parse_mail,
     spawn,
     until,
 )
@@ -216,7 +217,8 @@ async def _inbox_ids(worker: Mcp) -> tuple[list[str], str | None]:
     result = await worker.call("inbox")
     if result.is_error:
         return [], str(result.structured_content["error"]["code"])
-    return [m["id"] for m in result.structured_content["messages"]], None
+    # Mail results carry no structured content: the ids come from the frames.
+    return [m["id"] for m in parse_mail(str(result.content[0].text))], None
 
 
 async def _mcp_under_fault(env: dict[str, str], fault: InboxFault) -> None:

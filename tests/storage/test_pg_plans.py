@@ -22,6 +22,7 @@ from crossintercom.storage.engine import PLANS_KEY
 from crossintercom.storage.pghot import PgHotPath
 from crossintercom.storage.plans import PlanRefresh
 from crossintercom.storage.postgres import PostgresStore
+from tests.pgharness import PgServer, create_database, drop_database
 
 pytestmark = pytest.mark.pg
 A, B = "alice@a", "bob@b"
@@ -158,25 +159,43 @@ def test_the_hot_path_plans_again_after_the_tables_grow(pg_url: str, admin: Admi
 
 
 def test_without_refreshes_a_plan_of_the_empty_store_keeps_scanning(
-    pg_url: str, admin: Admin
+    pg_server: PgServer, pg_template: str
 ) -> None:
     """What the refreshes are for: with none, the messages after the growth scan deliveries.
     Counted over one burst with no idle gap: an idle backend can miss enough of the server's
     cache invalidations (other databases' DDL, under load) to have its caches reset, which
-    re-plans on the grown tables, so only "it scanned" is asserted, not on every message."""
+    re-plans on the grown tables, so only "it scanned" is asserted, not on every message; and a
+    reset in the idle moments around the growth itself can hide it in one run, so the run is
+    tried on a fresh store up to three times (the property needs one stale plan, seen once)."""
 
-    def body(cycles: Cycles, run: Callable[[int], None], _path: PgHotPath) -> dict[str, int]:
-        run(30)  # prepared, and planned generically, on tables of a few pages
-        start = _counters(admin, cycles.sent)
-        _grow(admin)
-        run(30)
-        end = _counters(admin, GROWN + cycles.sent)
-        return {t: end[t] - start[t] for t in TABLES}
+    def body_with(
+        admin: Admin,
+    ) -> Callable[[Cycles, Callable[[int], None], PgHotPath], dict[str, int]]:
+        def body(cycles: Cycles, run: Callable[[int], None], _path: PgHotPath) -> dict[str, int]:
+            run(30)  # prepared, and planned generically, on tables of a few pages
+            start = _counters(admin, cycles.sent)
+            _grow(admin)
+            run(30)
+            end = _counters(admin, GROWN + cycles.sent)
+            return {t: end[t] - start[t] for t in TABLES}
+
+        return body
 
     never = PlanRefresh(after_s=1e9, after_statements=10**9)
-    scans = _on_hot_path(pg_url, body, never)
-    # Deliveries only: the growth's own foreign-key checks may scan messages too.
-    assert scans["deliveries"] > 0, scans
+    tries = []
+    for _ in range(3):
+        name = create_database(pg_server, template=pg_template)
+        url = pg_server.url_for(name)
+        try:
+            with psycopg.connect(url.replace("+psycopg", ""), autocommit=True) as admin:
+                scans = _on_hot_path(url, body_with(admin), never)
+        finally:
+            drop_database(pg_server, name)
+        tries.append(scans)
+        # Deliveries only: the growth's own foreign-key checks may scan messages too.
+        if scans["deliveries"] > 0:
+            return
+    raise AssertionError(f"no stale plan scanned deliveries in three runs: {tries}")
 
 
 def test_pooled_connections_plan_again_after_the_tables_grow(pg_url: str, admin: Admin) -> None:
