@@ -1,0 +1,139 @@
+"""A member of a group runtime dir races the other members' processes: it swaps a file it may
+replace (its own) for a symlink between another process's check of that file and its open, or
+plants a link where a file is about to be created. No process opens another file through it
+(docs/operations.md, "Files in the runtime dir")."""
+
+from __future__ import annotations
+
+import grp
+import shutil
+import sqlite3
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from crossintercom.inbox import Inbox
+from crossintercom.models import Message, Peer
+from crossintercom.runtime import ensure_runtime_dir
+from tests.conftest import make_env, settings_for
+from tests.unixuser import SHARED_GROUP, need_root, python_for, spawn_as_user
+
+SECRET = "root-only secret 0123456789"
+MEMBER = "nobody"
+# The attacker's loop: its inbox aside, a link to the secret inbox in its place, its inbox
+# back over the link, until the reader is done (the stop file) or the deadline.
+SWAPPER = """
+import os, sys, time
+inbox, aside, target, stop = sys.argv[1:5]
+end = time.monotonic() + float(sys.argv[5])
+swaps = 0
+while time.monotonic() < end and not os.path.exists(stop):
+    os.rename(inbox, aside)
+    os.symlink(target, inbox)
+    os.rename(aside, inbox)
+    swaps += 1
+print(swaps)
+"""
+
+
+def _inbox_holding(directory: Path, name: str, text: str) -> Path:
+    with Inbox(directory, name) as box:
+        box.save(
+            Message(id=f"m-{name}", sender=Peer(id="s", name="a", host="h"), to=name, text=text)
+        )
+    return directory / f"{name}.sqlite"
+
+
+@pytest.fixture
+def group_inbox_dir(runtime_home: Path) -> Iterator[tuple[Path, Path, int]]:
+    """(the group runtime dir's inbox dir, a root-only dir outside it, the group's gid)."""
+    need_root()
+    runtime_home.chmod(0o755)
+    vault = runtime_home / "vault"
+    vault.mkdir(mode=0o700)
+    settings = settings_for(make_env(runtime_home / "shared", CROSSINTERCOM_GROUP=SHARED_GROUP))
+    ensure_runtime_dir(settings)
+    yield settings.inbox_dir, vault, grp.getgrnam(SHARED_GROUP).gr_gid
+
+
+def test_inbox_swapped_for_a_link_while_viewed_never_shows_the_link(
+    group_inbox_dir: tuple[Path, Path, int],
+) -> None:
+    """The overseer page and inbox search read each member's inbox: a member who keeps
+    swapping its own inbox for a link to another inbox (which the reader may read, the member
+    not) never has the reader show it, however the swaps fall between check and open."""
+    inbox_dir, vault, gid = group_inbox_dir
+    secret = _inbox_holding(vault, "victim", SECRET)
+    own = _inbox_holding(vault, "own", "the member's own mail")
+    mine = inbox_dir / "x.sqlite"
+    shutil.copyfile(own, mine)
+    shutil.chown(mine, MEMBER, SHARED_GROUP)
+    mine.chmod(0o660)
+    stop = vault.parent / "stop"
+    interpreter, env = python_for(MEMBER, {"PATH": "/usr/bin:/bin"})
+    argv = (str(mine), str(inbox_dir / ".x.aside"), str(secret), str(stop), "60")
+    attacker = spawn_as_user(MEMBER, *interpreter, "-c", SWAPPER, *argv, groups=(gid,), env=env)
+    shown: list[str] = []
+    try:
+        deadline = time.monotonic() + 20
+        reads = 0
+        while reads < 3000 and time.monotonic() < deadline and attacker.poll() is None:
+            reads += 1
+            try:
+                with Inbox.view(inbox_dir, "x") as seen:
+                    shown += [str(e.body) for e in seen.messages()]
+            except sqlite3.Error:
+                continue  # caught between two names: an error, not another file
+            if any(SECRET in s for s in shown):
+                break
+    finally:
+        stop.touch()
+        out, err = attacker.communicate(timeout=30)
+    assert attacker.returncode == 0, err
+    assert int(out) > 100, "the member's swaps must really have run alongside the reads"
+    assert not any(SECRET in s for s in shown)
+    assert any("the member's own mail" in s for s in shown)
+
+
+WRITER = """
+import sys
+from pathlib import Path
+from crossintercom.inbox import Inbox
+from crossintercom.models import Message, Peer
+with Inbox(Path(sys.argv[1]), "w", 0o660) as box:
+    for i in range(int(sys.argv[2])):
+        peer = Peer(id="s", name="a", host="h")
+        box.save(Message(id=f"m-{i}", sender=peer, to="w", text="x" * i))
+"""
+
+
+def test_a_members_inbox_read_while_it_writes_reads_whole_commits(
+    group_inbox_dir: tuple[Path, Path, int],
+) -> None:
+    """Another member's inbox is read through a private copy taken under SQLite's shared lock:
+    read while its owner keeps saving, every read succeeds and shows whole commits, in order."""
+    inbox_dir, _, gid = group_inbox_dir
+    for name in ("w.sqlite", "w.sqlite-journal"):  # the member's, in the runtime group
+        (inbox_dir / name).touch(mode=0o660)
+        shutil.chown(inbox_dir / name, MEMBER, SHARED_GROUP)
+    interpreter, env = python_for(MEMBER, {"PATH": "/usr/bin:/bin"})
+    writer = spawn_as_user(
+        MEMBER, *interpreter, "-c", WRITER, str(inbox_dir), "400", groups=(gid,), env=env
+    )
+    counts: list[int] = []
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and (writer.poll() is None or not counts):
+            with Inbox.view(inbox_dir, "w") as seen:
+                entries = seen.messages()
+            assert [e.body["id"] for e in entries] == [f"m-{i}" for i in range(len(entries))]
+            counts.append(len(entries))
+    finally:
+        _, err = writer.communicate(timeout=60)
+    assert writer.returncode == 0, err
+    assert counts == sorted(counts)
+    assert len(set(counts)) > 2, "the reads must have overlapped the writes"
+    with Inbox.view(inbox_dir, "w") as seen:
+        assert len(seen.messages()) == 400
