@@ -231,14 +231,16 @@ def claim_sqlite(path: Path, mode: int, gid: int | None, sides: tuple[str, ...] 
     SQLite would otherwise create later, following a link planted meanwhile; it reads an
     empty one as none), then check the others (``refuse_planted``). Returns True when the
     file was new (SQLite reads an empty file as an empty database)."""
-    fresh = _claim(path, mode, gid)
+    fresh = claim_file(path, mode, gid)
     for side in sides:
-        _claim(Path(f"{path}{side}"), mode, gid)
+        claim_file(Path(f"{path}{side}"), mode, gid)
     refuse_planted(path, gid)
     return fresh
 
 
-def _claim(path: Path, mode: int, gid: int | None) -> bool:
+def claim_file(path: Path, mode: int, gid: int | None) -> bool:
+    """Create ``path`` (exactly ``mode``) or find it through ``open_file``'s checks; True when
+    it was new."""
     try:
         fd = open_file(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, mode, gid=gid)
         fresh = True
@@ -251,6 +253,35 @@ def _claim(path: Path, mode: int, gid: int | None) -> bool:
     finally:
         os.close(fd)
     return fresh
+
+
+@contextlib.contextmanager
+def claimed_journals(db: Path, mode: int, gid: int | None) -> Iterator[None]:
+    """``claim_file`` for the journals SQLite creates when it opens ``db`` in WAL mode: the
+    WAL and, until the header says WAL, the journal of the switch (it reads an empty one as
+    none). Those that were new and are still empty are removed when what follows fails: a
+    refused open leaves the dir as it was."""
+    sides = ("-wal",) if _header(db, 18, 2) == b"\2\2" else ("-wal", "-journal")
+    fresh = [p for p in (Path(f"{db}{s}") for s in sides) if claim_file(p, mode, gid)]
+    try:
+        yield
+    except BaseException:
+        for path in fresh:
+            with contextlib.suppress(OSError):
+                if os.lstat(path).st_size == 0:
+                    os.unlink(path)
+        raise
+
+
+def _header(path: Path, offset: int, size: int) -> bytes:
+    """Bytes of a file's header, read without following a link (empty when unreadable)."""
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY | _NOFOLLOW)
+        try:
+            return os.pread(fd, size, offset)
+        finally:
+            os.close(fd)
+    return b""
 
 
 def _refused(path: Path, why: str) -> RuntimeDirError:

@@ -6,8 +6,12 @@ plants a link where a file is about to be created. No process opens another file
 from __future__ import annotations
 
 import grp
+import os
 import shutil
+import signal
 import sqlite3
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,10 +19,13 @@ from pathlib import Path
 import pytest
 
 from crossintercom.inbox import Inbox
+from crossintercom.local_broker.authority import DedupAuthority
 from crossintercom.models import Message, Peer
 from crossintercom.runtime import ensure_runtime_dir
+from crossintercom.testhooks import FAULTS_ENV
 from tests.conftest import make_env, settings_for
-from tests.unixuser import SHARED_GROUP, need_root, python_for, spawn_as_user
+from tests.soak import wait_for
+from tests.unixuser import SHARED_GROUP, as_nobody, need_root, python_for, spawn_as_user
 
 SECRET = "root-only secret 0123456789"
 MEMBER = "nobody"
@@ -101,6 +108,7 @@ WRITER = """
 import sys
 from pathlib import Path
 from crossintercom.inbox import Inbox
+from crossintercom.local_broker.authority import DedupAuthority
 from crossintercom.models import Message, Peer
 with Inbox(Path(sys.argv[1]), "w", 0o660) as box:
     for i in range(int(sys.argv[2])):
@@ -137,3 +145,51 @@ def test_a_members_inbox_read_while_it_writes_reads_whole_commits(
     assert len(set(counts)) > 2, "the reads must have overlapped the writes"
     with Inbox.view(inbox_dir, "w") as seen:
         assert len(seen.messages()) == 400
+
+
+OPEN_AUTHORITY = """
+import sys
+from pathlib import Path
+from crossintercom.local_broker.authority import DedupAuthority
+with DedupAuthority(Path(sys.argv[1])) as auth:
+    auth.reserve("m-1", b"payload")
+"""
+
+
+def _stopped(pid: int) -> bool:
+    return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] == "T"
+
+
+@pytest.mark.parametrize("side", ["-wal", "-journal"])
+def test_link_planted_as_an_authority_journal_while_it_opens_is_never_written(
+    group_inbox_dir: tuple[Path, Path, int], side: str
+) -> None:
+    """The dedup authority's WAL does not exist between broker runs, nor before its first open
+    the journal of its switch to WAL, and SQLite creates them on open: a member who links a
+    file of its own there once the broker has checked the dir would have the broker write its
+    dedup records into that file (and, after a crash, roll the member's back into the
+    database). The broker makes them its own before the check, so the link cannot be made."""
+    inbox_dir, _, gid = group_inbox_dir
+    home = inbox_dir.parent
+    if side == "-wal":
+        DedupAuthority(home).close()  # in WAL mode from now on
+    wal = home / (DedupAuthority.FILE + side)
+    assert not os.path.lexists(wal)
+    bait = home / "bait"
+    as_nobody("sh", "-c", f"echo bait > {bait}", groups=(gid,))
+    opener = subprocess.Popen(
+        [sys.executable, "-c", OPEN_AUTHORITY, str(home)],
+        env={**os.environ, FAULTS_ENV: "stop:authority.claimed"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_for(lambda: _stopped(opener.pid), 30, "the broker stopped between check and open")
+        as_nobody("ln", str(bait), str(wal), groups=(gid,))
+    finally:
+        opener.send_signal(signal.SIGCONT)
+        _, err = opener.communicate(timeout=60)
+    assert bait.read_bytes() == b"bait\n"
+    assert opener.returncode == 0, err
+    assert not os.path.lexists(wal) or os.lstat(wal).st_ino != bait.stat().st_ino
