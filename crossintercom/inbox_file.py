@@ -22,7 +22,8 @@ import tenacity
 
 from crossintercom.config import synchronous_pragma
 from crossintercom.errors import RuntimeDirError
-from crossintercom.runtime import claim_sqlite, open_file, refuse_planted, set_mode
+from crossintercom.runtime import open_file, refuse_planted, set_mode
+from crossintercom.runtime_sqlite import connect_claimed
 
 log = logging.getLogger(__name__)
 
@@ -228,8 +229,9 @@ def open_writable(path: Path, file_mode: int, synchronous: str) -> sqlite3.Conne
     # Created (or checked) before SQLite opens it, with the journal it will use: SQLite follows
     # a symlink a member of a group runtime dir planted (docs/operations.md).
     gid = path.parent.stat().st_gid if file_mode & 0o060 else None
-    fresh = claim_sqlite(path, file_mode, gid, ("-journal",))
-    db = sqlite3.connect(path, timeout=30.0, isolation_level=None)
+    db, fresh = connect_claimed(
+        path, file_mode, gid, ("-journal",), timeout=30.0, isolation_level=None
+    )
     try:
         if not fresh:
             tighten(path, file_mode)

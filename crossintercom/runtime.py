@@ -171,14 +171,14 @@ def open_file(path: Path, flags: int, mode: int = 0o600, *, gid: int | None = No
             raise _refused(path, "it is a symlink") from None
         raise
     try:
-        _check_plain(path, os.fstat(fd), gid)
+        check_plain(path, os.fstat(fd), gid)
     except BaseException:
         os.close(fd)
         raise
     return fd
 
 
-def _check_plain(path: Path, st: os.stat_result, gid: int | None) -> None:
+def check_plain(path: Path, st: os.stat_result, gid: int | None) -> None:
     """Refuse what is not a plain file of this user's (or of the runtime group)."""
     _check_node(path, st, stat.S_ISREG(st.st_mode), "a regular file")
     if st.st_uid != os.geteuid() and (gid is None or st.st_gid != gid):
@@ -221,7 +221,7 @@ def refuse_planted(path: Path, gid: int | None) -> None:
             st = candidate.lstat()
         except FileNotFoundError:
             continue
-        _check_plain(candidate, st, gid)
+        check_plain(candidate, st, gid)
 
 
 def claim_sqlite(path: Path, mode: int, gid: int | None, sides: tuple[str, ...] = ()) -> bool:

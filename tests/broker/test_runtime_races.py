@@ -15,11 +15,14 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from crossintercom.errors import RuntimeDirError
 from crossintercom.inbox import Inbox
 from crossintercom.local_broker.authority import DedupAuthority
+from crossintercom.local_broker.state import BrokerState
 from crossintercom.models import Message, Peer
 from crossintercom.runtime import ensure_runtime_dir
 from crossintercom.testhooks import FAULTS_ENV
@@ -107,8 +110,10 @@ def test_inbox_swapped_for_a_link_while_viewed_never_shows_the_link(
 WRITER = """
 import sys
 from pathlib import Path
+from crossintercom.errors import RuntimeDirError
 from crossintercom.inbox import Inbox
 from crossintercom.local_broker.authority import DedupAuthority
+from crossintercom.local_broker.state import BrokerState
 from crossintercom.models import Message, Peer
 with Inbox(Path(sys.argv[1]), "w", 0o660) as box:
     for i in range(int(sys.argv[2])):
@@ -151,6 +156,7 @@ OPEN_AUTHORITY = """
 import sys
 from pathlib import Path
 from crossintercom.local_broker.authority import DedupAuthority
+from crossintercom.local_broker.state import BrokerState
 with DedupAuthority(Path(sys.argv[1])) as auth:
     auth.reserve("m-1", b"payload")
 """
@@ -193,3 +199,40 @@ def test_link_planted_as_an_authority_journal_while_it_opens_is_never_written(
     assert bait.read_bytes() == b"bait\n"
     assert opener.returncode == 0, err
     assert not os.path.lexists(wal) or os.lstat(wal).st_ino != bait.stat().st_ino
+
+
+@pytest.mark.parametrize("name", ["broker.sqlite", "inbox/x.sqlite"])
+def test_members_sqlite_file_swapped_for_a_link_as_it_is_opened_is_not_followed(
+    group_inbox_dir: tuple[Path, Path, int], monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    """broker.sqlite (whichever member ran the broker last) and an inbox may be another
+    member's file, which it may replace in the sticky dir: swapped for a link right after the
+    checks, just as SQLite opens it by name, the link is never written through."""
+    inbox_dir, vault, gid = group_inbox_dir
+    home = inbox_dir.parent
+    victim = vault / "victim"
+    victim.touch(mode=0o600)
+    target = home / name
+    for side in ("", "-wal", "-shm", "-journal"):
+        (path := Path(f"{target}{side}")).touch(mode=0o660)
+        shutil.chown(path, MEMBER, SHARED_GROUP)
+    real = sqlite3.connect
+    swaps: list[str] = []
+
+    def swap_then_connect(*args: Any, **kwargs: Any) -> sqlite3.Connection:
+        if not swaps:  # the member's move, once the checks are done
+            swaps.append(name)
+            aside = f"{target}.aside"
+            as_nobody("sh", "-c", f"mv {target} {aside} && ln -s {victim} {target}", groups=(gid,))
+        connection: sqlite3.Connection = real(*args, **kwargs)
+        return connection
+
+    monkeypatch.setattr(sqlite3, "connect", swap_then_connect)
+    with pytest.raises(RuntimeDirError, match="replaced while being opened"):
+        if name == "broker.sqlite":
+            BrokerState(home, 0o660)
+        else:
+            Inbox(inbox_dir, "x", 0o660)
+    assert swaps
+    assert victim.read_bytes() == b""
+    assert sorted(p.name for p in vault.iterdir()) == ["victim"]
