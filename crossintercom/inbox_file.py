@@ -22,7 +22,7 @@ import tenacity
 
 from crossintercom.config import synchronous_pragma
 from crossintercom.errors import RuntimeDirError
-from crossintercom.runtime import open_file, refuse_planted, set_mode
+from crossintercom.runtime import check_plain, open_file, refuse_planted, set_mode
 from crossintercom.runtime_sqlite import connect_claimed
 
 log = logging.getLogger(__name__)
@@ -75,29 +75,27 @@ def _connect_pinned(path: Path) -> sqlite3.Connection | None:
     st = path.parent.stat()
     gid = st.st_gid if st.st_mode & 0o070 else None
     try:
-        fd = open_file(path, os.O_RDONLY, gid=gid)
+        # O_PATH: closing it never drops a lock this process holds on the file through SQLite.
+        pin = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
     except FileNotFoundError:
         return None
+    try:
+        found = os.fstat(pin)
+        check_plain(path, found, gid)
+        if found.st_uid == os.geteuid() and (st.st_mode & stat.S_ISVTX or not st.st_mode & 0o022):
+            # Nobody but us (or the dir's owner) can replace our file here: read it in place.
+            refuse_planted(path, gid)
+            return sqlite3.connect(f"{path.absolute().as_uri()}?mode=ro", uri=True, timeout=30.0)
+        fd = os.open(f"/proc/self/fd/{pin}", os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            return _private_copy(path, fd, gid)
+        finally:
+            os.close(fd)
     except RuntimeDirError as exc:
         log.warning("inbox file refused", extra={"path": str(path), "why": str(exc)})
         return None
-    try:
-        mine = os.fstat(fd).st_uid == os.geteuid()
-        if mine and (st.st_mode & stat.S_ISVTX or not st.st_mode & 0o022):
-            # Nobody but us (or the dir's owner) can replace our file here: read it in place.
-            try:
-                refuse_planted(path, gid)
-            except RuntimeDirError as exc:
-                log.warning("inbox file refused", extra={"path": str(path), "why": str(exc)})
-                return None
-            return sqlite3.connect(f"{path.absolute().as_uri()}?mode=ro", uri=True, timeout=30.0)
-        try:
-            return _private_copy(path, fd, gid)
-        except RuntimeDirError as exc:  # a journal planted beside it
-            log.warning("inbox file refused", extra={"path": str(path), "why": str(exc)})
-            return None
     finally:
-        os.close(fd)
+        os.close(pin)
 
 
 # SQLite's lock bytes (its file format's "locking" section): readers hold a shared lock on
