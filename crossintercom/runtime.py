@@ -239,8 +239,9 @@ def claim_sqlite(path: Path, mode: int, gid: int | None, sides: tuple[str, ...] 
 
 
 def claim_file(path: Path, mode: int, gid: int | None) -> bool:
-    """Create ``path`` (exactly ``mode``) or find it through ``open_file``'s checks; True when
-    it was new."""
+    """Create ``path`` (exactly ``mode``, in group ``gid``: the sticky dir does not pass its
+    group on, and the other members accept only the runtime group's files) or find it through
+    ``open_file``'s checks; True when it was new."""
     try:
         fd = open_file(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, mode, gid=gid)
         fresh = True
@@ -249,6 +250,8 @@ def claim_file(path: Path, mode: int, gid: int | None) -> bool:
         fresh = False
     try:
         if fresh:
+            if gid is not None:
+                os.fchown(fd, -1, gid)
             os.fchmod(fd, mode)  # exactly, whatever the umask
     finally:
         os.close(fd)
