@@ -39,7 +39,9 @@ def connect_claimed(
     finally:
         os.close(pin)
     named = db.execute("PRAGMA database_list").fetchone()[2]
-    if named != str(path.absolute()) or not _holds(set(os.listdir(_FDS)) - before, st):
+    # SQLite names the file with every link resolved: the dir's own (say, a linked home) too.
+    asked = os.path.join(os.path.realpath(path.parent), path.name)
+    if named != asked or not _opened(before, st):
         db.close()
         raise RuntimeDirError(
             f"refusing to open {path}: it was replaced while being opened (planted in the "
@@ -49,13 +51,23 @@ def connect_claimed(
     return db, fresh
 
 
-def _holds(fds: set[str], st: os.stat_result) -> bool:
-    """One of ``fds`` (those SQLite opened) is the file ``st`` describes."""
+def _opened(before: set[str], st: os.stat_result) -> bool:
+    """SQLite, connecting, opened the file ``st`` describes: a descriptor new since ``before``
+    holds it or, when no regular file was opened (SQLite reuses a descriptor it keeps for a
+    file this process still has locked), one already open does."""
+    after = _regular_fds(set(os.listdir(_FDS)))
+    new = {fd: ids for fd, ids in after.items() if fd not in before}
+    held = (st.st_dev, st.st_ino)
+    return held in new.values() or (not new and held in after.values())
+
+
+def _regular_fds(fds: set[str]) -> dict[str, tuple[int, int]]:
+    found = {}
     for fd in fds:
         try:
             got = os.stat(f"{_FDS}/{fd}")
         except OSError:
             continue
-        if stat.S_ISREG(got.st_mode) and (got.st_dev, got.st_ino) == (st.st_dev, st.st_ino):
-            return True
-    return False
+        if stat.S_ISREG(got.st_mode):
+            found[fd] = (got.st_dev, got.st_ino)
+    return found
