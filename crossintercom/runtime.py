@@ -171,14 +171,14 @@ def open_file(path: Path, flags: int, mode: int = 0o600, *, gid: int | None = No
             raise _refused(path, "it is a symlink") from None
         raise
     try:
-        _check_plain(path, os.fstat(fd), gid)
+        check_plain(path, os.fstat(fd), gid)
     except BaseException:
         os.close(fd)
         raise
     return fd
 
 
-def _check_plain(path: Path, st: os.stat_result, gid: int | None) -> None:
+def check_plain(path: Path, st: os.stat_result, gid: int | None) -> None:
     """Refuse what is not a plain file of this user's (or of the runtime group)."""
     _check_node(path, st, stat.S_ISREG(st.st_mode), "a regular file")
     if st.st_uid != os.geteuid() and (gid is None or st.st_gid != gid):
@@ -221,7 +221,7 @@ def refuse_planted(path: Path, gid: int | None) -> None:
             st = candidate.lstat()
         except FileNotFoundError:
             continue
-        _check_plain(candidate, st, gid)
+        check_plain(candidate, st, gid)
 
 
 def claim_sqlite(path: Path, mode: int, gid: int | None, sides: tuple[str, ...] = ()) -> bool:
@@ -231,14 +231,17 @@ def claim_sqlite(path: Path, mode: int, gid: int | None, sides: tuple[str, ...] 
     SQLite would otherwise create later, following a link planted meanwhile; it reads an
     empty one as none), then check the others (``refuse_planted``). Returns True when the
     file was new (SQLite reads an empty file as an empty database)."""
-    fresh = _claim(path, mode, gid)
+    fresh = claim_file(path, mode, gid)
     for side in sides:
-        _claim(Path(f"{path}{side}"), mode, gid)
+        claim_file(Path(f"{path}{side}"), mode, gid)
     refuse_planted(path, gid)
     return fresh
 
 
-def _claim(path: Path, mode: int, gid: int | None) -> bool:
+def claim_file(path: Path, mode: int, gid: int | None) -> bool:
+    """Create ``path`` (exactly ``mode``, in group ``gid``: the sticky dir does not pass its
+    group on, and the other members accept only the runtime group's files) or find it through
+    ``open_file``'s checks; True when it was new."""
     try:
         fd = open_file(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, mode, gid=gid)
         fresh = True
@@ -247,10 +250,41 @@ def _claim(path: Path, mode: int, gid: int | None) -> bool:
         fresh = False
     try:
         if fresh:
+            if gid is not None:
+                os.fchown(fd, -1, gid)
             os.fchmod(fd, mode)  # exactly, whatever the umask
     finally:
         os.close(fd)
     return fresh
+
+
+@contextlib.contextmanager
+def claimed_journals(db: Path, mode: int, gid: int | None) -> Iterator[None]:
+    """``claim_file`` for the journals SQLite creates when it opens ``db`` in WAL mode: the
+    WAL and, until the header says WAL, the journal of the switch (it reads an empty one as
+    none). Those that were new and are still empty are removed when what follows fails: a
+    refused open leaves the dir as it was."""
+    sides = ("-wal",) if _header(db, 18, 2) == b"\2\2" else ("-wal", "-journal")
+    fresh = [p for p in (Path(f"{db}{s}") for s in sides) if claim_file(p, mode, gid)]
+    try:
+        yield
+    except BaseException:
+        for path in fresh:
+            with contextlib.suppress(OSError):
+                if os.lstat(path).st_size == 0:
+                    os.unlink(path)
+        raise
+
+
+def _header(path: Path, offset: int, size: int) -> bytes:
+    """Bytes of a file's header, read without following a link (empty when unreadable)."""
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY | _NOFOLLOW)
+        try:
+            return os.pread(fd, size, offset)
+        finally:
+            os.close(fd)
+    return b""
 
 
 def _refused(path: Path, why: str) -> RuntimeDirError:

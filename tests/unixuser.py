@@ -42,19 +42,8 @@ def as_user(
     timeout: float = 30,
 ) -> subprocess.CompletedProcess[str]:
     """``argv`` run as ``user`` (its own group, plus ``groups``), no capabilities."""
-    entry = pwd.getpwnam(user)
-    group_opt = ["--groups", ",".join(map(str, groups))] if groups else ["--clear-groups"]
-    cmd = [
-        "setpriv",
-        f"--reuid={entry.pw_uid}",
-        f"--regid={entry.pw_gid}",
-        *group_opt,
-        "--inh-caps=-all",
-        "--",
-        *argv,
-    ]
     return subprocess.run(
-        cmd,
+        _setpriv(user, groups, argv),
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -93,3 +82,25 @@ def open_dir(path: Path) -> Path:
             break
         part.chmod(part.stat().st_mode | 0o711)
     return path
+
+
+def spawn_as_user(
+    user: str, *argv: str, groups: tuple[int, ...] = (), env: dict[str, str] | None = None
+) -> subprocess.Popen[str]:
+    """``argv`` started as ``user`` like ``as_user``, left running (an attacker that keeps at
+    it while the test's own process works)."""
+    return subprocess.Popen(
+        _setpriv(user, groups, argv),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+
+
+def _setpriv(user: str, groups: tuple[int, ...], argv: tuple[str, ...]) -> list[str]:
+    entry = pwd.getpwnam(user)
+    group_opt = ["--groups", ",".join(map(str, groups))] if groups else ["--clear-groups"]
+    ids = [f"--reuid={entry.pw_uid}", f"--regid={entry.pw_gid}"]
+    return ["setpriv", *ids, *group_opt, "--inh-caps=-all", "--", *argv]

@@ -37,7 +37,8 @@ from typing import Any, NamedTuple
 from urllib.parse import quote
 
 from crossintercom.errors import AuthorityError
-from crossintercom.runtime import bound_wal, refuse_planted, set_mode
+from crossintercom.runtime import bound_wal, claimed_journals, refuse_planted, set_mode
+from crossintercom.testhooks import stop_at
 
 # Logs under the authority's name: operators see one component, not how its code is laid out.
 log = logging.getLogger("crossintercom.local_broker.authority")
@@ -135,7 +136,10 @@ def open_files(
         raise corrupt(key_path, f"is missing but {DB_FILE} exists")
     else:
         key = _read_key(key_path, mode)
-    conn, records = _open_db(db_path, key_path, key, mode=mode, ttl=ttl, wall=wall, clock=clock)
+    # The WAL SQLite creates on open, and the journal of the switch to WAL, are ours first
+    # (docs/operations.md); no -shm: in exclusive locking mode that index stays in memory.
+    with claimed_journals(db_path, mode, None):
+        conn, records = _open_db(db_path, key_path, key, mode=mode, ttl=ttl, wall=wall, clock=clock)
     return key, conn, records
 
 
@@ -261,6 +265,7 @@ def _open_db(
 ) -> tuple[sqlite3.Connection, list[StoredRecord]]:
     st = _check_owned_regular(path)
     refuse_planted(path, None)  # and its -wal / -shm: SQLite would follow a planted link
+    stop_at("authority.claimed")  # the race tests' moment: checked, not yet opened by SQLite
     perms = stat.S_IMODE(st.st_mode)
     if perms & ~mode:
         # Holds no secrets (only keyed digests), so tightening is enough.

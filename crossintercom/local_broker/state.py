@@ -9,7 +9,6 @@ which is the failure model the delivery contract is written for; no fsync per me
 from __future__ import annotations
 
 import json
-import sqlite3
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -17,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from crossintercom.config import synchronous_pragma
-from crossintercom.runtime import WAL_MAX_BYTES, bound_wal, claim_sqlite, truncate_wal
+from crossintercom.runtime import WAL_MAX_BYTES, bound_wal, truncate_wal
+from crossintercom.runtime_sqlite import connect_claimed
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS known_sessions (
@@ -120,8 +120,9 @@ class BrokerState:
     ) -> None:
         path = home / self.FILE
         gid = home.stat().st_gid if file_mode & 0o060 else None
-        claim_sqlite(path, file_mode, gid, ("-wal", "-shm"))
-        self._db = sqlite3.connect(path, isolation_level=None, timeout=30.0)
+        self._db, _ = connect_claimed(
+            path, file_mode, gid, ("-wal", "-shm"), isolation_level=None, timeout=30.0
+        )
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute(synchronous_pragma(synchronous))
         bound_wal(self._db, wal_max_bytes)
