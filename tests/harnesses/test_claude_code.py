@@ -50,11 +50,12 @@ WAIT_TOOL = "WaitForMcpServers"
 class Session:
     """A stream-json Claude Code session: user turns in on stdin, events out on stdout."""
 
-    def __init__(self, kit: kits.Kit) -> None:
+    def __init__(self, kit: kits.Kit, *extra: str) -> None:
         self.events: queue.Queue[dict[str, Any]] = queue.Queue()
         proc = kit.start(
             *("-p", "--input-format", "stream-json", "--output-format", "stream-json"),
             "--verbose",
+            *extra,
             stdin=subprocess.PIPE,
         )
         self.running = Running(proc, self._line)
@@ -82,6 +83,11 @@ class Session:
                 continue
             if event.get("type") == "result":
                 return event
+
+    def end(self, how: signal.Signals) -> None:
+        """Send Claude Code ``how`` and wait for it to exit."""
+        self.running.proc.send_signal(how)
+        self.running.proc.wait(15)
 
     def close_input(self) -> None:
         stdin = self.running.proc.stdin
@@ -170,8 +176,7 @@ def test_children_end_with_claude_code(
         )
         # Either child may still be starting (Python's imports) when Claude Code goes: the
         # lifeline covers that too (docs/agents.md#lifeline).
-        session.running.proc.send_signal(how)
-        session.running.proc.wait(15)
+        session.end(how)
         children_gone(harness_env, timeout=10)
     finally:
         session.running.stop()
@@ -181,12 +186,15 @@ def test_one_shot_exits_promptly_with_mail_pending(
     kit: kits.Kit, mock_model: MockModel, harness_env: HarnessEnv
 ) -> None:
     joins(kit, WORKER)
-    peer_send(kit, f"pending {uuid.uuid4().hex[:8]}")
+    token = f"pending {uuid.uuid4().hex[:8]}"
+    peer_send(kit, token)
     started = time.monotonic()
     done = kit.run("hello")
     took = time.monotonic() - started
     assert done.returncode == 0, (done.stdout, done.stderr)
     assert took < 60, f"claude -p took {took:.1f}s"
-    # the hook returned at once and showed nothing: the mail waits for the next look
-    assert len(pending_for_worker(kit)) == 1
+    # the Stop hook returned at once; the socket child hands the mail into the run (2.1.332
+    # takes it as one more step before exiting) or it waits unseen for the next look
     children_gone(harness_env, timeout=10)
+    seen = any(token in r.all_text() for r in mock_model.model_requests())
+    assert seen != bool(pending_for_worker(kit))
