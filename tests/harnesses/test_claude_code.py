@@ -113,6 +113,13 @@ def sends_when_asked(prompt: str, token: str) -> Any:
     return script
 
 
+def without_socket_hook(kit: kits.Kit) -> None:
+    path = kit.cwd / ".claude" / "settings.local.json"
+    settings = json.loads(path.read_text())
+    del settings["hooks"]["SessionStart"]
+    path.write_text(json.dumps(settings))
+
+
 @pytest.fixture
 def kit(mock_model: MockModel, harness_env: HarnessEnv) -> Iterator[kits.Kit]:
     kit = kits.make("claude", mock_model, harness_env)
@@ -127,6 +134,9 @@ def kit(mock_model: MockModel, harness_env: HarnessEnv) -> Iterator[kits.Kit]:
 def test_session_sends_is_woken_framed_and_exits_promptly(
     kit: kits.Kit, mock_model: MockModel, harness_env: HarnessEnv
 ) -> None:
+    # The Stop hook alone, as where the messaging socket is absent (test_claude_socket.py
+    # covers the socket, which would otherwise be first to show idle mail too).
+    without_socket_hook(kit)
     token, prompt = uuid.uuid4().hex[:12], f"send the planner a hello {uuid.uuid4().hex[:6]}"
     mock_model.responder = sends_when_asked(prompt, token)
     session = Session(kit)
