@@ -18,7 +18,9 @@ Without the socket, or when it refuses a connection or a write, the child ends a
 from __future__ import annotations
 
 import json
+import os
 import socket
+import stat
 import subprocess
 import sys
 from collections.abc import Callable
@@ -39,9 +41,14 @@ FOREVER_S = 365 * 86400.0
 
 
 def target(environ: dict[str, str]) -> tuple[str, str] | None:
-    """(socket path, token) when Claude Code exported its messaging socket, else None."""
+    """(socket path, token) when Claude Code exported its messaging socket and it is there,
+    else None."""
     path, token = environ.get(ENV_SOCKET, ""), environ.get(ENV_TOKEN, "")
-    return (path, token) if path and token else None
+    try:
+        there = stat.S_ISSOCK(os.stat(path).st_mode) if path else False
+    except OSError:
+        there = False
+    return (path, token) if there and token else None
 
 
 def deliver(path: str, token: str, text: str, timeout: float = SEND_TIMEOUT_S) -> None:

@@ -135,8 +135,23 @@ def test_a_refusing_socket_leaves_the_mail_for_the_stop_hook(
         fake.close()
 
 
-def test_no_socket_or_no_harness_pid_starts_nothing(cli_env: dict[str, str]) -> None:
-    out = run_cli(cli_env, "wait", "--as", "w", "--format", "claude-socket")
-    assert out.returncode == 0
+def test_no_socket_or_no_harness_pid_starts_nothing(
+    cli_env: dict[str, str], tmp_path: Path, harness: subprocess.Popen[bytes]
+) -> None:
+    fake = FakeSocket(tmp_path / "cc.sock")
     home = Path(cli_env["CROSSINTERCOM_HOME"])
-    assert not socket_children(home)
+    try:
+        for extra in (
+            {},  # outside Claude Code
+            {"CLAUDE_CODE_MESSAGING_SOCKET": str(fake.path), "CLAUDE_CODE_MESSAGING_TOKEN": "t"},
+            {  # the socket is gone
+                "CLAUDE_CODE_MESSAGING_SOCKET": str(tmp_path / "gone.sock"),
+                "CLAUDE_CODE_MESSAGING_TOKEN": "t",
+                "CLAUDE_PID": str(harness.pid),
+            },
+        ):
+            out = run_cli({**cli_env, **extra}, "wait", "--as", "w", "--format", "claude-socket")
+            assert out.returncode == 0, out
+            assert not socket_children(home)
+    finally:
+        fake.close()
