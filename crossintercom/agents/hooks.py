@@ -36,7 +36,8 @@ from crossintercom.agents import lifeline
 from crossintercom.agents.mail import render_mail
 from crossintercom.inbox import Entry
 
-FORMATS = ("json", "text", "claude-hook", "codex-hook")
+# claude-socket: a SessionStart hook that starts the messaging-socket child (claude_socket.py).
+FORMATS = ("json", "text", "claude-hook", "codex-hook", "claude-socket")
 HOOK_FORMATS = ("claude-hook", "codex-hook")
 EXIT_MAIL = 0
 EXIT_TIMEOUT = 6

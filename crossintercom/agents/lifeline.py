@@ -148,9 +148,12 @@ class Lifeline:
         end: Callable[[], None] | None = None,
         *,
         watch_input: bool = False,
+        detached: bool = False,
     ) -> None:
         self.harness = harness
         self.watch_input = watch_input
+        # Started detached by a hook that returned at once: the parent is gone by design.
+        self.detached = detached
         self.parent = os.getppid()
         st = _stat(harness) if harness else None
         self._start = st[2] if st else None
@@ -159,7 +162,7 @@ class Lifeline:
 
     def gone(self) -> bool:
         """The harness or our direct parent ended (a reused pid counts as ended)."""
-        if os.getppid() != self.parent:
+        if not self.detached and os.getppid() != self.parent:
             return True
         if self.harness is None:
             return False
@@ -197,6 +200,10 @@ class Lifeline:
                 os.close(fd)
 
     def start(self) -> Lifeline:
+        if self.detached:
+            self.check()
+            threading.Thread(target=self._watch, name="crossintercom-lifeline", daemon=True).start()
+            return self
         if self.parent <= 1:
             return self  # started by init or a subreaper on purpose: nothing to outlive
         with contextlib.suppress(ValueError):  # not the main thread: the watch still runs
@@ -231,7 +238,11 @@ def _terminate() -> None:
 
 
 def install(
-    environ: dict[str, str] | None = None, *, watch_input: bool = False, hook: bool = False
+    environ: dict[str, str] | None = None,
+    *,
+    watch_input: bool = False,
+    hook: bool = False,
+    detached: bool = False,
 ) -> Lifeline | None:
     """Tie this process's life to its harness's; None when disabled.
 
@@ -239,7 +250,9 @@ def install(
     that reads a stream, as Claude Code's ``--input-format stream-json``, whose input ended:
     it is about to exit, but may first wait for this process). ``hook``: this is a harness's
     hook, never a container's or a service's main process, so being init's child means the
-    harness is gone.
+    harness is gone. ``detached``: a hook started this process detached and returned at once
+    (Claude Code's messaging-socket child): only the harness named in
+    ``CROSSINTERCOM_HARNESS_PID`` is watched, and without one the process ends at once.
     """
     environ = dict(os.environ) if environ is None else environ
     if environ.get(ENV_LIFELINE, "").lower() in ("off", "0", "no"):
@@ -250,6 +263,11 @@ def install(
         # as its host quits): we may already be init's child, so there is nothing left to watch.
         _terminate()
         return None
+    if detached:
+        if not (named.isdigit() and int(named) > 1):
+            _terminate()
+            return None
+        return Lifeline(int(named), detached=True).start()
     # A hook that is init's child, or whose shell is, lost its harness before it could note it
     # (in its first tenth of a second). An MCP server may be run by a container's init
     # (`docker run --init`), through a shell or not: it has the end of its stdin instead.

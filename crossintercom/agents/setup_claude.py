@@ -1,5 +1,6 @@
 """Claude Code: the MCP entry ``mcpServers.crossintercom`` in ``DIR/.mcp.json``; the Stop hook
-(``asyncRewake``), ``enabledMcpjsonServers`` and the permission rule ``mcp__crossintercom``
+(``asyncRewake``), the SessionStart hook that delivers through the messaging socket,
+``enabledMcpjsonServers`` and the permission rule ``mcp__crossintercom``
 (every tool of the server, unless ``--no-allow``) in ``DIR/.claude/settings.local.json``, where
 ``DIR`` is the project directory (docs/agents.md#claude-code).
 """
@@ -36,6 +37,13 @@ def claude_code(agent: Agent, project: Path) -> list[Change]:
             "timeout": CLAUDE_WAIT_S + 60,
         }
         stop_hooks(data, "claude-hook", hook)
+        # Returns at once, leaving the delivery child behind (docs/agents.md#claude-code).
+        start = {
+            "type": "command",
+            "command": agent.shell("wait", "--as", agent.name, "--format", "claude-socket"),
+            "timeout": 30,
+        }
+        stop_hooks(data, "claude-socket", start, event="SessionStart")
         enabled = data.setdefault("enabledMcpjsonServers", [])
         if SERVER_KEY not in enabled:
             enabled.append(SERVER_KEY)

@@ -120,12 +120,13 @@ def json_change(path: Path, edit: Callable[[dict[str, Any]], None]) -> Change:
     return Change(path, before, json.dumps(data, indent=2, ensure_ascii=False) + "\n")
 
 
-def stop_hooks(data: dict[str, Any], fmt: str, hook: dict[str, Any]) -> None:
-    """Replace crossintercom's Stop hook in a Claude Code / Codex hooks object, keep the rest."""
+def stop_hooks(data: dict[str, Any], fmt: str, hook: dict[str, Any], event: str = "Stop") -> None:
+    """Replace crossintercom's hook for ``event`` (Stop, SessionStart) in a Claude Code / Codex
+    hooks object, keep the rest."""
     hooks = data.setdefault("hooks", {})
     if not isinstance(hooks, dict):
         raise UsageError('"hooks" is not an object; setup leaves the file alone')
-    groups = [g for g in hooks.get("Stop", []) if isinstance(g, dict)]
+    groups = [g for g in hooks.get(event, []) if isinstance(g, dict)]
     kept = []
     for group in groups:
         inner = group.get("hooks", [])
@@ -135,7 +136,7 @@ def stop_hooks(data: dict[str, Any], fmt: str, hook: dict[str, Any]) -> None:
                 kept.append({**group, "hooks": others})
         else:
             kept.append(group)
-    hooks["Stop"] = [*kept, {"hooks": [hook]}]
+    hooks[event] = [*kept, {"hooks": [hook]}]
 
 
 def apply(changes: list[Change]) -> None:

@@ -42,13 +42,15 @@ def _holder_is_waiter(pid: int) -> bool:
 
 
 @contextlib.contextmanager
-def waiter_lock(settings: Settings, session_id: str, *, replace: bool) -> Iterator[None]:
+def waiter_lock(
+    settings: Settings, session_id: str, *, replace: bool, lock: str = "wait"
+) -> Iterator[None]:
     """Hold NAME's wait lock; with ``replace``, ask the waiter holding it to step aside.
 
     The lock file holds the holder's pid (cleared before release), so a newer hook waiter can
     take over from one started at an earlier Stop (docs/agents.md#wait).
     """
-    path = agents_dir(settings) / f"{session_id}.wait.lock"
+    path = agents_dir(settings) / f"{session_id}.{lock}.lock"
     fd = open_file(path, os.O_RDWR | os.O_CREAT, modes(settings)[1], gid=group_gid(settings))
     secure_file(settings, path)
     try:
@@ -103,19 +105,22 @@ async def wait_for_mail(
     timeout: float,
     quiet: float = DEFAULT_QUIET_S,
     replace: bool = False,
+    lock: str = "wait",
 ) -> list[Entry]:
     """Wait up to ``timeout`` seconds for unseen mail; hand it to ``write``; [] on timeout.
 
-    SIGTERM (a newer waiter taking over, or the harness ending the hook) ends the wait quietly
-    with nothing shown: the signal is handled between steps, so a hand-over already writing
-    completes first, and unshown mail stays for the next surface.
+    ``lock`` names the lock held while waiting: ``wait`` (one waiter per name), or ``socket``
+    for the Claude Code messaging-socket child, which waits beside the Stop hook (the show lock
+    keeps each message shown once). SIGTERM (a newer waiter taking over, or the harness ending
+    the hook) ends the wait quietly with nothing shown: the signal is handled between steps, so
+    a hand-over already writing completes first, and unshown mail stays for the next surface.
     """
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     try:
-        with waiter_lock(settings, identity.id, replace=replace):
+        with waiter_lock(settings, identity.id, replace=replace, lock=lock):
             async with AgentSession(settings, identity) as session:
                 deadline = loop.time() + timeout
 

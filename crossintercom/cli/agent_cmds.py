@@ -47,7 +47,8 @@ MAX_WAIT_S = 86400.0
     type=click.Choice(FORMATS),
     help="text (default): framed messages on stdout; json: a JSON array; claude-hook: exit 2 "
     "with the messages on stderr (Claude Code asyncRewake Stop hook); codex-hook: "
-    '{"decision": "block", "reason": ...} on stdout (Codex Stop hook).',
+    '{"decision": "block", "reason": ...} on stdout (Codex Stop hook); claude-socket: '
+    "Claude Code SessionStart hook that delivers through the session's messaging socket.",
 )
 @click.option(
     "--settle",
@@ -78,6 +79,8 @@ def wait(
     from crossintercom.agents.waiter import wait_for_mail
 
     fmt = fmt or ("json" if as_json else "text")
+    if fmt == "claude-socket":
+        _claude_socket(as_name, session_id, settle)
     # A Claude Code session that reads a stream ends when its input ends: so does its hook.
     lifeline.install(watch_input=fmt == "claude-hook", hook=fmt in HOOK_FORMATS)
     if fmt == "json":
@@ -101,6 +104,27 @@ def wait(
     except Busy as exc:
         sys.exit(busy_exit(fmt, exc.message, as_json))
     sys.exit(exit_code(fmt, bool(got)))
+
+
+def _claude_socket(as_name: str, session_id: str | None, settle: float) -> None:
+    """The SessionStart hook starts the delivery child and returns at once; the child delivers
+    until Claude Code ends or the socket refuses (docs/agents.md#claude-code)."""
+    import os
+
+    from crossintercom.agents import claude_socket, lifeline
+
+    environ = dict(os.environ)
+    if not environ.get(claude_socket.ENV_CHILD):
+        claude_socket.start_child(environ)
+        sys.exit(0)
+    lifeline.install(detached=True)
+    found = claude_socket.target(environ)
+    if found is None:
+        sys.exit(0)
+    cfg = settings()
+    ident = Identity.named(cfg, as_name, session_id)
+    asyncio.run(claude_socket.deliver_all(cfg, ident, *found, quiet=settle))
+    sys.exit(0)
 
 
 @click.command()

@@ -63,6 +63,10 @@ def test_print_shows_a_working_config_and_writes_nothing(
     assert cmd["asyncRewake"] is True and cmd["type"] == "command"
     assert "crossintercom wait --as worker --format claude-hook" in cmd["command"]
     assert cmd["timeout"] > 3600
+    (start,) = files["settings.local.json"]["hooks"]["SessionStart"]
+    (cmd,) = start["hooks"]
+    assert "crossintercom wait --as worker --format claude-socket" in cmd["command"]
+    assert "asyncRewake" not in cmd  # it returns at once, leaving the delivery child
     assert files["settings.local.json"]["enabledMcpjsonServers"] == ["crossintercom"]
 
 
@@ -76,6 +80,7 @@ def test_claude_code_keeps_user_entries_and_is_idempotent(
         "enabledMcpjsonServers": ["docs"],
         "hooks": {
             "Stop": [{"hooks": [{"type": "command", "command": "notify-send done"}]}],
+            "SessionStart": [{"hooks": [{"type": "command", "command": "load-env"}]}],
             "PreToolUse": [{"matcher": "Bash", "hooks": [{"type": "command", "command": "g"}]}],
         },
     }
@@ -100,8 +105,9 @@ def test_claude_code_keeps_user_entries_and_is_idempotent(
     # another name replaces crossintercom's own entries, nothing else
     setup(cli_env, "claude-code", "--as", "reviewer", "--dir", str(tmp_path))
     data = json.loads(settings.read_text())
-    commands = [h["command"] for g in data["hooks"]["Stop"] for h in g["hooks"]]
-    assert len(commands) == 2 and "--as reviewer" in commands[1]
+    for event, user in (("Stop", "notify-send done"), ("SessionStart", "load-env")):
+        commands = [h["command"] for g in data["hooks"][event] for h in g["hooks"]]
+        assert len(commands) == 2 and commands[0] == user and "--as reviewer" in commands[1]
 
     # --no-allow takes crossintercom's rule out again, and only it
     setup(cli_env, "claude-code", "--as", "reviewer", "--no-allow", "--dir", str(tmp_path))

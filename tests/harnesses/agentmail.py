@@ -135,7 +135,8 @@ def children_gone(henv: HarnessEnv, timeout: float = 10) -> None:
 
 
 def worker_children(henv: HarnessEnv) -> dict[str, int]:
-    """The crossintercom commands running for the worker ("mcp", "wait", "listen"), by pid."""
+    """The crossintercom commands running for the worker ("mcp", "wait", "listen", and
+    "socket" for Claude Code's messaging-socket child), by pid."""
     found: dict[str, int] = {}
     for pid in henv.leftovers():
         try:
@@ -143,6 +144,9 @@ def worker_children(henv: HarnessEnv) -> dict[str, int]:
         except OSError:
             continue
         if any("crossintercom" in a for a in argv) and WORKER in argv:
+            if "claude-socket" in argv:
+                found["socket"] = pid
+                continue
             for command in ("mcp", "wait", "listen"):
                 if command in argv:
                     found[command] = pid
