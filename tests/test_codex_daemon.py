@@ -5,6 +5,7 @@ process's life once every watched process is gone (docs/agents.md#codex)."""
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -74,5 +75,31 @@ def test_the_watch_ends_once_every_watched_process_is_gone() -> None:
         assert ended.wait(5)
     finally:
         for p in (first, second):
+            p.kill()
+            p.wait()
+
+
+def test_a_tui_works_in_its_directory_or_the_one_given_with_cd(tmp_path: Path) -> None:
+    """Found by executable name and where it works; a daemon or `codex exec` is no TUI."""
+    codex = tmp_path / "bin" / "codex"
+    codex.parent.mkdir()
+    shutil.copy("/bin/bash", codex)  # an executable named codex (bash: it can wait)
+    project, other = tmp_path / "project", tmp_path / "other"
+    project.mkdir()
+    other.mkdir()
+    wait = "sleep 60; :"  # not a lone command: bash would exec it and stop being `codex`
+    runs = {
+        "here": ([str(codex), "-c", wait], project),
+        "cd": ([str(codex), "-c", wait, "codex", "-C", "../project"], other),
+        "elsewhere": ([str(codex), "-c", wait], other),
+        "daemon": ([str(codex), "-c", wait, "codex", "app-server", "--listen", "unix://"], project),
+    }
+    procs = {k: subprocess.Popen(argv, cwd=cwd) for k, (argv, cwd) in runs.items()}
+    try:
+        want = {procs["here"].pid, procs["cd"].pid}
+        # (bash's own fork for `sleep` is a copy of it until it execs: wait that out)
+        wait_for(lambda: set(codex_daemon.clients(str(project.resolve()))) == want, 10, "TUIs")
+    finally:
+        for p in procs.values():
             p.kill()
             p.wait()

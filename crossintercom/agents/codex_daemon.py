@@ -10,7 +10,8 @@ thread (ending its MCP server) only once it is idle with no client for
 
 Neither the hook's input nor its environment names the TUI: the daemon hands its children
 the environment of whichever ``codex`` started it. What does tell is the process table: the
-TUI is a ``codex`` process, not an app-server, whose working directory is the session's. A
+TUI is a ``codex`` process, not an app-server, working in the session's directory (its own
+working directory, or the one it was given with ``-C``/``--cd``). A
 child started under such a daemon watches every such TUI and ends when the last is gone; when
 there is none (the TUI quit while the child started) it ends at once unless the daemon still
 has a client attached (an IDE or the desktop app, which may be the session's).
@@ -54,12 +55,25 @@ def is_daemon(pid: int | None) -> bool:
     return any(a == "--managed-daemon" or a.startswith("--listen") for a in argv)
 
 
+def _workdir(pid: int, argv: list[str]) -> str:
+    """Where the TUI works: its ``-C``/``--cd`` directory, else its own working directory."""
+    cwd = _link(pid, "cwd")
+    for opt, value in zip(argv, [*argv[1:], ""], strict=True):
+        if opt in ("-C", "--cd") and value:
+            return os.path.realpath(os.path.join(cwd, value))
+        if opt.startswith("--cd="):
+            return os.path.realpath(os.path.join(cwd, opt[5:]))
+    return cwd
+
+
 def _is_tui(pid: int, cwd: str) -> bool:
-    if Path(_link(pid, "exe")).name != "codex" or _link(pid, "cwd") != cwd:
+    if Path(_link(pid, "exe")).name != "codex":
         return False
     argv = _argv(pid)[1:]
     # The daemon itself, its updater, `codex exec` and the other subcommands are not a TUI.
-    return not any(a in ("app-server", "exec", "e", "mcp-server", "exec-server") for a in argv)
+    if any(a in ("app-server", "exec", "e", "mcp-server", "exec-server") for a in argv):
+        return False
+    return _workdir(pid, argv) == cwd
 
 
 def clients(cwd: str) -> list[int]:

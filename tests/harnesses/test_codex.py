@@ -280,6 +280,8 @@ def test_children_end_with_the_tui_on_the_daemon(
         children = worker_children(harness_env)
         assert codex_daemon.is_daemon(_parent(children["wait"]))  # the daemon runs them
         assert codex_daemon.is_daemon(_parent(children["mcp"]))
+        daemon = _parent(children["wait"])
+        assert codex_daemon.has_clients(daemon)  # the TUI is attached
         if isinstance(how, str):
             tui.type(how)
             wait_for(lambda: tui_gone(tui, typed="\r"), 30, "the TUI to quit")
@@ -288,6 +290,8 @@ def test_children_end_with_the_tui_on_the_daemon(
             assert len(native) == 1, harness_env.describe(native)
             os.kill(native[0], how)
         wait_for(lambda: not worker_children(harness_env), 5, "the children to end")
+        # what a child started in that instant reads: no client left on the daemon
+        wait_for(lambda: not codex_daemon.has_clients(daemon), 5, "the TUI to detach")
         seen = len(mock_model.model_requests())
         peer_send(kit, f"after the tui {uuid.uuid4().hex[:8]}")
         deadline = time.monotonic() + 5  # a woken session would ask the model at once
