@@ -103,3 +103,43 @@ def test_a_tui_works_in_its_directory_or_the_one_given_with_cd(tmp_path: Path) -
         for p in procs.values():
             p.kill()
             p.wait()
+
+
+DAEMON = """
+import socket, sys
+s = socket.socket(socket.AF_UNIX)
+s.bind(sys.argv[1])
+s.listen()
+print("ready", flush=True)
+held = []
+while True:
+    held.append(s.accept()[0])
+    print("accepted", flush=True)
+"""
+
+
+def test_with_no_tui_it_ends_unless_the_daemon_has_a_client(tmp_path: Path) -> None:
+    """The TUI quit while the child started: no TUI works in its directory. With no client
+    left on the daemon the child ends at once; with one (an IDE, the desktop app) it stays."""
+    path = str(tmp_path / "d.sock")
+    argv = ["bash", "-c", 'exec -a /x/bin/codex "$0" -c "$1" "$2" app-server --listen unix://']
+    daemon = subprocess.Popen(
+        [*argv, sys.executable, DAEMON, path], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert daemon.stdout is not None and daemon.stdout.readline() == "ready\n"
+        assert codex_daemon.is_daemon(daemon.pid)
+        ended = threading.Event()
+        assert codex_daemon.tie_to_tui(daemon.pid, str(tmp_path), ended.set) == []
+        assert ended.is_set()
+        with socket.socket(socket.AF_UNIX) as client:
+            client.connect(path)
+            assert daemon.stdout.readline() == "accepted\n"
+            stays = threading.Event()
+            codex_daemon.tie_to_tui(daemon.pid, str(tmp_path), stays.set)
+            assert not stays.is_set()
+    finally:
+        daemon.kill()
+        daemon.wait()
+        if daemon.stdout is not None:
+            daemon.stdout.close()
