@@ -18,6 +18,7 @@ import json
 import os
 import pty
 import queue
+import shutil
 import signal
 import subprocess
 import threading
@@ -219,16 +220,17 @@ def test_children_end_with_codex(
 
 
 class Tui:
-    """The `codex` TUI under a pseudo-terminal, started with a first prompt. Codex 0.171 runs
-    its session in the app-server daemon it starts (or attaches to); the terminal's output is
-    read (and its cursor-position queries answered) by a thread until it closes."""
+    """The `codex` TUI under a pseudo-terminal, started with ``args`` (a first prompt). Codex
+    0.171 runs its session in the app-server daemon it starts (or attaches to) unless told
+    otherwise; the terminal's output is read (and its cursor-position queries answered) by a
+    thread until it closes."""
 
-    def __init__(self, kit: kits.Kit, prompt: str) -> None:
+    def __init__(self, kit: kits.Kit, *args: str) -> None:
         env = {**kit.env, "PWD": str(kit.cwd), "TERM": "xterm-256color"}
         self.pid, self.fd = pty.fork()
         if self.pid == 0:  # the child: becomes the TUI
             os.chdir(kit.cwd)
-            os.execvpe(kit.argv[0], [*kit.argv, prompt], env)
+            os.execvpe(kit.argv[0], [*kit.argv, *args], env)
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
 
@@ -301,6 +303,9 @@ def test_children_end_with_the_tui_on_the_daemon(
         assert len(pending_for_worker(kit)) == 1  # left unseen for the next session
     finally:
         tui.close()
+        harness_env.kill_all()  # the daemon, and its updater
+        # the daemon's copy of the Codex package (over 400 MB) is not kept with the test's files
+        shutil.rmtree(kit.config.parent / "packages", ignore_errors=True)
 
 
 def _parent(pid: int) -> int:
@@ -315,3 +320,20 @@ def tui_gone(tui: Tui, typed: str) -> bool:
     with contextlib.suppress(ChildProcessError):
         return os.waitpid(tui.pid, os.WNOHANG)[0] == tui.pid
     return True
+
+
+def test_children_end_with_an_in_process_tui(
+    kit: kits.Kit, mock_model: MockModel, harness_env: HarnessEnv
+) -> None:
+    """`--no-daemon` keeps the session in the TUI's own process: its children end at `/quit`."""
+    _trust_hooks(kit)
+    tui = Tui(kit, "--no-daemon", "hello")
+    try:
+        wait_for(lambda: {"mcp", "wait"} <= set(worker_children(harness_env)), 90, "children")
+        children = worker_children(harness_env)
+        assert not codex_daemon.is_daemon(_parent(children["wait"]))  # the TUI runs them
+        tui.type("/quit")
+        wait_for(lambda: tui_gone(tui, typed="\r"), 30, "the TUI to quit")
+        children_gone(harness_env, timeout=5)
+    finally:
+        tui.close()
