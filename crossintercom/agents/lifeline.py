@@ -22,8 +22,9 @@ the session's mailbox held and keep waking a session nobody runs.
 
 The MCP stdio server also ends when its stdin reaches end of file (the SDK's stdio transport
 does that): a harness closing the pipe without exiting, as Codex's app-server does when it
-drops a thread, ends it too. ``CROSSINTERCOM_LIFELINE=off`` disables the watch (a debugging
-aid; nothing relies on it).
+drops a thread, ends it too. Under Codex's app-server daemon, which outlives the TUI it serves,
+the commands also watch that TUI (codex_daemon.py). ``CROSSINTERCOM_LIFELINE=off`` disables
+the watch (a debugging aid; nothing relies on it).
 """
 
 from __future__ import annotations
@@ -235,6 +236,11 @@ def _terminate() -> None:
 
     threading.Thread(target=hard, name="crossintercom-lifeline-exit", daemon=True).start()
     os.kill(os.getpid(), signal.SIGTERM)
+
+
+def terminate() -> None:
+    """End this process now, as its harness ending would (SIGTERM, then hard)."""
+    _terminate()
 
 
 def install(

@@ -76,16 +76,21 @@ def wait(
     """Wait until NAME has unseen mail, print it once, and exit (see the exit codes in
     docs/agents.md: text/json 0 mail, 6 timeout, 7 another waiter; claude-hook 2 mail)."""
     from crossintercom.agents import lifeline
+    from crossintercom.agents.codex_daemon import tie_to_tui
     from crossintercom.agents.waiter import wait_for_mail
 
     fmt = fmt or ("json" if as_json else "text")
     if fmt == "claude-socket":
         _claude_socket(as_name, session_id, settle)
     # A Claude Code session that reads a stream ends when its input ends: so does its hook.
-    lifeline.install(watch_input=fmt == "claude-hook", hook=fmt in HOOK_FORMATS)
+    line = lifeline.install(watch_input=fmt == "claude-hook", hook=fmt in HOOK_FORMATS)
     if fmt == "json":
         click.get_current_context().find_root().obj["json"] = True  # errors as JSON too
     hook_input = read_hook_input(sys.stdin) if fmt in HOOK_FORMATS else {}
+    if line is not None:
+        # A session in Codex's daemon outlives its TUI: so would this hook (docs/agents.md#codex).
+        cwd = hook_input.get("cwd")
+        tie_to_tui(line.harness, cwd if isinstance(cwd, str) else None, lifeline.terminate)
     if one_shot_harness(fmt):
         sys.exit(0)  # `claude -p`, `codex exec` would wait for this hook: mail stays unseen
     cfg = settings()
@@ -143,8 +148,11 @@ def mcp(as_name: str, session_id: str | None, supervisor: str | None) -> None:
             f"the MCP server needs the mcp extra: pip install 'crossintercom[mcp]' ({exc})"
         ) from None
     from crossintercom.agents import lifeline
+    from crossintercom.agents.codex_daemon import tie_to_tui
 
-    lifeline.install()
+    if (line := lifeline.install()) is not None:
+        # Under Codex's daemon the server would outlive the TUI (docs/agents.md#codex).
+        tie_to_tui(line.harness, None, lifeline.terminate)
     cfg = settings()
     asyncio.run(serve(cfg, Identity.named(cfg, as_name, session_id), supervisor))
 

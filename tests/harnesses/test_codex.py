@@ -11,20 +11,26 @@ current hash from ``hooks/list`` written as ``[hooks.state."KEY"] trusted_hash``
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import html
 import json
 import os
+import pty
 import queue
+import shutil
 import signal
 import subprocess
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from crossintercom.agents import codex_daemon
 from tests.conftest import run_cli, wait_for
 from tests.harnesses import kits
 from tests.harnesses.agentmail import (
@@ -211,3 +217,123 @@ def test_children_end_with_codex(
         children_gone(harness_env, timeout=10)
     finally:
         server.running.stop()
+
+
+class Tui:
+    """The `codex` TUI under a pseudo-terminal, started with ``args`` (a first prompt). Codex
+    0.171 runs its session in the app-server daemon it starts (or attaches to) unless told
+    otherwise; the terminal's output is read (and its cursor-position queries answered) by a
+    thread until it closes."""
+
+    def __init__(self, kit: kits.Kit, *args: str) -> None:
+        env = {**kit.env, "PWD": str(kit.cwd), "TERM": "xterm-256color"}
+        self.pid, self.fd = pty.fork()
+        if self.pid == 0:  # the child: becomes the TUI
+            os.chdir(kit.cwd)
+            os.execvpe(kit.argv[0], [*kit.argv, *args], env)
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        while True:
+            try:
+                data = os.read(self.fd, 65536)
+            except OSError:
+                return
+            if not data:
+                return
+            if b"\x1b[6n" in data:  # where is the cursor? (the TUI waits for the answer)
+                with contextlib.suppress(OSError):
+                    os.write(self.fd, b"\x1b[1;1R")
+
+    def type(self, text: str) -> None:
+        os.write(self.fd, text.encode())
+
+    def close(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(self.pid, 0)
+        os.close(self.fd)
+        self.reader.join(10)
+
+
+def _trust_hooks(kit: kits.Kit) -> None:
+    """The hook trusted as a person's `/hooks` review records it (through a stdio app-server,
+    which is then closed), so the TUI runs with no flag that keeps it off the daemon."""
+    server = AppServer(kit)
+    try:
+        server.trust_hooks()
+    finally:
+        server.running.stop()
+
+
+@pytest.mark.parametrize("how", ["/quit", signal.SIGTERM, signal.SIGKILL], ids=str)
+def test_children_end_with_the_tui_on_the_daemon(
+    kit: kits.Kit, mock_model: MockModel, harness_env: HarnessEnv, how: str | signal.Signals
+) -> None:
+    """A TUI session lives in the app-server daemon, which outlives the TUI: the MCP server and
+    the waiting Stop hook still end within seconds of the TUI ending, and mail sent afterwards
+    starts no model turn (it stays unseen for the next session)."""
+    _trust_hooks(kit)
+    tui = Tui(kit, "hello")
+    try:
+        wait_for(lambda: {"mcp", "wait"} <= set(worker_children(harness_env)), 90, "children")
+        children = worker_children(harness_env)
+        assert codex_daemon.is_daemon(_parent(children["wait"]))  # the daemon runs them
+        assert codex_daemon.is_daemon(_parent(children["mcp"]))
+        daemon = _parent(children["wait"])
+        assert codex_daemon.has_clients(daemon)  # the TUI is attached
+        if isinstance(how, str):
+            tui.type(how)
+            wait_for(lambda: tui_gone(tui, typed="\r"), 30, "the TUI to quit")
+        else:
+            native = codex_daemon.clients(str(kit.cwd.resolve()))
+            assert len(native) == 1, harness_env.describe(native)
+            os.kill(native[0], how)
+        wait_for(lambda: not worker_children(harness_env), 5, "the children to end")
+        # what a child started in that instant reads: no client left on the daemon
+        wait_for(lambda: not codex_daemon.has_clients(daemon), 5, "the TUI to detach")
+        seen = len(mock_model.model_requests())
+        peer_send(kit, f"after the tui {uuid.uuid4().hex[:8]}")
+        deadline = time.monotonic() + 5  # a woken session would ask the model at once
+        while time.monotonic() < deadline:
+            assert len(mock_model.model_requests()) == seen
+            time.sleep(0.1)
+        assert len(pending_for_worker(kit)) == 1  # left unseen for the next session
+    finally:
+        tui.close()
+        harness_env.kill_all()  # the daemon, and its updater
+        # the daemon's copy of the Codex package (over 400 MB) is not kept with the test's files
+        shutil.rmtree(kit.config.parent / "packages", ignore_errors=True)
+
+
+def _parent(pid: int) -> int:
+    raw = Path(f"/proc/{pid}/stat").read_text()
+    return int(raw[raw.rindex(")") + 2 :].split()[1])
+
+
+def tui_gone(tui: Tui, typed: str) -> bool:
+    """Press ``typed`` (Enter) until the TUI process has exited."""
+    with contextlib.suppress(OSError):
+        tui.type(typed)
+    with contextlib.suppress(ChildProcessError):
+        return os.waitpid(tui.pid, os.WNOHANG)[0] == tui.pid
+    return True
+
+
+def test_children_end_with_an_in_process_tui(
+    kit: kits.Kit, mock_model: MockModel, harness_env: HarnessEnv
+) -> None:
+    """`--no-daemon` keeps the session in the TUI's own process: its children end at `/quit`."""
+    _trust_hooks(kit)
+    tui = Tui(kit, "--no-daemon", "hello")
+    try:
+        wait_for(lambda: {"mcp", "wait"} <= set(worker_children(harness_env)), 90, "children")
+        children = worker_children(harness_env)
+        assert not codex_daemon.is_daemon(_parent(children["wait"]))  # the TUI runs them
+        tui.type("/quit")
+        wait_for(lambda: tui_gone(tui, typed="\r"), 30, "the TUI to quit")
+        children_gone(harness_env, timeout=5)
+    finally:
+        tui.close()
