@@ -118,6 +118,13 @@ def setup(
                 "trust the crossintercom Stop hook (again after each setup that changes it). "
                 "Until then mail does not wake an idle session."
             )
+        if harness == "pi":
+            # Pi ignores a project's .pi/ files until the project is trusted (docs/agents.md#pi).
+            click.echo(
+                "Pi loads these files only in a trusted project: accept the trust question when "
+                "the TUI asks (or /trust); one-shot and RPC runs (--print, --mode json|rpc) "
+                "cannot ask and need --approve."
+            )
 
 
 COMMANDS = (setup,)

@@ -160,7 +160,8 @@ def test_pi_keeps_user_servers_and_is_idempotent(cli_env: dict[str, str], tmp_pa
     user = {"autoEnableCodemode": False, "mcpServers": {"docs": {"url": "https://d/mcp"}}}
     config.write_text(json.dumps(user))
     args = ("pi", "--as", "worker", "--supervisor", "lead@B", "--dir", str(tmp_path))
-    setup(cli_env, *args)
+    written = setup(cli_env, *args)
+    assert "--approve" in written.stdout  # the trust Pi asks for is named
     extension = tmp_path / ".pi" / "extensions" / "crossintercom.ts"
     first = (config.read_text(), extension.read_text())
     again = setup(cli_env, *args)
