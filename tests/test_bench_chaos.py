@@ -214,6 +214,7 @@ def test_chaos_covers_every_kind(store_args: list[str], short_tmp: Path, tmp_pat
     unavailable = disk.unavailable(tmp_path, list(disk.DISK_KINDS))
     kinds = fault_kinds(backend, unavailable=unavailable)
     report = json.loads(proc.stdout)
+    assert "error" not in report, (report, proc.stderr[-4000:])  # the run itself failed
     assert report["unavailable"] == unavailable
     assert report["not_run"] == []
     check_new_kinds(proc, kinds, short_tmp, proxied=bool(store_args))

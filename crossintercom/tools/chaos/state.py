@@ -14,7 +14,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import tenacity
+
 from crossintercom.client import AsyncClient
+from crossintercom.errors import InboxUnavailable
 from crossintercom.tools.common import Store
 from crossintercom.tools.harness import Cluster, ListenerProcess, SimHost
 from crossintercom.tools.pgcluster import ThrowawayPostgres
@@ -35,6 +38,14 @@ class Sent:
     t: float = 0.0  # when it was sent, from the start of traffic
 
 
+# An inbox its listener is still recovering (a journal a killed listener left, which only its
+# restarted writer can roll back; a disk fault being undone) is read again until it can be.
+@tenacity.retry(
+    retry=tenacity.retry_if_exception_type(InboxUnavailable),
+    wait=tenacity.wait_fixed(0.2),
+    stop=tenacity.stop_after_delay(20),
+    reraise=True,
+)
 def read_sink(host: SimHost) -> list[tuple[str, str]]:
     """(message id, text) of every message saved in the sink's inbox on ``host``."""
     with host.open_inbox(SINK) as inbox:
