@@ -93,7 +93,12 @@ class Inbox:
         # Entries shown by this process whose mark could not be written yet (see mark_shown).
         self._unmarked: set[int] = set()
         if read_only:
-            self._db = open_read_only(self.path)
+            # A journal its owner has not rolled back yet (a writer killed mid-commit) cannot be
+            # read without writing: a fault like any other, gone once the owner opens it.
+            try:
+                self._db = open_read_only(self.path)
+            except FAULTS as exc:
+                raise self.faults.failed(READ, exc) from exc
             return
         try:
             self._db = open_writable(self.path, file_mode, synchronous)

@@ -33,7 +33,7 @@ def search_inboxes(directory: Path, host: str, query: SearchQuery) -> list[Searc
     for sid in session_ids(directory):
         try:
             box = Inbox.view(directory, sid)
-        except sqlite3.Error:
+        except (sqlite3.Error, InboxUnavailable):
             continue
         try:
             for entry in box.messages():

@@ -4,6 +4,8 @@ process, so nothing is shown twice, and written once the file works again."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -62,3 +64,34 @@ def test_a_write_fault_clears_only_by_a_write_that_works(tmp_path: Path) -> None
             assert chattr("-i", path) is None
         assert box.recheck() is None
         assert box.save(_message(1)) is True
+
+
+_KILLED_MID_COMMIT = """
+import os, sqlite3, sys
+db = sqlite3.connect(sys.argv[1], isolation_level=None)
+db.execute("PRAGMA journal_mode=TRUNCATE")
+db.execute("PRAGMA cache_size=1")  # spill to the file, so the journal holds pages
+db.execute("BEGIN")
+for i in range(2000):
+    db.execute(
+        "INSERT INTO entries (id, kind, body, received_at) VALUES (?, 'message', ?, 0)",
+        (str(i), "x" * 500),
+    )
+os._exit(9)
+"""
+
+
+def test_a_journal_left_by_a_killed_writer_is_a_read_fault_until_its_owner_opens_it(
+    tmp_path: Path,
+) -> None:
+    """A viewer cannot roll back another process's journal: it is told inbox_unavailable (a
+    fault it can wait out), never a raw database error; the owner's next open repairs it."""
+    Inbox(tmp_path, "s").close()
+    path = tmp_path / "s.sqlite"
+    subprocess.run([sys.executable, "-c", _KILLED_MID_COMMIT, str(path)], check=False)
+    assert Path(f"{path}-journal").stat().st_size > 0  # hot: the writer died mid-commit
+    with pytest.raises(InboxUnavailable):
+        Inbox.view(tmp_path, "s")
+    Inbox(tmp_path, "s").close()  # its owner opens it: the journal is rolled back
+    with Inbox.view(tmp_path, "s") as viewer:
+        assert list(viewer.messages()) == []
