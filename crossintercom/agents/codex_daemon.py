@@ -58,7 +58,9 @@ def is_daemon(pid: int | None) -> bool:
 def _workdir(pid: int, argv: list[str]) -> str:
     """Where the TUI works: its ``-C``/``--cd`` directory, else its own working directory."""
     cwd = _link(pid, "cwd")
-    for opt, value in zip(argv, [*argv[1:], ""], strict=True):
+    # Each option beside the word after it; an empty argv (a process exiting as it is read)
+    # has none.
+    for opt, value in zip(argv, [*argv[1:], ""][: len(argv)], strict=True):
         if opt in ("-C", "--cd") and value:
             return os.path.realpath(os.path.join(cwd, value))
         if opt.startswith("--cd="):

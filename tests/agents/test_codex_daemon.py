@@ -143,3 +143,8 @@ def test_with_no_tui_it_ends_unless_the_daemon_has_a_client(tmp_path: Path) -> N
         daemon.wait()
         if daemon.stdout is not None:
             daemon.stdout.close()
+
+
+def test_a_process_with_no_arguments_left_works_where_it_is() -> None:
+    """A process read as it exits shows an empty command line: it names no -C directory."""
+    assert codex_daemon._workdir(os.getpid(), []) == os.path.realpath(os.getcwd())
