@@ -18,6 +18,8 @@ from typing import Annotated, Any, Final, Literal, Self
 
 import msgspec
 
+from crossintercom.codes import Code
+
 NAME_PATTERN: Final = r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}"
 Name = Annotated[str, msgspec.Meta(pattern=f"^{NAME_PATTERN}$")]
 # uuid5 namespace for durable session ids derived from (host id, name); fixed forever.
@@ -75,27 +77,40 @@ def weakest(outcomes: list[Outcome]) -> Outcome:
     return min(outcomes, key=lambda o: o.strength) if outcomes else Outcome.REFUSED
 
 
+class State(StrEnum):
+    """Where a shared-store row is: a delivery's state, and ``shown`` of a receipt row.
+
+    Not an outcome (what its sender is told: ``outcome_for_state``) and not a code (why: the
+    row's reason, a ``Code``). The storage layer's ``DeliveryState`` names the same words."""
+
+    QUEUED = "queued"
+    DELIVERED = "delivered"
+    REFUSED = "refused"
+    EXPIRED = "expired"
+    SHOWN = "shown"
+
+
 def outcome_for_state(state: str, code: str | None) -> tuple[Outcome, str | None, str | None]:
     """What a store row's delivery state means to its sender: (outcome, code, message).
 
-    The one mapping from the shared store's states (``queued``, ``delivered``, ``refused``,
-    ``expired``, and ``shown`` for receipts) to outcomes. A row acknowledged with code
-    ``queued`` was taken into the recipient host's durable queue (its session is away): still
-    ``queued`` for the sender. An expiry keeps its code when it has one (``forgotten``).
+    The one mapping from the shared store's states (``State``) to outcomes. A row acknowledged
+    with code ``Code.HOST_QUEUED`` was taken into the recipient host's durable queue (its
+    session is away): still ``queued`` for the sender. An expiry keeps its code when it has one
+    (``forgotten``).
     """
-    if state == "shown":
+    if state == State.SHOWN:
         return Outcome.SHOWN, None, None
-    if state == "delivered":
-        if code == "queued":
-            return Outcome.QUEUED, "queued_at_host", None
+    if state == State.DELIVERED:
+        if code == Code.HOST_QUEUED:
+            return Outcome.QUEUED, Code.QUEUED_AT_HOST, None
         return Outcome.DELIVERED, None, None
-    if state == "queued":
+    if state == State.QUEUED:
         return Outcome.QUEUED, None, None
-    if state == "expired":
-        if code == "forgotten":
+    if state == State.EXPIRED:
+        if code == Code.FORGOTTEN:
             return Outcome.EXPIRED, code, FORGOTTEN_ADVICE
-        return Outcome.EXPIRED, "expired", EXPIRED_ADVICE
-    return Outcome.REFUSED, code or "refused", None
+        return Outcome.EXPIRED, Code.EXPIRED, EXPIRED_ADVICE
+    return Outcome.REFUSED, code or Code.REFUSED, None
 
 
 # What ``valid_name`` asks of a session or group name, in words for an error message.

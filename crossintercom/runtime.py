@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from crossintercom.config import CONFIG_FILE, MAX_SOCKET_PATH, Settings
-from crossintercom.errors import RuntimeDirError
+from crossintercom.errors import Code, RuntimeDirError
 
 log = logging.getLogger(__name__)
 
@@ -380,7 +380,7 @@ def truncate_wal(conn: sqlite3.Connection) -> None:
 class LockHeld(RuntimeDirError):
     """Another process holds this lock."""
 
-    code = "lock_held"
+    code = Code.LOCK_HELD
 
     def __init__(self, path: Path, holder: str) -> None:
         super().__init__(f"{path} is locked by pid {holder or '?'}", path=str(path))

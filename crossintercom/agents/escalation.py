@@ -21,7 +21,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from crossintercom.errors import UsageError
+from crossintercom.errors import Code, UsageError
 from crossintercom.models import Attachment
 
 ATTACHMENT_NAME = "crossintercom-escalation.json"
@@ -35,7 +35,7 @@ MAX_QUESTIONS = 50
 class EscalationError(UsageError):
     """An escalation or its answer is not valid; ``problems`` lists every reason."""
 
-    code = "invalid_escalation"
+    code = Code.INVALID_ESCALATION
 
     def __init__(self, problems: Sequence[str], what: str = "escalation") -> None:
         self.problems = list(problems)

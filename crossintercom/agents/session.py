@@ -55,7 +55,7 @@ WAKE_POLICY_TTL_S = 1.0
 class Busy(CrossintercomError):
     """Another waiter already waits for this session's mail."""
 
-    code = "waiter_busy"
+    code = Code.WAITER_BUSY
 
 
 def agents_dir(settings: Settings) -> Path:

@@ -13,8 +13,9 @@ from crossintercom.agents.answered import answered
 from crossintercom.agents.escalation import Escalation, EscalationError
 from crossintercom.cli.common import as_options, identity, json_option, one_shot, settings
 from crossintercom.cli.inbox_cmd import show_ids
-from crossintercom.cli.output import EXIT_NO_REPLY, OUTCOME_EXIT, emit_json, result_exit
+from crossintercom.cli.output import emit_json, result_exit
 from crossintercom.client import MAX_ASK_TIMEOUT_S
+from crossintercom.exits import EXIT_NO_REPLY, EXIT_OK, OUTCOME_EXIT
 from crossintercom.safetext import for_terminal, terminal_line
 
 to_option = click.option(
@@ -45,8 +46,7 @@ def _json_arg(raw: str, what: str) -> Any:
 
 
 def _finish(result: sup.EscalationResult, as_json: bool) -> NoReturn:
-    code = OUTCOME_EXIT[result.sent.outcome]
-    if code != 0:
+    if OUTCOME_EXIT[result.sent.outcome] != EXIT_OK:
         result_exit(result.sent, as_json)
     if as_json:
         emit_json(result.to_dict())
@@ -63,7 +63,7 @@ def _finish(result: sup.EscalationResult, as_json: bool) -> NoReturn:
         if not as_json:
             click.echo("no answer before the timeout; it will arrive in the inbox", err=True)
         sys.exit(EXIT_NO_REPLY)
-    sys.exit(0)
+    sys.exit(EXIT_OK)
 
 
 def _run(

@@ -25,9 +25,10 @@ from crossintercom.cli import (
     web_cmd,
 )
 from crossintercom.cli.db import db
-from crossintercom.cli.output import EXIT_ERROR, fail
+from crossintercom.cli.output import fail
 from crossintercom.config import ENV_JSON
 from crossintercom.errors import CrossintercomError, UsageError
+from crossintercom.exits import EXIT_ERROR
 from crossintercom.local_broker.logcap import ExtraFormatter
 
 F = TypeVar("F", bound=Callable[..., Any])

@@ -10,27 +10,9 @@ import click
 
 from crossintercom.agents.mail import render_mail
 from crossintercom.errors import CrossintercomError
+from crossintercom.exits import EXIT_NO_REPLY, EXIT_OK, EXIT_REFUSED, OUTCOME_EXIT, result_exit_code
 from crossintercom.models import Outcome, SendResult
 from crossintercom.safetext import for_terminal, terminal_line
-
-# Exit codes (README "Exit codes"): scripts and agents branch on them.
-EXIT_OK = 0
-EXIT_ERROR = 1
-EXIT_USAGE = 2
-EXIT_REFUSED = 3
-EXIT_NOT_SENT = 4
-EXIT_UNKNOWN = 5
-EXIT_NO_REPLY = 6
-
-OUTCOME_EXIT = {
-    Outcome.DELIVERED: EXIT_OK,
-    Outcome.QUEUED: EXIT_OK,
-    Outcome.REFUSED: EXIT_REFUSED,
-    Outcome.NOT_SENT: EXIT_NOT_SENT,
-    Outcome.UNKNOWN: EXIT_UNKNOWN,
-    Outcome.EXPIRED: EXIT_REFUSED,
-    Outcome.SHOWN: EXIT_OK,
-}
 
 
 def emit_json(obj: Any) -> None:
@@ -68,6 +50,7 @@ def refused_exit(code: str, message: str, as_json: bool) -> NoReturn:
 def result_exit(result: SendResult, as_json: bool, *, with_reply: bool = False) -> NoReturn:
     """Print a send/ask/reply outcome and exit with the code its outcome maps to."""
     code = OUTCOME_EXIT[result.outcome]
+    exit_code = result_exit_code(result, with_reply=with_reply)
     if as_json:
         if code == EXIT_OK:
             obj = result.to_dict()
@@ -100,11 +83,9 @@ def result_exit(result: SendResult, as_json: bool, *, with_reply: bool = False) 
         if with_reply and result.reply is not None:
             # An agent in a shell reads it: framed as the MCP ask tool shows it (docs/agents.md).
             click.echo(render_mail([result.reply.to_dict()]))
-    if with_reply and code == EXIT_OK and result.reply is None:
-        if not as_json:
-            click.echo("no reply before the timeout", err=True)
-        sys.exit(EXIT_NO_REPLY)
-    sys.exit(code)
+    if exit_code == EXIT_NO_REPLY and not as_json:
+        click.echo("no reply before the timeout", err=True)
+    sys.exit(exit_code)
 
 
 def in_thread(m: dict[str, Any], thread_id: str) -> bool:

@@ -22,6 +22,7 @@ from crossintercom.models import (
     Peer,
     Receipt,
     SessionInfo,
+    State,
     WakePolicy,
     outcome_for_state,
 )
@@ -80,7 +81,7 @@ class Aftercare:
             if item.kind != "message":
                 continue
             msg = Message.from_dict(item.body)
-            outcome, code_, text = outcome_for_state("expired", code)
+            outcome, code_, text = outcome_for_state(State.EXPIRED, code)
             receipts.append((msg.sender, Receipt(msg.id, outcome, item.recipient, code_, text)))
             log.info("message expired", extra={"id": msg.id, "recipient": item.recipient})
         self._tell(receipts)
@@ -107,7 +108,7 @@ class Aftercare:
         self.registry.forget(sid)
         expired = self.expired(gone.queued, Code.FORGOTTEN)
         queued_ids = {i.item_id for i in gone.queued}
-        _, code, text = outcome_for_state("expired", Code.FORGOTTEN)
+        _, code, text = outcome_for_state(State.EXPIRED, Code.FORGOTTEN)
         asks = [e for e in gone.open_asks if e.ask_id not in queued_ids]
         # An asker may still wait: it learns no reply will come from this session.
         self._tell(

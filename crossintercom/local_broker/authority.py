@@ -48,7 +48,7 @@ from types import TracebackType
 from typing import Any
 
 from crossintercom.config import synchronous_pragma
-from crossintercom.errors import CrossintercomError
+from crossintercom.errors import Code, CrossintercomError
 from crossintercom.local_broker import authority_files as files
 from crossintercom.local_broker import authority_records as records
 from crossintercom.local_broker.authority_records import (
@@ -71,7 +71,7 @@ __all__ = ["AuthorityUnavailable", "Decision", "DecisionKind", "DedupAuthority"]
 class AuthorityUnavailable(CrossintercomError):
     """The dedup authority could not record the operation (local disk error)."""
 
-    code = "authority_unavailable"
+    code = Code.AUTHORITY_UNAVAILABLE
 
 
 class DedupAuthority:
@@ -237,7 +237,7 @@ class DedupAuthority:
         if not hmac.compare_digest(entry.digest, digest):
             return CONFLICT
         if entry.accepted:
-            return Decision("retained", self._stored_outcome(op_id))
+            return Decision(DecisionKind.RETAINED, self._stored_outcome(op_id))
         return FORWARD_AGAIN if remote else UNCERTAIN
 
     def abandon(self, op_id: str) -> None:

@@ -5,14 +5,25 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Literal
+from enum import Enum, auto
+from typing import Any
 
 from crossintercom.local_broker.authority_files import HMAC_HEX_LEN, MAX_OP_ID_LEN
 
 # Fixed per-record cost added to id + hmac + outcome, standing in for index and row overhead.
 RECORD_OVERHEAD = 64
 
-DecisionKind = Literal["new", "retained", "conflict", "uncertain", "forward_again", "over_capacity"]
+
+class DecisionKind(Enum):
+    """What ``reserve`` found; ``outcomes.reserved`` turns it into a result and its code (these
+    are not codes: nothing here is sent or stored)."""
+
+    NEW = auto()
+    RETAINED = auto()
+    CONFLICT = auto()
+    UNCERTAIN = auto()
+    FORWARD_AGAIN = auto()
+    OVER_CAPACITY = auto()
 
 
 @dataclass(frozen=True)
@@ -23,11 +34,11 @@ class Decision:
     outcome: dict[str, Any] | None = None
 
 
-NEW = Decision("new")
-CONFLICT = Decision("conflict")
-UNCERTAIN = Decision("uncertain")
-FORWARD_AGAIN = Decision("forward_again")
-OVER_CAPACITY = Decision("over_capacity")
+NEW = Decision(DecisionKind.NEW)
+CONFLICT = Decision(DecisionKind.CONFLICT)
+UNCERTAIN = Decision(DecisionKind.UNCERTAIN)
+FORWARD_AGAIN = Decision(DecisionKind.FORWARD_AGAIN)
+OVER_CAPACITY = Decision(DecisionKind.OVER_CAPACITY)
 
 
 class Entry:

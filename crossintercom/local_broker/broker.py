@@ -84,7 +84,7 @@ class Broker:
         self.conns.discard(conn)
         for fut in conn.acks.values():
             if not fut.done():
-                fut.set_result(outcomes.CONNECTION_LOST)
+                fut.set_result(outcomes.Push.CONNECTION_LOST)
         conn.acks.clear()
         self.delivery.forget_conn(conn)
         self.health.reported(conn, conn.session_id, [])

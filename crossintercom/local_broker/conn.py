@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from crossintercom import protocol as p
+from crossintercom.local_broker.outcomes import AckResult
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +40,7 @@ class Conn:
         self.control = False
         self.closed = False
         # message id (or receipt key) -> future resolved by the ack (None) or its refusal code.
-        self.acks: dict[str, asyncio.Future[str | None]] = {}
+        self.acks: dict[str, asyncio.Future[AckResult]] = {}
 
     def write(self, frame: p.BrokerFrame | p.ToRelayFrame | Any) -> bool:
         """Queue a frame; False if the connection can no longer be written."""
@@ -66,7 +67,7 @@ class Conn:
             return False
         return True
 
-    def expect_ack(self, key: str) -> asyncio.Future[str | None]:
+    def expect_ack(self, key: str) -> asyncio.Future[AckResult]:
         """The future a coming ``ack`` for ``key`` resolves (one per key at a time)."""
         fut = self.acks.get(key)
         if fut is None or fut.done():

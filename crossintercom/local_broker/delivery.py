@@ -14,6 +14,7 @@ from typing import Any
 
 from crossintercom import protocol as p
 from crossintercom.config import Settings
+from crossintercom.errors import Code
 from crossintercom.local_broker import outcomes
 from crossintercom.local_broker.conn import Conn
 from crossintercom.local_broker.registry import Registry
@@ -46,12 +47,13 @@ class Delivery:
         for ask_id in [a for a, c in self.ask_waiters.items() if c is conn]:
             del self.ask_waiters[ask_id]
 
-    async def push(self, conn: Conn, msg: Message, *, reply: bool = False) -> str:
-        """Write a deliver frame and wait for the ack: ``ACKED``, a refusal code, or a failure."""
+    async def push(self, conn: Conn, msg: Message, *, reply: bool = False) -> outcomes.Push | str:
+        """Write a deliver frame and wait for the ack: ``Push.ACKED``, the ack's refusal code, or
+        another ``Push`` (nothing reached the recipient's inbox)."""
         fut = conn.expect_ack(msg.id)
         if not conn.write(p.Deliver(msg, reply=reply)):
             self._retire(conn)
-            return outcomes.CONNECTION_LOST
+            return outcomes.Push.CONNECTION_LOST
         # Drained only when the socket did not take the whole frame: a drain wrapped in a
         # timeout is a task and a loop turn of its own on every push (docs/performance.md).
         if conn.writer.transport.get_write_buffer_size():
@@ -59,14 +61,14 @@ class Delivery:
                 await asyncio.wait_for(conn.writer.drain(), self.settings.ack_timeout_s)
             except OSError:  # TimeoutError included: a client that stops reading cannot be written
                 self._retire(conn)  # a write that fails retires the session at once
-                return outcomes.CONNECTION_LOST
+                return outcomes.Push.CONNECTION_LOST
         try:
             async with asyncio.timeout(self.settings.ack_timeout_s):
                 code = await asyncio.shield(fut)
         except TimeoutError:  # written, but not acknowledged in time: the session stays
             conn.acks.pop(msg.id, None)
-            return outcomes.TIMEOUT
-        return outcomes.ACKED if code is None else code
+            return outcomes.Push.TIMEOUT
+        return outcomes.Push.ACKED if code is None else code
 
     async def deliver(self, msg: Message, recipient: str, *, asker_host: str) -> Receipt:
         """Hand a message to a local session: delivered on its ack, else queued if durable."""
@@ -78,7 +80,7 @@ class Delivery:
                 log.error("cannot record the ask", extra={"id": msg.id, "error": str(exc)})
                 return outcomes.storage_failed(msg.id, recipient, exc)
         owner = self.registry.owner(recipient)
-        push = await self.push(owner, msg) if owner is not None else outcomes.OFFLINE
+        push = await self.push(owner, msg) if owner is not None else outcomes.Push.OFFLINE
         receipt = outcomes.local_receipt(
             msg.id, recipient, push, durable=self.registry.is_durable(recipient)
         )
@@ -98,12 +100,12 @@ class Delivery:
         waiter = self.ask_waiters.get(reply.reply_to)
         pushed = False
         if waiter is not None and not waiter.closed:
-            pushed = await self.push(waiter, reply, reply=True) == outcomes.ACKED
+            pushed = await self.push(waiter, reply, reply=True) is outcomes.Push.ACKED
             if pushed:
                 self.ask_waiters.pop(reply.reply_to, None)
         owner = self.registry.owner(asker_id)
         if not pushed and owner is not None and owner is not waiter:
-            pushed = await self.push(owner, reply, reply=True) == outcomes.ACKED
+            pushed = await self.push(owner, reply, reply=True) is outcomes.Push.ACKED
         durable = self.registry.is_durable(asker_id)
         receipt = outcomes.reply_receipt(reply.id, asker_id, pushed=pushed, durable=durable)
         if receipt.outcome is Outcome.QUEUED:
@@ -125,7 +127,7 @@ class Delivery:
             return
         # Written synchronously, before anything else can run, so the backlog precedes any new
         # message in the stream; acks are awaited afterwards.
-        waits: list[tuple[int, asyncio.Future[str | None]]] = []
+        waits: list[tuple[int, asyncio.Future[outcomes.AckResult]]] = []
         for item in items:
             if item.kind == "receipt":
                 # The key makes the client ack it, so it is dequeued (and stops holding up the
@@ -145,13 +147,15 @@ class Delivery:
             waits.append((item.seq, fut))
         self._spawn(self._await_backlog(waits))
 
-    async def _await_backlog(self, waits: list[tuple[int, asyncio.Future[str | None]]]) -> None:
+    async def _await_backlog(
+        self, waits: list[tuple[int, asyncio.Future[outcomes.AckResult]]]
+    ) -> None:
         for seq, fut in waits:
             try:
                 code = await asyncio.wait_for(fut, self.settings.ack_timeout_s * 3)
             except TimeoutError:
                 return  # left queued; the next registration hands it over again
-            if code in (outcomes.CONNECTION_LOST, outcomes.SAVE_FAILED):
+            if code is outcomes.Push.CONNECTION_LOST or code == Code.SAVE_FAILED:
                 # Not saved (the inbox cannot be written): it stays queued, and the client's
                 # next registration is handed it again.
                 return
@@ -187,8 +191,8 @@ class Delivery:
 
     def _dequeue_on_ack(
         self, sender_id: str, key: str
-    ) -> Callable[[asyncio.Future[str | None]], None]:
-        def acked(fut: asyncio.Future[str | None]) -> None:
+    ) -> Callable[[asyncio.Future[outcomes.AckResult]], None]:
+        def acked(fut: asyncio.Future[outcomes.AckResult]) -> None:
             if not fut.cancelled() and fut.result() is None:
                 self._acked_receipts.append((sender_id, "receipt", key))
                 if len(self._acked_receipts) == 1:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Final
 
 from crossintercom import protocol as p
-from crossintercom.local_broker.outcomes import SAVE_FAILED
+from crossintercom.errors import Code
 
 # Below this much free space, SQLite cannot be relied on to commit (a page, a journal).
 LOW_SPACE_BYTES: Final = 256 * 1024
@@ -42,7 +42,7 @@ class Health:
     def acked(self, session_id: str | None, refused: str | None) -> None:
         if session_id is None:
             return
-        if refused == SAVE_FAILED:
+        if refused == Code.SAVE_FAILED:
             now = time.time()
             since, last = self._unwritable.get(session_id, (now, now))
             if now - last > UNWRITABLE_STALE_S:

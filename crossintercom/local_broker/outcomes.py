@@ -6,22 +6,31 @@ see docs/delivery.md for the contract these implement.
 
 from __future__ import annotations
 
-from typing import Any, Final, Literal
+from enum import Enum, auto
+from typing import Any, Literal
 
 import msgspec
 
 from crossintercom.errors import Code
-from crossintercom.local_broker.authority import Decision
+from crossintercom.local_broker.authority import Decision, DecisionKind
 from crossintercom.models import Outcome, Receipt, SendResult, weakest
 
-# What a push to a recipient's connection came to, besides a refusal code sent in its ack.
-ACKED: Final = "acked"
-OFFLINE: Final = "offline"  # no live owner: nothing was pushed
-CONNECTION_LOST: Final = "connection_lost"
-TIMEOUT: Final = "timeout"  # written, but not acknowledged in time
-# The client could not save it (full or read-only inbox): as if never pushed.
-SAVE_FAILED: Final = Code.SAVE_FAILED
-_UNREACHED: Final = frozenset({OFFLINE, CONNECTION_LOST, TIMEOUT, SAVE_FAILED})
+
+class Push(Enum):
+    """What a push to a recipient's connection came to when its ack carried no refusal code.
+
+    Never sent and never stored, so not codes: ``Delivery.push`` answers one of these or the
+    code the ack refused with (``Code.SAVE_FAILED``: the client could not save it)."""
+
+    ACKED = auto()
+    OFFLINE = auto()  # no live owner: nothing was pushed
+    CONNECTION_LOST = auto()
+    TIMEOUT = auto()  # written, but not acknowledged in time
+
+
+# A pending ack resolves to None (acknowledged), the refusal code it carried, or a lost
+# connection (the broker retires it).
+AckResult = str | Literal[Push.CONNECTION_LOST] | None
 
 
 class Refusal(Exception):
@@ -50,20 +59,21 @@ def storage_failed(message_id: str, recipient: str | None, exc: BaseException) -
     )
 
 
-def local_receipt(message_id: str, recipient: str, push: str, *, durable: bool) -> Receipt:
+def local_receipt(message_id: str, recipient: str, push: Push | str, *, durable: bool) -> Receipt:
     """A local recipient's outcome: ``queued`` means the caller must queue it durably.
 
     Delivered on the ack; a refusal in the ack is final; a durable recipient that was not
     reached is queued; otherwise a write that may have landed is ``unknown`` and one that
     found nobody is ``not_sent`` (nothing was stored).
     """
-    if push == ACKED:
+    if push is Push.ACKED:
         return Receipt(message_id, Outcome.DELIVERED, recipient)
-    if push not in _UNREACHED:
+    # The client could not save it (full or read-only inbox): as if never pushed.
+    if isinstance(push, str) and push != Code.SAVE_FAILED:
         return Receipt(message_id, Outcome.REFUSED, recipient, push, "the recipient refused it")
     if durable:
         return Receipt(message_id, Outcome.QUEUED, recipient)
-    if push == SAVE_FAILED:
+    if push == Code.SAVE_FAILED:
         return Receipt(
             message_id,
             Outcome.NOT_SENT,
@@ -71,7 +81,7 @@ def local_receipt(message_id: str, recipient: str, push: str, *, durable: bool) 
             Code.LOCAL_STORAGE,
             "the recipient could not save it (its inbox cannot be written); nothing was stored",
         )
-    if push == TIMEOUT:
+    if push is Push.TIMEOUT:
         return Receipt(
             message_id,
             Outcome.UNKNOWN,
@@ -109,17 +119,17 @@ def combine(message_id: str, receipts: list[Receipt], *, group: bool) -> SendRes
 
 def reserved(decision: Decision, message_id: str) -> SendResult | None:
     """What the dedup authority's answer means: ``None`` to go ahead, else the answer."""
-    if decision.kind in ("new", "forward_again"):
+    if decision.kind in (DecisionKind.NEW, DecisionKind.FORWARD_AGAIN):
         return None
-    if decision.kind == "retained":
+    if decision.kind is DecisionKind.RETAINED:
         return retained(decision.outcome, message_id)
-    if decision.kind == "conflict":
+    if decision.kind is DecisionKind.CONFLICT:
         return SendResult.refused(
             message_id,
             Code.PAYLOAD_CONFLICT,
             f"message id {message_id} was already used for another payload",
         )
-    if decision.kind == "over_capacity":
+    if decision.kind is DecisionKind.OVER_CAPACITY:
         return SendResult.refused(
             message_id,
             Code.OVER_CAPACITY,

@@ -48,7 +48,7 @@ class RelayLink:
     def attach(self, conn: Conn, store_status: str | None) -> None:
         if self.conn is not None:
             raise ProtocolError(
-                "a relay is already connected to this broker", code=Code.RELAY_IN_USE
+                "a relay is already connected to this broker", code=Code.RELAY_ALREADY_CONNECTED
             )
         conn.control = conn.owner = True
         self.conn = conn

@@ -245,7 +245,9 @@ class Inbound:
                 acks.append(Ack(row.message_id, row.recipient_session, "delivered"))
             elif outcome is Outcome.QUEUED:
                 # Now in the recipient host's durable custody: done for the store.
-                acks.append(Ack(row.message_id, row.recipient_session, "delivered", "queued"))
+                acks.append(
+                    Ack(row.message_id, row.recipient_session, "delivered", Code.HOST_QUEUED)
+                )
             else:
                 acks.append(Ack(row.message_id, row.recipient_session, "refused", code))
         return acks

@@ -20,7 +20,7 @@ import msgspec
 from crossintercom import protocol as p
 from crossintercom.client import AsyncClient, Identity
 from crossintercom.config import Settings
-from crossintercom.errors import CrossintercomError, StoreError
+from crossintercom.errors import Code, CrossintercomError, StoreError
 from crossintercom.models import SessionInfo, new_id, rightful_claims
 from crossintercom.relay.archiver import Archiver
 from crossintercom.relay.core import RelayCore
@@ -50,25 +50,25 @@ R = TypeVar("R")
 class RelayError(CrossintercomError):
     """The relay cannot run."""
 
-    code = "relay_error"
+    code = Code.RELAY_ERROR
 
 
 class RelayInUse(RelayError):
     """Another relay is already running for this host on this machine."""
 
-    code = "relay_in_use"
+    code = Code.RELAY_ALREADY_RUNNING
 
 
 class HostIdCollision(RelayError):
     """Another machine's relay is running with this host id."""
 
-    code = "host_id_collision"
+    code = Code.HOST_ID_COLLISION
 
 
 class Fenced(RelayError):
     """A newer relay took over this host id; this one stops."""
 
-    code = "relay_fenced"
+    code = Code.RELAY_FENCED
 
 
 class Relay(RelayCore):

@@ -24,6 +24,7 @@ from crossintercom import history
 from crossintercom.client import AsyncClient, Identity
 from crossintercom.config import Settings
 from crossintercom.errors import CrossintercomError, InboxUnavailable, StoreError, UsageError
+from crossintercom.exits import result_exit_code
 from crossintercom.inbox import Inbox, session_ids, trouble
 from crossintercom.models import Message, SearchQuery, SendResult
 from crossintercom.storage import (
@@ -300,7 +301,7 @@ class Overseer:
         out = result.to_dict()
         if mode == "ask":
             out["reply"] = result.reply.to_dict() if result.reply is not None else None
-        out["exit_code"] = _exit_code(result, mode)
+        out["exit_code"] = result_exit_code(result, with_reply=mode == "ask")
         return out
 
 
@@ -320,12 +321,3 @@ def _recipients(row: ArchivedMessage) -> list[dict[str, Any]]:
         }
         for x in row.recipients
     ]
-
-
-def _exit_code(result: SendResult, mode: Mode) -> int:
-    """What the CLI would exit with for this result (the CLI contract's codes)."""
-    codes = {"delivered": 0, "queued": 0, "refused": 3, "not_sent": 4, "unknown": 5}
-    code = codes.get(result.outcome.value, 1)
-    if mode == "ask" and code == 0 and result.reply is None:
-        return 6
-    return code

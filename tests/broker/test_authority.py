@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from crossintercom.errors import AuthorityError
-from crossintercom.local_broker.authority import Decision, DedupAuthority
+from crossintercom.local_broker.authority import Decision, DecisionKind, DedupAuthority
 from tests.conftest import REPO
 
 OUTCOME = {"id": "m1", "outcome": "delivered", "recipient": "s-1"}
@@ -67,14 +67,14 @@ def open_auth(
 
 def test_decisions(open_auth: Callable[..., DedupAuthority]) -> None:
     auth = open_auth()
-    assert auth.reserve("m1", b"payload") == Decision("new")
-    assert auth.reserve("m1", b"payload") == Decision("uncertain")
-    assert auth.reserve("m1", b"payload", remote=True) == Decision("forward_again")
-    assert auth.reserve("m1", b"other") == Decision("conflict")
+    assert auth.reserve("m1", b"payload") == Decision(DecisionKind.NEW)
+    assert auth.reserve("m1", b"payload") == Decision(DecisionKind.UNCERTAIN)
+    assert auth.reserve("m1", b"payload", remote=True) == Decision(DecisionKind.FORWARD_AGAIN)
+    assert auth.reserve("m1", b"other") == Decision(DecisionKind.CONFLICT)
     auth.accept("m1", OUTCOME)
-    assert auth.reserve("m1", b"payload") == Decision("retained", OUTCOME)
-    assert auth.reserve("m1", b"payload", remote=True) == Decision("retained", OUTCOME)
-    assert auth.reserve("m1", b"other").kind == "conflict"
+    assert auth.reserve("m1", b"payload") == Decision(DecisionKind.RETAINED, OUTCOME)
+    assert auth.reserve("m1", b"payload", remote=True) == Decision(DecisionKind.RETAINED, OUTCOME)
+    assert auth.reserve("m1", b"other").kind is DecisionKind.CONFLICT
 
 
 def test_files_created_private_and_hold_no_text(tmp_path: Path) -> None:
@@ -96,7 +96,7 @@ def test_outcome_with_text_refused(open_auth: Callable[..., DedupAuthority]) -> 
         auth.accept("m1", {"id": "m1", "receipts": [{"text": "hello"}]})
     with pytest.raises(KeyError):
         auth.accept("nope", OUTCOME)
-    assert auth.reserve("m1", b"p").kind == "uncertain"
+    assert auth.reserve("m1", b"p").kind is DecisionKind.UNCERTAIN
 
 
 def test_accept_survives_restart(open_auth: Callable[..., DedupAuthority]) -> None:
@@ -106,9 +106,9 @@ def test_accept_survives_restart(open_auth: Callable[..., DedupAuthority]) -> No
     auth.accept("m1", OUTCOME)
     auth.close()
     auth = open_auth()
-    assert auth.reserve("m1", b"p") == Decision("retained", OUTCOME)
-    assert auth.reserve("m2", b"q").kind == "uncertain"
-    assert auth.reserve("m2", b"x").kind == "conflict"
+    assert auth.reserve("m1", b"p") == Decision(DecisionKind.RETAINED, OUTCOME)
+    assert auth.reserve("m2", b"q").kind is DecisionKind.UNCERTAIN
+    assert auth.reserve("m2", b"x").kind is DecisionKind.CONFLICT
     assert auth.stats()[0] == 2
 
 
@@ -121,10 +121,10 @@ def test_second_open_refused_while_in_use(open_auth: Callable[..., DedupAuthorit
 _CHILD = """
 import sys
 from pathlib import Path
-from crossintercom.local_broker.authority import DedupAuthority
+from crossintercom.local_broker.authority import DecisionKind, DedupAuthority
 auth = DedupAuthority(Path(sys.argv[1]))
-assert auth.reserve("reserved-only", b"p").kind == "new"
-assert auth.reserve("accepted", b"q").kind == "new"
+assert auth.reserve("reserved-only", b"p").kind is DecisionKind.NEW
+assert auth.reserve("accepted", b"q").kind is DecisionKind.NEW
 auth.accept("accepted", {"id": "accepted", "outcome": "queued"})
 print("ready", flush=True)
 sys.stdin.read()
@@ -150,10 +150,10 @@ def _kill_when_ready(script: str, directory: Path) -> None:
 def test_records_survive_sigkill(tmp_path: Path) -> None:
     _kill_when_ready(_CHILD, tmp_path)
     with DedupAuthority(tmp_path) as auth:
-        assert auth.reserve("reserved-only", b"p").kind == "uncertain"
-        assert auth.reserve("reserved-only", b"p", remote=True).kind == "forward_again"
+        assert auth.reserve("reserved-only", b"p").kind is DecisionKind.UNCERTAIN
+        assert auth.reserve("reserved-only", b"p", remote=True).kind is DecisionKind.FORWARD_AGAIN
         assert auth.reserve("accepted", b"q") == Decision(
-            "retained", {"id": "accepted", "outcome": "queued"}
+            DecisionKind.RETAINED, {"id": "accepted", "outcome": "queued"}
         )
 
 
@@ -166,9 +166,9 @@ def test_release_and_abandon(open_auth: Callable[..., DedupAuthority]) -> None:
     auth.release("m1")
     auth.release("m1")  # a repeated confirmation is harmless
     assert auth.stats() == (0, 0)
-    assert auth.reserve("m1", b"p").kind == "new"
+    assert auth.reserve("m1", b"p").kind is DecisionKind.NEW
     auth.abandon("m1")
-    assert auth.reserve("m1", b"other").kind == "new"
+    assert auth.reserve("m1", b"other").kind is DecisionKind.NEW
     auth.abandon("never-seen")
     for i in range(5):
         auth.reserve(f"b{i}", b"p")
@@ -177,24 +177,27 @@ def test_release_and_abandon(open_auth: Callable[..., DedupAuthority]) -> None:
     assert auth.stats() == (1, auth.stats()[1])  # only m1 left
     auth.close()
     auth = open_auth()
-    assert auth.reserve("b0", b"p").kind == "new"
-    assert auth.reserve("m1", b"p").kind == "conflict"  # m1 was re-reserved with b"other"
+    assert auth.reserve("b0", b"p").kind is DecisionKind.NEW
+    assert (
+        auth.reserve("m1", b"p").kind is DecisionKind.CONFLICT
+    )  # m1 was re-reserved with b"other"
 
 
 _RELEASE_CHILD = """
 import sys
 from pathlib import Path
-from crossintercom.local_broker.authority import DedupAuthority
+from crossintercom.local_broker.authority import DecisionKind, DedupAuthority
 auth = DedupAuthority(Path(sys.argv[1]))
 for op_id in ("carried", "pending"):
-    assert auth.reserve(op_id, b"p").kind == "new"
+    assert auth.reserve(op_id, b"p").kind is DecisionKind.NEW
     auth.accept(op_id, {"id": op_id, "outcome": "delivered"})
 auth.release("carried")
-assert auth.reserve("next", b"n").kind == "new"  # carries the DELETE of "carried"
+assert auth.reserve("next", b"n").kind is DecisionKind.NEW  # carries the DELETE of "carried"
 auth.release("pending")  # nothing writes after it
-assert auth.reserve("pending", b"p").kind == "new"  # released: unknown at once, in memory
+# released: unknown at once, in memory
+assert auth.reserve("pending", b"p").kind is DecisionKind.NEW
 auth.abandon("pending")  # the DELETE of the release and of the abandon, one transaction
-assert auth.reserve("kept", b"k").kind == "new"
+assert auth.reserve("kept", b"k").kind is DecisionKind.NEW
 auth.accept("kept", {"id": "kept", "outcome": "delivered"})
 auth.release("kept")
 print("ready", flush=True)
@@ -207,11 +210,11 @@ def test_batched_release_after_sigkill(tmp_path: Path) -> None:
     accepted record back (a duplicate is suppressed a little longer, never let through)."""
     _kill_when_ready(_RELEASE_CHILD, tmp_path)
     with DedupAuthority(tmp_path) as auth:
-        assert auth.reserve("carried", b"other").kind == "new"
-        assert auth.reserve("pending", b"other").kind == "new"
-        assert auth.reserve("next", b"n").kind == "uncertain"
+        assert auth.reserve("carried", b"other").kind is DecisionKind.NEW
+        assert auth.reserve("pending", b"other").kind is DecisionKind.NEW
+        assert auth.reserve("next", b"n").kind is DecisionKind.UNCERTAIN
         assert auth.reserve("kept", b"k") == Decision(
-            "retained", {"id": "kept", "outcome": "delivered"}
+            DecisionKind.RETAINED, {"id": "kept", "outcome": "delivered"}
         )
 
 
@@ -222,12 +225,14 @@ def test_release_then_reserve_again_keeps_the_new_record(
     auth.reserve("m1", b"p")
     auth.accept("m1", OUTCOME)
     auth.release("m1")
-    assert auth.reserve("m1", b"second").kind == "new"  # DELETE then INSERT, one transaction
+    assert (
+        auth.reserve("m1", b"second").kind is DecisionKind.NEW
+    )  # DELETE then INSERT, one transaction
     auth.flush_released()  # nothing pending: no write
     auth.close()
     auth = open_auth()
-    assert auth.reserve("m1", b"second").kind == "uncertain"
-    assert auth.reserve("m1", b"p").kind == "conflict"
+    assert auth.reserve("m1", b"second").kind is DecisionKind.UNCERTAIN
+    assert auth.reserve("m1", b"p").kind is DecisionKind.CONFLICT
 
 
 def test_synchronous_level(tmp_path: Path) -> None:
@@ -250,10 +255,12 @@ def test_ttl_expiry(open_auth: Callable[..., DedupAuthority], mono: FakeClock) -
     auth.accept("m2", OUTCOME)
     mono.now += 619.9
     assert auth.sweep() == 0
-    assert auth.reserve("m1", b"p").kind == "uncertain"
+    assert auth.reserve("m1", b"p").kind is DecisionKind.UNCERTAIN
     mono.now += 0.1
-    assert auth.reserve("m1", b"other").kind == "new"  # m1 expired, so the id is free again
-    assert auth.reserve("m2", b"p").kind == "retained"
+    assert (
+        auth.reserve("m1", b"other").kind is DecisionKind.NEW
+    )  # m1 expired, so the id is free again
+    assert auth.reserve("m2", b"p").kind is DecisionKind.RETAINED
     mono.now += 100
     assert auth.sweep() == 1
     assert auth.stats()[0] == 1
@@ -267,10 +274,10 @@ def test_wall_jump_in_process_ignored(
     wall.now += 86_400
     mono.now += 1
     assert auth.sweep() == 0
-    assert auth.reserve("m1", b"p").kind == "uncertain"
+    assert auth.reserve("m1", b"p").kind is DecisionKind.UNCERTAIN
     wall.now -= 2 * 86_400
     mono.now += 718
-    assert auth.reserve("m1", b"p").kind == "uncertain"
+    assert auth.reserve("m1", b"p").kind is DecisionKind.UNCERTAIN
     mono.now += 1
     assert auth.sweep() == 1
 
@@ -285,7 +292,7 @@ def test_wall_jump_backwards_across_restart(
     mono.now += 5
     auth = open_auth()
     mono.now += 719
-    assert auth.reserve("m1", b"p").kind == "uncertain"
+    assert auth.reserve("m1", b"p").kind is DecisionKind.UNCERTAIN
     mono.now += 1
     assert auth.sweep() == 1
 
@@ -299,7 +306,7 @@ def test_wall_jump_backwards_across_restart(
     mono.now += 600
     auth = open_auth()
     mono.now += 119
-    assert auth.reserve("m2", b"p").kind == "uncertain"
+    assert auth.reserve("m2", b"p").kind is DecisionKind.UNCERTAIN
     mono.now += 1
     assert auth.sweep() == 1
 
@@ -315,7 +322,7 @@ def test_wall_jump_forwards_across_restart_expires_early(
     wall.now += 3_600
     auth = open_auth()
     assert auth.stats() == (0, 0)
-    assert auth.reserve("m1", b"p").kind == "new"
+    assert auth.reserve("m1", b"p").kind is DecisionKind.NEW
 
 
 # -- bounds ------------------------------------------------------------------------------------
@@ -326,40 +333,40 @@ def test_record_bound_refuses_new_keeps_old(
 ) -> None:
     auth = open_auth(max_records=3)
     for i in range(3):
-        assert auth.reserve(f"m{i}", b"p").kind == "new"
+        assert auth.reserve(f"m{i}", b"p").kind is DecisionKind.NEW
     auth.accept("m0", OUTCOME)
-    assert auth.reserve("m3", b"p").kind == "over_capacity"
-    assert auth.reserve("m0", b"p").kind == "retained"
-    assert auth.reserve("m1", b"p").kind == "uncertain"
-    assert auth.reserve("m2", b"x").kind == "conflict"
+    assert auth.reserve("m3", b"p").kind is DecisionKind.OVER_CAPACITY
+    assert auth.reserve("m0", b"p").kind is DecisionKind.RETAINED
+    assert auth.reserve("m1", b"p").kind is DecisionKind.UNCERTAIN
+    assert auth.reserve("m2", b"x").kind is DecisionKind.CONFLICT
     auth.release("m1")
-    assert auth.reserve("m3", b"p").kind == "new"
-    assert auth.reserve("m4", b"p").kind == "over_capacity"
+    assert auth.reserve("m3", b"p").kind is DecisionKind.NEW
+    assert auth.reserve("m4", b"p").kind is DecisionKind.OVER_CAPACITY
     mono.now += 720  # everything expires; reserve sweeps before refusing
-    assert auth.reserve("m4", b"p").kind == "new"
+    assert auth.reserve("m4", b"p").kind is DecisionKind.NEW
     assert auth.stats()[0] == 1
 
 
 def test_byte_bound(open_auth: Callable[..., DedupAuthority], mono: FakeClock) -> None:
     auth = open_auth(max_bytes=400)
-    assert auth.reserve("m1", b"p").kind == "new"
+    assert auth.reserve("m1", b"p").kind is DecisionKind.NEW
     per_reservation = auth.stats()[1]
     assert per_reservation >= 64 + 64
     auth.accept("m1", {"id": "m1", "receipts": ["r" * 200]})
     assert auth.stats()[1] > per_reservation + 200
-    assert auth.reserve("m2", b"p").kind == "over_capacity"
-    assert auth.reserve("m1", b"p").kind == "retained"
+    assert auth.reserve("m2", b"p").kind is DecisionKind.OVER_CAPACITY
+    assert auth.reserve("m1", b"p").kind is DecisionKind.RETAINED
     mono.now += 720
     assert auth.sweep() == 1
     assert auth.stats() == (0, 0)
-    assert auth.reserve("m2", b"p").kind == "new"
+    assert auth.reserve("m2", b"p").kind is DecisionKind.NEW
 
 
 def test_sustained_traffic_never_hits_bound(tmp_path: Path) -> None:
     with DedupAuthority(tmp_path, max_records=10_000) as auth:
         for i in range(20_000):
             op_id = f"op-{i}"
-            assert auth.reserve(op_id, op_id.encode()).kind == "new"
+            assert auth.reserve(op_id, op_id.encode()).kind is DecisionKind.NEW
             auth.accept(op_id, {"id": op_id, "outcome": "delivered"})
             auth.release(op_id)
         assert auth.stats() == (0, 0)
@@ -513,7 +520,7 @@ def test_bad_files_refused_then_reset(tmp_path: Path, corrupt: Callable[[Path], 
     assert moved
     assert all(".bad-" in p.name and os.path.lexists(p) for p in moved)
     with DedupAuthority(tmp_path) as auth:
-        assert auth.reserve("m1", b"payload 1").kind == "new"
+        assert auth.reserve("m1", b"payload 1").kind is DecisionKind.NEW
 
 
 def test_reset_keeps_the_moved_copy_readable(tmp_path: Path) -> None:
@@ -575,15 +582,15 @@ def _model_reserve(
 ) -> Decision:
     if op_id not in model:
         if len(model) >= _MAX:
-            return Decision("over_capacity")
+            return Decision(DecisionKind.OVER_CAPACITY)
         model[op_id] = (payload, None)
-        return Decision("new")
+        return Decision(DecisionKind.NEW)
     stored, outcome = model[op_id]
     if stored != payload:
-        return Decision("conflict")
+        return Decision(DecisionKind.CONFLICT)
     if outcome is not None:
-        return Decision("retained", outcome)
-    return Decision("forward_again" if remote else "uncertain")
+        return Decision(DecisionKind.RETAINED, outcome)
+    return Decision(DecisionKind.FORWARD_AGAIN if remote else DecisionKind.UNCERTAIN)
 
 
 @settings(

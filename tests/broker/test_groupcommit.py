@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from crossintercom.local_broker.authority import Decision, DedupAuthority
+from crossintercom.local_broker.authority import Decision, DecisionKind, DedupAuthority
 from crossintercom.local_broker.groupcommit import GroupCommit
 
 OUTCOME = {"id": "m1", "outcome": "delivered", "recipient": "s-1"}
@@ -27,7 +27,10 @@ def test_one_turn_is_one_group_and_durable(tmp_path: Path) -> None:
             )
 
     decisions = asyncio.run(main())
-    assert [d.kind for d in decisions] == ["new"] * 20 + ["uncertain", "conflict"]
+    assert [d.kind for d in decisions] == [DecisionKind.NEW] * 20 + [
+        DecisionKind.UNCERTAIN,
+        DecisionKind.CONFLICT,
+    ]
     with DedupAuthority(tmp_path) as again:  # committed before the callers resumed
         assert again.stats()[0] == 20
 
@@ -46,8 +49,8 @@ def test_a_reservation_beside_its_ids_acceptance_sees_the_retained_outcome(
             return first, retry
 
     first, retry = asyncio.run(main())
-    assert first.kind == "new"
-    assert retry == Decision("retained", OUTCOME)
+    assert first.kind is DecisionKind.NEW
+    assert retry == Decision(DecisionKind.RETAINED, OUTCOME)
 
 
 def test_a_lone_send_writes_without_waiting_for_the_loop(tmp_path: Path) -> None:
@@ -60,4 +63,4 @@ def test_a_lone_send_writes_without_waiting_for_the_loop(tmp_path: Path) -> None
             assert task.done()
             return task.result()
 
-    assert asyncio.run(main()).kind == "new"
+    assert asyncio.run(main()).kind is DecisionKind.NEW

@@ -5,26 +5,30 @@ from __future__ import annotations
 import msgspec
 import pytest
 
+from crossintercom.errors import Code
 from crossintercom.local_broker import outcomes
-from crossintercom.local_broker.authority import Decision
+from crossintercom.local_broker.authority import Decision, DecisionKind
+from crossintercom.local_broker.outcomes import Push
 from crossintercom.models import Outcome, Receipt, SendResult, outcome_for_state, weakest
 
 
 @pytest.mark.parametrize(
     ("push", "durable", "outcome", "code"),
     [
-        (outcomes.ACKED, False, Outcome.DELIVERED, None),
-        (outcomes.ACKED, True, Outcome.DELIVERED, None),
+        (Push.ACKED, False, Outcome.DELIVERED, None),
+        (Push.ACKED, True, Outcome.DELIVERED, None),
         ("id_conflict", True, Outcome.REFUSED, "id_conflict"),
-        (outcomes.OFFLINE, True, Outcome.QUEUED, None),
-        (outcomes.CONNECTION_LOST, True, Outcome.QUEUED, None),
-        (outcomes.TIMEOUT, True, Outcome.QUEUED, None),
-        (outcomes.TIMEOUT, False, Outcome.UNKNOWN, "no_ack"),
-        (outcomes.CONNECTION_LOST, False, Outcome.NOT_SENT, "recipient_gone"),
-        (outcomes.OFFLINE, False, Outcome.NOT_SENT, "recipient_gone"),
+        (Code.SAVE_FAILED, True, Outcome.QUEUED, None),
+        (Code.SAVE_FAILED, False, Outcome.NOT_SENT, "local_storage"),
+        (Push.OFFLINE, True, Outcome.QUEUED, None),
+        (Push.CONNECTION_LOST, True, Outcome.QUEUED, None),
+        (Push.TIMEOUT, True, Outcome.QUEUED, None),
+        (Push.TIMEOUT, False, Outcome.UNKNOWN, "no_ack"),
+        (Push.CONNECTION_LOST, False, Outcome.NOT_SENT, "recipient_gone"),
+        (Push.OFFLINE, False, Outcome.NOT_SENT, "recipient_gone"),
     ],
 )
-def test_local_receipt(push: str, durable: bool, outcome: Outcome, code: str | None) -> None:
+def test_local_receipt(push: Push | str, durable: bool, outcome: Outcome, code: str | None) -> None:
     r = outcomes.local_receipt("m", "rcpt", push, durable=durable)
     assert (r.id, r.recipient, r.outcome, r.code) == ("m", "rcpt", outcome, code)
 
@@ -71,20 +75,20 @@ def test_weakest_order() -> None:
 @pytest.mark.parametrize(
     ("kind", "outcome", "code"),
     [
-        ("conflict", Outcome.REFUSED, "payload_conflict"),
-        ("over_capacity", Outcome.REFUSED, "over_capacity"),
-        ("uncertain", Outcome.UNKNOWN, "uncertain"),
+        (DecisionKind.CONFLICT, Outcome.REFUSED, "payload_conflict"),
+        (DecisionKind.OVER_CAPACITY, Outcome.REFUSED, "over_capacity"),
+        (DecisionKind.UNCERTAIN, Outcome.UNKNOWN, "uncertain"),
     ],
 )
-def test_reserved_answers(kind: str, outcome: Outcome, code: str) -> None:
-    got = outcomes.reserved(Decision(kind), "m")  # type: ignore[arg-type]
+def test_reserved_answers(kind: DecisionKind, outcome: Outcome, code: str) -> None:
+    got = outcomes.reserved(Decision(kind), "m")
     assert got is not None
     assert (got.id, got.outcome, got.code) == ("m", outcome, code)
 
 
 def test_reserved_goes_ahead_for_new_and_forward_again() -> None:
-    assert outcomes.reserved(Decision("new"), "m") is None
-    assert outcomes.reserved(Decision("forward_again"), "m") is None
+    assert outcomes.reserved(Decision(DecisionKind.NEW), "m") is None
+    assert outcomes.reserved(Decision(DecisionKind.FORWARD_AGAIN), "m") is None
 
 
 def test_retained_outcome_round_trips_through_the_authority_form() -> None:
@@ -93,7 +97,7 @@ def test_retained_outcome_round_trips_through_the_authority_form() -> None:
     )
     kept = outcomes.to_retain(result)
     assert "message" not in kept and "text" not in kept
-    assert outcomes.reserved(Decision("retained", kept), "m") == result
+    assert outcomes.reserved(Decision(DecisionKind.RETAINED, kept), "m") == result
     assert outcomes.retained(None, "m").outcome is Outcome.UNKNOWN
 
 
