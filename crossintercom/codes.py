@@ -115,3 +115,14 @@ class Code(StrEnum):
     RELAY_FENCED = "relay_fenced"
     INVALID_ESCALATION = "invalid_escalation"
     WAITER_BUSY = "waiter_busy"
+    # `set-status` of a session no live client holds on this host: nothing to change.
+    NOT_ONLINE = "not_online"
+    # The MCP server: a call of a tool it does not offer.
+    UNKNOWN_TOOL = "unknown_tool"
+    # The overseer page's HTTP refusals (docs/web.md): a Host header it does not answer to, a
+    # missing or wrong access token, a cross-site request.
+    UNKNOWN_HOST = "unknown_host"
+    BAD_TOKEN = "bad_token"
+    CSRF = "csrf"
+    # `crossintercom chaos`: a send still open when the senders stopped (counted unknown).
+    ABANDONED = "abandoned"

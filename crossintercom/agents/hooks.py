@@ -34,6 +34,7 @@ from typing import IO, Any
 
 from crossintercom.agents import lifeline
 from crossintercom.agents.mail import render_mail
+from crossintercom.errors import Code
 from crossintercom.inbox import Entry
 
 # claude-socket: a SessionStart hook that starts the messaging-socket child (claude_socket.py).
@@ -193,7 +194,14 @@ def busy_exit(fmt: str, message: str, as_json: bool) -> int:
     if as_json or fmt == "json":
         sys.stdout.write(
             json.dumps(
-                {"error": {"code": "waiter_busy", "message": message, "outcome": None, "id": None}}
+                {
+                    "error": {
+                        "code": Code.WAITER_BUSY,
+                        "message": message,
+                        "outcome": None,
+                        "id": None,
+                    }
+                }
             )
             + "\n"
         )

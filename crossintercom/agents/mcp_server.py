@@ -25,6 +25,7 @@ from crossintercom.agents.mcp_tools import Tools
 from crossintercom.agents.session import AgentSession
 from crossintercom.client import Identity
 from crossintercom.config import Settings
+from crossintercom.errors import Code
 
 log = logging.getLogger(__name__)
 
@@ -62,12 +63,14 @@ class MailboxServer(MCPServer[Any]):
     ) -> CallToolResult | InputRequiredResult:
         known = {t.name: t for t in await self.list_tools()}
         if name not in known:
-            return res.error("unknown_tool", f"no tool {name!r}; tools: {', '.join(sorted(known))}")
+            return res.error(
+                Code.UNKNOWN_TOOL, f"no tool {name!r}; tools: {', '.join(sorted(known))}"
+            )
         allowed = set((known[name].input_schema or {}).get("properties", {}))
         extra = sorted(set(arguments) - allowed)
         if extra:
             return res.error(
-                "invalid_argument",
+                Code.INVALID_ARGUMENT,
                 f"{name} takes no argument {', '.join(map(repr, extra))} (it takes "
                 f"{', '.join(sorted(allowed)) or 'none'}); nothing was done",
             )
@@ -86,7 +89,7 @@ class MailboxServer(MCPServer[Any]):
                 for err in cause.errors()
             ]
             return res.error(
-                "invalid_argument",
+                Code.INVALID_ARGUMENT,
                 f"bad arguments for {name}: {'; '.join(problems)}; nothing was done",
             )
 

@@ -22,7 +22,7 @@ from crossintercom.agents.session import Busy
 from crossintercom.cli.common import as_options, identity, json_option, one_shot, settings
 from crossintercom.cli.output import emit_json, refused_exit
 from crossintercom.client import Client, Identity, forget, set_wake
-from crossintercom.errors import RemoteError, UsageError
+from crossintercom.errors import Code, RemoteError, UsageError
 from crossintercom.inbox import Inbox
 from crossintercom.models import WAKE_POLICIES
 from crossintercom.runtime import ensure_runtime_dir
@@ -178,7 +178,7 @@ def set_status(
             client.set_status(None if clear else text)
     if not attached:
         refused_exit(
-            "not_online",
+            Code.NOT_ONLINE,
             f"{as_name} is not online on this host; a status belongs to a live session (the "
             "MCP server, `listen` or `wait` holding it), so nothing was changed",
             as_json,

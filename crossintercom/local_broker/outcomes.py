@@ -36,13 +36,11 @@ AckResult = str | Literal[Push.CONNECTION_LOST] | None
 class Refusal(Exception):
     """Ends an operation with an outcome before anything was delivered (refused by default)."""
 
-    def __init__(
-        self, code: str, message: str, outcome: Literal["refused", "not_sent"] = "refused"
-    ) -> None:
+    def __init__(self, code: Code, message: str, outcome: Outcome = Outcome.REFUSED) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
-        self.outcome = Outcome(outcome)
+        self.outcome = outcome
 
     def result(self, message_id: str) -> SendResult:
         return SendResult(message_id, self.outcome, self.code, self.message)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from crossintercom.errors import Code
 from crossintercom.local_broker.outcomes import Refusal
-from crossintercom.models import SessionInfo, fallback_alias
+from crossintercom.models import Outcome, SessionInfo, fallback_alias
 
 UUID_RE = re.compile(
     r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
@@ -119,6 +119,6 @@ def without_relay(target: str, refusal: Refusal, *, host: str, has_store: bool) 
             Code.NO_RELAY,
             f"{target!r} is not on this host and no relay is connected to reach other "
             "hosts; nothing was sent",
-            outcome="not_sent",
+            outcome=Outcome.NOT_SENT,
         )
     return refusal

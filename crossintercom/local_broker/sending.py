@@ -286,5 +286,5 @@ def _storage_refusal(exc: BaseException) -> Refusal:
     return Refusal(
         Code.LOCAL_STORAGE,
         f"this host's broker cannot write its files ({exc}); nothing was sent",
-        outcome="not_sent",
+        outcome=Outcome.NOT_SENT,
     )

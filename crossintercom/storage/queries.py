@@ -38,6 +38,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.sql.expression import ColumnClause
 
+from crossintercom.errors import Code
 from crossintercom.models import MARK_END, MARK_START, SearchQuery, search_terms
 from crossintercom.storage.interface import DeliveryState, ReceiptOutcome
 from crossintercom.storage.tables import (
@@ -432,7 +433,7 @@ FORGET_DELIVERIES = (
         deliveries.c.recipient_session == bindparam("session_id"),
         deliveries.c.state == QUEUED,
     )
-    .values(state="expired", reason="forgotten", finished_at=bindparam("finished"))
+    .values(state="expired", reason=Code.FORGOTTEN, finished_at=bindparam("finished"))
     .returning(deliveries.c.message_id, deliveries.c.recipient_session)
 )
 
@@ -454,7 +455,7 @@ def _expire_batch() -> Update:
     return (
         update(deliveries)
         .where(deliveries.c.seq.in_(due.scalar_subquery()), deliveries.c.state == QUEUED)
-        .values(state="expired", reason="expired", finished_at=bindparam("finished"))
+        .values(state="expired", reason=Code.EXPIRED, finished_at=bindparam("finished"))
     )
 
 

@@ -31,7 +31,7 @@ from starlette.responses import (
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from crossintercom.errors import CrossintercomError, UsageError
+from crossintercom.errors import Code, CrossintercomError, UsageError
 from crossintercom.models import SearchQuery, parse_since, search_terms
 from crossintercom.web.auth import COOKIE, CSRF_HEADER, Guard
 from crossintercom.web.overseer import Overseer
@@ -70,11 +70,11 @@ class GuardMiddleware(BaseHTTPMiddleware):
     async def _check(self, request: Request, call_next: RequestResponseEndpoint) -> Response:
         guard = self.guard
         if not guard.host_ok(request.headers.get("host")):
-            return _refuse(421, "unknown_host", "this server does not answer to that host name")
+            return _refuse(421, Code.UNKNOWN_HOST, "this server does not answer to that host name")
         given = request.query_params.get("token")
         if given is not None and request.method in SAFE_METHODS:
             if not guard.token_ok(given):
-                return _refuse(401, "bad_token", "wrong access token")
+                return _refuse(401, Code.BAD_TOKEN, "wrong access token")
             # Trade the URL's token for a cookie and drop it from the address bar and history.
             back = RedirectResponse(request.url.remove_query_params("token"), status_code=303)
             back.set_cookie(COOKIE, guard.token, httponly=True, samesite="strict", path="/")
@@ -82,12 +82,12 @@ class GuardMiddleware(BaseHTTPMiddleware):
         bearer = request.headers.get("authorization", "")
         token = bearer[7:] if bearer.lower().startswith("bearer ") else request.cookies.get(COOKIE)
         if not guard.token_ok(token):
-            return _refuse(401, "bad_token", "an access token is needed (printed at start)")
+            return _refuse(401, Code.BAD_TOKEN, "an access token is needed (printed at start)")
         if request.method not in SAFE_METHODS and not (
             guard.csrf_ok(request.headers.get(CSRF_HEADER))
             and guard.origin_ok(request.headers.get("origin"))
         ):
-            return _refuse(403, "csrf", "cross-site request refused")
+            return _refuse(403, Code.CSRF, "cross-site request refused")
         return await call_next(request)
 
 

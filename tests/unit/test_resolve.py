@@ -6,6 +6,7 @@ import uuid
 
 import pytest
 
+from crossintercom.errors import Code
 from crossintercom.local_broker.outcomes import Refusal
 from crossintercom.local_broker.registry import Snapshot
 from crossintercom.local_broker.resolve import Target, resolve, without_relay
@@ -134,7 +135,7 @@ def test_unknown_name_is_not_found() -> None:
 
 
 def test_without_relay_a_remote_or_store_target_is_not_sent() -> None:
-    miss = Refusal("not_found", "no session named 'x'")
+    miss = Refusal(Code.NOT_FOUND, "no session named 'x'")
     assert without_relay("x@beta", miss, host=HERE, has_store=False).outcome is Outcome.NOT_SENT
     assert without_relay("x", miss, host=HERE, has_store=True).code == "no_relay"
     assert without_relay("x", miss, host=HERE, has_store=False) is miss

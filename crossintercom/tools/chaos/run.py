@@ -10,8 +10,8 @@ import time
 from pathlib import Path
 
 from crossintercom.client import AsyncClient
-from crossintercom.errors import CrossintercomError
-from crossintercom.models import new_id
+from crossintercom.errors import Code, CrossintercomError
+from crossintercom.models import Outcome, new_id
 from crossintercom.storage.rogue import delivery_reasons
 from crossintercom.tools.chaos import disk
 from crossintercom.tools.chaos.faults import Injector, fault_kinds
@@ -63,12 +63,14 @@ class Chaos(ChaosState):
                 r = await self.clients[src].send(f"{SINK}@{recipient}", text, message_id=msg_id)
                 record.outcome, record.code = r.outcome.value, r.code
             except CrossintercomError as exc:  # usage-level failures end up here
-                record.outcome, record.code = "not_sent", exc.code
+                record.outcome, record.code = Outcome.NOT_SENT, exc.code
             except asyncio.CancelledError:
-                record.code = "abandoned"
+                record.code = Code.ABANDONED
                 raise
             # Nothing to send through right now (relay down): do not spin on not_sent.
-            await asyncio.sleep(NOT_SENT_PAUSE_S if record.outcome == "not_sent" else SEND_PAUSE_S)
+            await asyncio.sleep(
+                NOT_SENT_PAUSE_S if record.outcome == Outcome.NOT_SENT else SEND_PAUSE_S
+            )
 
     async def run(self) -> float:
         """Returns how long the drain took."""
