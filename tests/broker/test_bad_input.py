@@ -304,7 +304,7 @@ KNOWN_CODES = {
     "unexpected_ack",
     "frame_too_large",
     "not_relay",
-    "relay_in_use",
+    "relay_already_connected",
     "session_in_use",
     "not_agent",
     "not_found",  # `forget` of a session this host does not know

@@ -6,11 +6,14 @@ Exit codes and ``--json`` shapes are the README's; the message object is docs/pr
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 from typing import Any
 
 from crossintercom.models import durable_session_id
+from crossintercom.relay.run import hold_relay_lock
+from crossintercom.runtime import ensure_runtime_dir
 from tests.conftest import (
     CLI,
     HOST_ID,
@@ -19,6 +22,7 @@ from tests.conftest import (
     cli_json,
     kill_broker,
     run_cli,
+    settings_for,
     start_cli,
 )
 
@@ -353,3 +357,20 @@ def test_json_env_var_and_error_shape(cli_env: dict[str, str]) -> None:
     assert set(doc) == {"error"}
     assert set(doc["error"]) == {"code", "message", "outcome", "id"}
     assert doc["error"]["code"] == "not_found"
+
+
+def test_a_second_relay_on_this_machine_is_relay_already_running(
+    cli_env: dict[str, str], runtime_home: Path
+) -> None:
+    """The relay's lock, not the broker's refusal of a second relay connection: each has its
+    own code; the command ends as an operational error (exit 1)."""
+    settings = settings_for(cli_env)
+    ensure_runtime_dir(settings)
+    held = hold_relay_lock(settings)
+    try:
+        store = f"sqlite:///{runtime_home / 'never-opened.db'}"
+        out = run_cli(cli_env | {"CROSSINTERCOM_JSON": "1"}, "relay", "--store", store)
+    finally:
+        os.close(held)
+    assert out.returncode == 1, out.stderr
+    assert json.loads(out.stdout)["error"]["code"] == "relay_already_running"

@@ -328,6 +328,10 @@ def test_control_session_is_not_a_mailbox(home: Path) -> None:
             st = c.request({"type": "status"})
             assert st["sessions"] == 0
             assert st["relay"] == {"connected": True, "store": "store ok"}
+        # A second relay is refused with its own code (not the relay process's lock code).
+        with RawConn(home) as second:
+            err = second.register(sid(), purpose="control")
+            assert (err["type"], err["code"]) == ("error", "relay_already_connected")
     assert "Traceback" not in (home / "broker.log").read_text()
     assert_send_still_works(home)
 
