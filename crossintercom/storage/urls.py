@@ -121,7 +121,14 @@ def parse_store_url(raw: str) -> StoreURL:
     if url.drivername in POSTGRES_SCHEMES:
         if not url.database:
             raise StoreURLError(f"store URL {masked} names no database; add /DBNAME")
-        return StoreURL("postgres", url.set(drivername="postgresql+psycopg"), masked)
+        url = url.set(drivername="postgresql+psycopg")
+        hosts = url.query.get("host")
+        several = not isinstance(hosts, str) or "," in hosts
+        if hosts is not None and several and "target_session_attrs" not in url.query:
+            # Several hosts are a replica set: the store is written, so it is the primary
+            # that is wanted (libpq's default, "any", takes a standby listed first).
+            url = url.update_query_dict({"target_session_attrs": "read-write"})
+        return StoreURL("postgres", url, masked)
     if url.drivername in SQLITE_SCHEMES:
         if not url.database or url.database == ":memory:":
             raise StoreURLError(
