@@ -155,7 +155,7 @@ class ThrowawayPostgres:
         self.restarts += 1
 
     def stop(self) -> None:
-        with contextlib.suppress(OSError, subprocess.SubprocessError):
+        with contextlib.suppress(OSError, subprocess.SubprocessError, RuntimeError):
             self._ctl("-m", "immediate", "stop", timeout=60)
         shutil.rmtree(self.root, ignore_errors=True)
 

@@ -119,7 +119,7 @@ def test_failover_with_synchronous_replication_loses_and_duplicates_nothing() ->
         wait_for(lambda: _drained(traffic), 60, "every acknowledged message to arrive")
         result = tally(traffic)
         print(f"sync failover: {result.outcomes}, mail again after {flowing_after:.2f} s")
-        assert result.acknowledged > 40
+        assert result.acknowledged >= 40
         assert result.lost == []
         assert result.duplicated == []
         assert result.phantom_not_sent == []
