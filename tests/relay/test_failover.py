@@ -19,7 +19,7 @@ import pytest
 from crossintercom.storage import migrate
 from crossintercom.tools.pgcluster import free_port, pg_bin
 from crossintercom.tools.pgreplica import ReplicatedPostgres
-from tests.pgharness import PgServer, pg_empty_url, pg_unavailable  # noqa: F401
+from tests.pgharness import PgServer, pg_unavailable
 from tests.relay.conftest import Cluster, Host, wait_for
 from tests.relay.failover import SINK, Traffic, tally
 
