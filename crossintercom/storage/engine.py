@@ -240,9 +240,57 @@ def pg_hint(reason: str) -> str:
     return "check the host and port in the store URL and that PostgreSQL is running there"
 
 
+# -- failover: a server that is, or has become, read-only ----------------------------------
+
+# A server in recovery (a standby), one shutting down, or a primary demoted or set read-only
+# by a failover: the write did not happen, and the host to use is another one now. Treated
+# as a lost connection: the connection is dropped, and the next one goes to whichever host
+# is the primary (target_session_attrs=read-write; docs/operations.md, "High availability").
+FAILOVER_SQLSTATES = frozenset(
+    {
+        "25006",  # read_only_sql_transaction: "cannot execute ... in a read-only transaction"
+        "57P01",  # admin_shutdown
+        "57P02",  # crash_shutdown
+        "57P03",  # cannot_connect_now: "the database system is in recovery mode", starting up
+    }
+)
+_FAILOVER_WORDS = (
+    "read-only transaction",
+    "during recovery",
+    "in recovery mode",
+    "is starting up",
+    "is shutting down",
+    "not yet accepting connections",
+    "session is read-only",
+)
+
+
+def is_failover_error(exc: BaseException) -> bool:
+    """A driver error (raw, or wrapped by SQLAlchemy) saying the server cannot take writes
+    now: a standby, a primary being demoted, shut down or restarted. Nothing was written."""
+    orig = getattr(exc, "orig", None) or exc
+    if getattr(orig, "sqlstate", None) in FAILOVER_SQLSTATES:
+        return True
+    text = str(orig).lower()
+    return isinstance(orig, psycopg.Error) and any(w in text for w in _FAILOVER_WORDS)
+
+
+def failover_hint(parsed: StoreURL) -> str:
+    if len(parsed.hosts) > 1:
+        return "reconnecting to the host that is the primary now"
+    return (
+        "the server is a standby or read-only (a failover?); name every host of the "
+        "replica set in the store URL with target_session_attrs=read-write"
+    )
+
+
 def unavailable(parsed: StoreURL, exc: BaseException) -> StoreUnavailable:
     """The store could not be reached (connect failed, connection lost before COMMIT)."""
     reason = one_line(exc)
+    if parsed.kind == "postgres" and is_failover_error(exc):
+        return StoreUnavailable(
+            f"the store {parsed.masked} cannot take writes now: {reason}; {failover_hint(parsed)}"
+        )
     if parsed.kind == "postgres":
         return StoreUnavailable(
             f"cannot reach the store {parsed.masked}: {reason}; {pg_hint(reason)}"
@@ -263,7 +311,10 @@ def is_connection_error(parsed: StoreURL, exc: DBAPIError) -> bool:
     if exc.connection_invalidated:
         return True
     if parsed.kind == "postgres":
-        return isinstance(exc.orig, psycopg.OperationalError | psycopg.InterfaceError)
+        # A read-only server (a standby, a demoted primary) counts as a lost connection too.
+        return isinstance(
+            exc.orig, psycopg.OperationalError | psycopg.InterfaceError
+        ) or is_failover_error(exc)
     # "database is locked" past the busy timeout, "unable to open database file", I/O errors
     return isinstance(exc.orig, sqlite3.OperationalError) and "readonly" not in str(exc.orig)
 

@@ -1,4 +1,10 @@
-"""Store URLs: which backend a URL names, and how to show it without its password."""
+"""Store URLs: which backend a URL names, and how to show it without its password.
+
+A PostgreSQL URL may name several hosts as libpq takes them, ``postgresql://u@h1:p1,h2:p2/db``
+(with ``target_session_attrs=read-write`` the connection goes to whichever is the primary
+now, docs/operations.md "High availability"); the hosts are kept in the query
+(``host=h1,h2&port=p1,p2``), the form SQLAlchemy's driver and libpq both read.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +14,7 @@ from pathlib import Path
 from typing import Literal
 from urllib.parse import quote
 
+from psycopg.conninfo import make_conninfo
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError
 
@@ -22,6 +29,12 @@ _USERINFO = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<user>[^:@/]*
 _QUERY_PASSWORD = re.compile(r"(password=)[^&\s]*", re.IGNORECASE)
 # Kept as they are when a password is percent-encoded: its own escapes, and what RFC 3986 allows.
 _USERINFO_SAFE = "%!$&'()*+,;=-._~"
+_USER_ONLY = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<user>[^:@/]+)@")
+# scheme://[userinfo@]h1[:p1],h2[:p2][/rest]: a libpq host list (an IPv6 host in brackets).
+_HOST_LIST = re.compile(
+    r"^(?P<head>[A-Za-z][A-Za-z0-9+.-]*://(?:[^/?#]*@)?)(?P<hosts>[^/?#@]*,[^/?#@]*)(?P<tail>.*)$"
+)
+_HOST_PORT = re.compile(r"^(?P<host>\[[^\]]*\]|[^:\[\]]*)(?::(?P<port>[^:]*))?$")
 
 
 def mask_url(url: str) -> str:
@@ -40,6 +53,33 @@ def _encode_userinfo(raw: str) -> str:
     return f"{m['scheme']}{m['user']}:{pw}@{raw[m.end() :]}"
 
 
+def _fold_hosts(raw: str) -> str:
+    """A libpq host list (``h1:p1,h2:p2``) moved into the query as ``host=h1,h2&port=p1,p2``;
+    any other URL as it is. A host without a port gets the default port (an empty entry)."""
+    m = _HOST_LIST.match(raw)
+    if m is None:
+        return raw
+    hosts: list[str] = []
+    ports: list[str] = []
+    for item in m["hosts"].split(","):
+        part = _HOST_PORT.match(item.strip())
+        if part is None or not part["host"]:
+            raise ValueError(f"bad host {item!r} in the host list")
+        hosts.append(part["host"].strip("[]"))
+        ports.append(part["port"] or "")
+    path, _, query = m["tail"].partition("?")
+    folded = f"host={','.join(hosts)}"
+    if any(ports):
+        folded += f"&port={','.join(ports)}"
+    query = f"{query}&{folded}" if query else folded
+    return f"{m['head']}{path or '/'}?{query}"
+
+
+def _one(value: str | tuple[str, ...]) -> str:
+    """A query value as libpq takes it: a repeated ``host=h:p`` becomes one list."""
+    return value if isinstance(value, str) else ",".join(value)
+
+
 @dataclass(frozen=True, slots=True)
 class StoreURL:
     kind: Literal["postgres", "sqlite"]
@@ -48,15 +88,32 @@ class StoreURL:
     path: Path | None = None  # the database file, for SQLite
 
     def libpq_conninfo(self) -> str:
-        """The URL as libpq reads it, for the dedicated listener connection."""
-        return self.url.set(drivername="postgresql").render_as_string(hide_password=False)
+        """The URL as libpq reads it (every host of a host list), for the connections opened
+        without SQLAlchemy: the listener, the relay's hot path."""
+        params: dict[str, str | int | None] = dict(
+            self.url.translate_connect_args(username="user", database="dbname")
+        )
+        query = {key: _one(value) for key, value in self.url.query.items()}
+        if "host" in query and ":" in query["host"] and "port" not in query:
+            # host=h1:p1&host=h2:p2 (SQLAlchemy's other spelling): libpq wants them apart.
+            pairs = [item.rpartition(":") for item in query["host"].split(",")]
+            query["host"] = ",".join(h if sep else p for h, sep, p in pairs)
+            query["port"] = ",".join(p if sep else "" for _h, sep, p in pairs)
+        params.update(query)
+        return make_conninfo("", **params)
+
+    @property
+    def hosts(self) -> list[str]:
+        """``host:port`` of each host the URL names, in order (one for most URLs)."""
+        info = conninfo_hosts(self.libpq_conninfo())
+        return [f"{h}:{p}" if p else h for h, p in info]
 
 
 def parse_store_url(raw: str) -> StoreURL:
     """Pick the backend from the URL scheme alone; anything else is refused up front."""
     masked = mask_url(raw)
     try:
-        url = make_url(_encode_userinfo(raw))
+        url = make_url(_fold_hosts(_encode_userinfo(raw)))
     except (ArgumentError, ValueError):  # ValueError: a port that is not a number
         raise StoreURLError(
             f"cannot parse store URL {masked}; use postgresql://USER@HOST/DB or sqlite:///PATH"
@@ -64,7 +121,14 @@ def parse_store_url(raw: str) -> StoreURL:
     if url.drivername in POSTGRES_SCHEMES:
         if not url.database:
             raise StoreURLError(f"store URL {masked} names no database; add /DBNAME")
-        return StoreURL("postgres", url.set(drivername="postgresql+psycopg"), masked)
+        url = url.set(drivername="postgresql+psycopg")
+        hosts = url.query.get("host")
+        several = not isinstance(hosts, str) or "," in hosts
+        if hosts is not None and several and "target_session_attrs" not in url.query:
+            # Several hosts are a replica set: the store is written, so it is the primary
+            # that is wanted (libpq's default, "any", takes a standby listed first).
+            url = url.update_query_dict({"target_session_attrs": "read-write"})
+        return StoreURL("postgres", url, masked)
     if url.drivername in SQLITE_SCHEMES:
         if not url.database or url.database == ":memory:":
             raise StoreURLError(
@@ -100,5 +164,22 @@ def with_password_file(raw: str, password_file: str | None) -> str:
         raise StoreURLError(
             f"a password file applies to a postgresql:// store, not {parsed.masked}"
         )
-    url = make_url(raw).set(password=password)
+    # Written into the URL as given, so what is shown of it (masked) is what the person wrote.
+    m = _USERINFO.match(raw) or _USER_ONLY.match(raw)
+    if m is not None:
+        pw = quote(password, safe="")
+        return f"{m['scheme']}{m['user']}:{pw}@{raw[m.end() :]}"
+    url = make_url(_fold_hosts(raw)).set(password=password)
     return url.render_as_string(hide_password=False)
+
+
+def conninfo_hosts(conninfo: str) -> list[tuple[str, str]]:
+    """(host, port) of each host a libpq connection string names."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    info = conninfo_to_dict(conninfo)
+    hosts = str(info.get("host") or "").split(",")
+    ports = str(info.get("port") or "").split(",")
+    if len(ports) == 1:
+        ports = ports * len(hosts)
+    return list(zip(hosts, ports, strict=False))

@@ -22,7 +22,7 @@ from typing import Any, Final, Self
 
 import msgspec
 import psycopg
-from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_exponential
+from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_exponential
 from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
 from watchdog.observers.polling import PollingObserver
@@ -30,7 +30,7 @@ from watchdog.observers.polling import PollingObserver
 from crossintercom.runtime import replace_file
 from crossintercom.storage import queries as q
 from crossintercom.storage import sqlitetrust
-from crossintercom.storage.engine import PG_KEEPALIVES, application_name
+from crossintercom.storage.engine import PG_KEEPALIVES, application_name, is_failover_error
 from crossintercom.storage.interface import CATCH_UP, ReceiptOutcome, ReceiptRow, Wake
 
 log = logging.getLogger(__name__)
@@ -130,6 +130,14 @@ class _ClosedOnExit:
         self.close()
 
 
+def connection_lost(exc: BaseException) -> bool:
+    """The listener's connection is gone or unusable for LISTEN: the server dropped it, or it
+    is a standby ("cannot execute LISTEN during recovery"), or a primary a failover demoted.
+    NOTIFYs are not replicated either: a hint sent to the old primary is lost with it, which
+    the catch-up after the reconnect (to the primary now) covers."""
+    return isinstance(exc, psycopg.OperationalError) or is_failover_error(exc)
+
+
 class PostgresWaiter(_ClosedOnExit):
     """A dedicated autocommit connection that LISTENs on one host's channel."""
 
@@ -176,22 +184,28 @@ class PostgresWaiter(_ClosedOnExit):
             fallback_application_name=application_name("listen", self._host_id),
             **PG_KEEPALIVES,
         )
-        conn.execute(q.pg_listen(self.channel))
-        conn.execute(q.pg_listen(ROSTER_CHANNEL))
+        try:
+            conn.execute(q.pg_listen(self.channel))
+            conn.execute(q.pg_listen(ROSTER_CHANNEL))
+        except BaseException:
+            conn.close()  # a standby refuses LISTEN: the next try looks for the primary
+            raise
         self._conn = conn
         # Anything sent while nobody listened is found by the caller's catch-up query.
         self._reconnected = True
 
     def _reconnect(self, budget: float) -> bool:
         retrying = Retrying(
-            retry=retry_if_exception_type(psycopg.OperationalError),
+            retry=retry_if_exception(connection_lost),
             stop=stop_after_delay(max(budget, 0.0)),
             wait=wait_exponential(multiplier=0.1, max=2.0),
             reraise=True,
         )
         try:
             retrying(self._connect)
-        except psycopg.OperationalError as exc:
+        except psycopg.Error as exc:
+            if not connection_lost(exc):
+                raise
             log.warning("listener reconnect failed: %s", str(exc).splitlines()[0] if exc else "")
             return False
         self.reconnects += 1
@@ -225,7 +239,9 @@ class PostgresWaiter(_ClosedOnExit):
             if wake.hinted and not self._trust_hints:
                 return Wake(wake.deliveries, receipts=True)  # read the rows instead
             return wake
-        except psycopg.OperationalError:
+        except psycopg.Error as exc:
+            if not connection_lost(exc):
+                raise
             log.info("listener connection lost; reconnecting")
             if self._reconnect(deadline - time.monotonic()):
                 self._reconnected = False

@@ -1,5 +1,8 @@
 """A throwaway PostgreSQL cluster (initdb + pg_ctl in a temporary directory, on a port of its
-own): a server a run may restart, because nobody else uses it. Never the shared server."""
+own): a server a run may restart, because nobody else uses it. Never the shared server.
+
+A cluster made from another's base backup (``pg_basebackup -R``) is a streaming standby of it:
+``tools.pgreplica`` builds a primary + standby pair from these."""
 
 from __future__ import annotations
 
@@ -60,6 +63,8 @@ class ThrowawayPostgres:
     """``start()`` runs initdb and the server; ``url`` is its ``postgres`` database (trust
     authentication, loopback only); ``restart()`` restarts it; ``stop()`` removes it all."""
 
+    initdb_options: tuple[str, ...] = ()
+
     def __init__(
         self,
         *,
@@ -99,31 +104,46 @@ class ThrowawayPostgres:
     def url(self) -> str:
         return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
 
+    def run(self, *argv: str, timeout: float = 120) -> subprocess.CompletedProcess[bytes]:
+        """A server program as the user the cluster runs as; its stderr in the error."""
+        try:
+            return subprocess.run(
+                [*self._prefix, *argv], check=True, capture_output=True, timeout=timeout
+            )
+        except subprocess.CalledProcessError as exc:
+            raise RuntimeError(
+                f"{Path(argv[0]).name} failed: {exc.stderr.decode(errors='replace')[-800:]}"
+            ) from exc
+
     def _ctl(self, *args: str, timeout: float = 120) -> None:
-        subprocess.run(
-            [*self._prefix, self._pg_ctl, "-D", str(self.data), *args],
-            check=True,
-            capture_output=True,
-            timeout=timeout,
-        )
+        self.run(self._pg_ctl, "-D", str(self.data), *args, timeout=timeout)
+
+    def _make_data(self) -> None:
+        """The data directory: a fresh cluster (a standby's is a base backup instead)."""
+        initdb = (self._initdb, "-D", str(self.data), "-U", "postgres", "-A", "trust")
+        self.run(*initdb, "--no-sync", *self.initdb_options)
+
+    def launch(self) -> None:
+        """Start the server on the data directory as it is; returns once it accepts
+        connections (a standby: once it accepts read-only ones)."""
+        # The socket dir inside the cluster's own dir: the default one may not be writable.
+        opts = f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1"
+        opts += "".join(f" -c {name}={value}" for name, value in self._settings.items())
+        self._ctl("-o", opts, "-l", str(self.root / "log"), "-w", "start")
+
+    def halt(self, mode: str = "fast") -> None:
+        """Stop the server, keeping its data (``immediate``: as if it crashed)."""
+        self._ctl("-m", mode, "-w", "stop", timeout=60)
+
+    def wipe_data(self) -> None:
+        """Remove the data directory (the server stopped), to make it again."""
+        shutil.rmtree(self.data, ignore_errors=True)
 
     def start(self) -> Self:
         try:
-            subprocess.run(
-                [
-                    *self._prefix,
-                    *(self._initdb, "-D", str(self.data), "-U", "postgres", "-A", "trust"),
-                    "--no-sync",
-                ],
-                check=True,
-                capture_output=True,
-                timeout=120,
-            )
-            # The socket dir inside the cluster's own dir: the default one may not be writable.
-            opts = f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1"
-            opts += "".join(f" -c {name}={value}" for name, value in self._settings.items())
-            self._ctl("-o", opts, "-l", str(self.root / "log"), "-w", "start")
-        except (OSError, subprocess.SubprocessError):
+            self._make_data()
+            self.launch()
+        except (OSError, subprocess.SubprocessError, RuntimeError):
             self.stop()
             raise
         return self
@@ -135,7 +155,7 @@ class ThrowawayPostgres:
         self.restarts += 1
 
     def stop(self) -> None:
-        with contextlib.suppress(OSError, subprocess.SubprocessError):
+        with contextlib.suppress(OSError, subprocess.SubprocessError, RuntimeError):
             self._ctl("-m", "immediate", "stop", timeout=60)
         shutil.rmtree(self.root, ignore_errors=True)
 

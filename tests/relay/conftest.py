@@ -41,6 +41,7 @@ from tests.conftest import (  # noqa: E402
 )
 from tests.pgharness import (  # noqa: E402, F401  (fixtures are found by name)
     PgServer,
+    pg_empty_url,
     pg_server,
     pg_template,
     pg_url,
