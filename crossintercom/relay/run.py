@@ -15,7 +15,7 @@ from crossintercom.errors import StoreUnavailable
 from crossintercom.relay.service import Relay, RelayError, RelayInUse
 from crossintercom.runtime import LockHeld, ensure_runtime_dir, hold_pid_lock
 from crossintercom.storage import ArchiveStore, MailboxStore, mask_url, open_archive, open_store
-from crossintercom.storage.urls import with_password_file
+from crossintercom.storage.connection import connection_url, tls_refused
 
 log = logging.getLogger(__name__)
 
@@ -38,10 +38,11 @@ def run_relay(settings: Settings, *, polling_observer: bool = False) -> None:
     ensure_runtime_dir(settings)
     lock_fd = hold_relay_lock(settings)
     try:
-        url = with_password_file(settings.store_url, settings.store_password_file)
+        url = connection_url(settings)
+        assert url is not None
         store = _open_store_patiently(url, polling_observer, settings.host_id)
         try:
-            archive = open_archive(settings.store_url, host_id=settings.host_id)
+            archive = open_archive(url, host_id=settings.host_id)
             asyncio.run(_serve(settings, store, archive))
         finally:
             store.close()
@@ -55,7 +56,11 @@ def _open_store_patiently(url: str, polling_observer: bool, host_id: str) -> Mai
         wait=tenacity.wait_chain(
             *[tenacity.wait_fixed(w) for w in (1, 2, 5, 10)], tenacity.wait_fixed(30)
         ),
-        retry=tenacity.retry_if_exception_type(StoreUnavailable),
+        # A TLS set-up the server refuses (wrong CA, no client certificate) is a mistake to
+        # report now, not an outage to wait out (docs/operations.md, "TLS").
+        retry=tenacity.retry_if_exception(
+            lambda exc: isinstance(exc, StoreUnavailable) and not tls_refused(exc)
+        ),
         before_sleep=lambda rs: log.warning(
             "store %s unreachable (attempt %d); retrying", mask_url(url), rs.attempt_number
         ),

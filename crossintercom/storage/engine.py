@@ -233,6 +233,11 @@ def one_line(exc: BaseException) -> str:
 def pg_hint(reason: str) -> str:
     """What a person should check, from libpq's reason."""
     lowered = reason.lower()
+    if "certificate" in lowered or "ssl" in lowered:
+        return (
+            "check the store's TLS files (store_ssl_root_cert, store_ssl_cert, store_ssl_key) "
+            "and that the server's certificate names the host in the store URL"
+        )
     if "password" in lowered or "authentication" in lowered or "role" in lowered:
         return "check the user name and password in the store URL"
     if "database" in lowered and "does not exist" in lowered:
