@@ -96,9 +96,11 @@ def db() -> None:
 def upgrade(store_url: str | None, password_file: str | None, **tls: str | None) -> None:
     """Create or upgrade the store's schema to this version (Alembic head)."""
     from crossintercom.storage import migrate, roles
+    from crossintercom.storage.poolers import require_own_session
     from crossintercom.storage.urls import mask_url
 
     url = _require(store_url, password_file, **tls)
+    require_own_session(url)  # the migration's advisory lock lives in its session
     revision = migrate.upgrade(url)
     click.echo(f"store {mask_url(url)} is at schema revision {revision} (head)")
     locked = roles.lock_database(url)

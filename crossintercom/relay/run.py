@@ -16,6 +16,7 @@ from crossintercom.relay.service import Relay, RelayError, RelayInUse
 from crossintercom.runtime import LockHeld, ensure_runtime_dir, hold_pid_lock
 from crossintercom.storage import ArchiveStore, MailboxStore, mask_url, open_archive, open_store
 from crossintercom.storage.connection import connection_url, tls_refused
+from crossintercom.storage.poolers import require_own_session
 
 log = logging.getLogger(__name__)
 
@@ -66,9 +67,13 @@ def _open_store_patiently(url: str, polling_observer: bool, host_id: str) -> Mai
         ),
         reraise=True,
     )
-    store: MailboxStore = retrying(
-        open_store, url, polling_observer=polling_observer, hot_path=True, host_id=host_id
-    )
+
+    def open_checked() -> MailboxStore:
+        # A pooler that shares sessions would lose LISTEN wake-ups and prepared statements.
+        require_own_session(url)
+        return open_store(url, polling_observer=polling_observer, hot_path=True, host_id=host_id)
+
+    store: MailboxStore = retrying(open_checked)
     return store
 
 
