@@ -63,7 +63,9 @@ def _open_store_patiently(url: str, polling_observer: bool, host_id: str) -> Mai
             lambda exc: isinstance(exc, StoreUnavailable) and not tls_refused(exc)
         ),
         before_sleep=lambda rs: log.warning(
-            "store %s unreachable (attempt %d); retrying", mask_url(url), rs.attempt_number
+            "%s (attempt %d); retrying",
+            rs.outcome.exception() if rs.outcome else f"store {mask_url(url)} unreachable",
+            rs.attempt_number,
         ),
         reraise=True,
     )
