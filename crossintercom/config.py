@@ -24,6 +24,11 @@ ENV_HOME = "CROSSINTERCOM_HOME"
 ENV_STORE = "CROSSINTERCOM_STORE"
 # A file holding the store's password (docs/operations.md): never the password itself.
 ENV_STORE_PASSWORD_FILE = "CROSSINTERCOM_STORE_PASSWORD_FILE"
+# Files for TLS to a PostgreSQL store (docs/operations.md, "TLS"): the CA that signed the
+# server's certificate, and this host's client certificate and key.
+ENV_STORE_SSL_ROOT_CERT = "CROSSINTERCOM_STORE_SSL_ROOT_CERT"
+ENV_STORE_SSL_CERT = "CROSSINTERCOM_STORE_SSL_CERT"
+ENV_STORE_SSL_KEY = "CROSSINTERCOM_STORE_SSL_KEY"
 ENV_HOST_ID = "CROSSINTERCOM_HOST_ID"
 ENV_GROUP = "CROSSINTERCOM_GROUP"
 ENV_AS = "CROSSINTERCOM_AS"
@@ -68,6 +73,9 @@ class Settings:
     host_id: str
     store_url: str | None = None
     store_password_file: str | None = None
+    store_ssl_root_cert: str | None = None
+    store_ssl_cert: str | None = None
+    store_ssl_key: str | None = None
     group: str | None = None
     max_frame_bytes: int = 8 * 1024 * 1024
     max_message_bytes: int = 1024 * 1024
@@ -116,14 +124,15 @@ class Settings:
         return self.home / name
 
 
+# Settings that name the store or files to reach it with: strings, from config.json too.
+STORE_FILES = ("store_password_file", "store_ssl_root_cert", "store_ssl_cert", "store_ssl_key")
+_STRINGS = {"store_url", *STORE_FILES, "host_id", "group"}
 _TUNABLES = {
-    f.name: f.type
-    for f in fields(Settings)
-    if f.name not in {"home", "host_id", "store_url", "store_password_file", "group", "durability"}
+    f.name: f.type for f in fields(Settings) if f.name not in {"home", "durability", *_STRINGS}
 }
 
 
-_KNOWN = {*_TUNABLES, "store_url", "host_id", "group", "durability"}
+_KNOWN = {*_TUNABLES, *_STRINGS, "durability"}
 
 
 def load_settings(env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
@@ -140,6 +149,9 @@ def load_settings(env: Mapping[str, str] | None = None, **overrides: Any) -> Set
     for key, var in (
         ("store_url", ENV_STORE),
         ("store_password_file", ENV_STORE_PASSWORD_FILE),
+        ("store_ssl_root_cert", ENV_STORE_SSL_ROOT_CERT),
+        ("store_ssl_cert", ENV_STORE_SSL_CERT),
+        ("store_ssl_key", ENV_STORE_SSL_KEY),
         ("host_id", ENV_HOST_ID),
         ("group", ENV_GROUP),
         ("durability", ENV_DURABILITY),
@@ -215,7 +227,7 @@ def _read_config(path: Path) -> dict[str, Any]:
         raise ConfigError(f"{path}: must hold a JSON object")
     out: dict[str, Any] = {}
     for key, value in data.items():
-        if key in {"store_url", "store_password_file", "host_id", "group"}:
+        if key in _STRINGS:
             if value is not None and not isinstance(value, str):
                 raise ConfigError(f"{path}: {key!r} must be a string")
             out[key] = value

@@ -12,6 +12,7 @@ from crossintercom.config import Settings
 from crossintercom.inbox_search import search_inboxes
 from crossintercom.models import SearchHit, SearchQuery
 from crossintercom.storage import ArchiveStore, open_archive, open_store
+from crossintercom.storage.connection import connection_url
 
 Source = Literal["archive", "inbox"]
 
@@ -24,11 +25,12 @@ class SearchResult:
 
 def open_history(settings: Settings) -> ArchiveStore | None:
     """The archive when this host has a store (schema checked) and the archive is on."""
-    if not settings.store_url:
+    url = connection_url(settings)
+    if url is None:
         return None
-    store = open_store(settings.store_url)
+    store = open_store(url)
     store.close()
-    archive = open_archive(settings.store_url)
+    archive = open_archive(url)
     try:
         if archive.archive_settings().enabled:
             return archive

@@ -3,11 +3,21 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import click
 
-from crossintercom.config import ENV_STORE, ENV_STORE_PASSWORD_FILE
+from crossintercom.config import (
+    ENV_STORE,
+    ENV_STORE_PASSWORD_FILE,
+    ENV_STORE_SSL_CERT,
+    ENV_STORE_SSL_KEY,
+    ENV_STORE_SSL_ROOT_CERT,
+)
 from crossintercom.errors import CrossintercomError, UsageError
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 store_option = click.option(
     "--store",
@@ -28,12 +38,50 @@ password_file_option = click.option(
 )
 
 
-def _require(store_url: str | None, password_file: str | None = None) -> str:
+# The TLS files of a PostgreSQL store (docs/operations.md, "TLS"): keyword -> option, env.
+TLS_OPTIONS = (
+    (
+        "store_ssl_root_cert",
+        "--store-ssl-root-cert",
+        ENV_STORE_SSL_ROOT_CERT,
+        "the CA that signed the server's certificate (sslrootcert; implies sslmode=verify-full)",
+    ),
+    (
+        "store_ssl_cert",
+        "--store-ssl-cert",
+        ENV_STORE_SSL_CERT,
+        "this host's client certificate (sslcert)",
+    ),
+    (
+        "store_ssl_key",
+        "--store-ssl-key",
+        ENV_STORE_SSL_KEY,
+        "the client certificate's key (sslkey; mode 0600)",
+    ),
+)
+
+
+def tls_options(f: F) -> F:
+    """``--store-ssl-root-cert``, ``--store-ssl-cert`` and ``--store-ssl-key``, each with its
+    environment variable; the command receives them as ``store_ssl_*`` keywords."""
+    for keyword, flag, env, what in reversed(TLS_OPTIONS):
+        f = click.option(flag, keyword, envvar=env, metavar="PATH", help=f"{what} (env {env}).")(f)
+    return f
+
+
+def _require(store_url: str | None, password_file: str | None = None, **tls: str | None) -> str:
+    from crossintercom.storage.connection import with_tls_files
     from crossintercom.storage.urls import with_password_file
 
     if not store_url:
         raise click.UsageError(f"no store given: pass --store URL or set {ENV_STORE}")
-    return with_password_file(store_url, password_file)
+    url = with_password_file(store_url, password_file)
+    return with_tls_files(
+        url,
+        root_cert=tls.get("store_ssl_root_cert"),
+        cert=tls.get("store_ssl_cert"),
+        key=tls.get("store_ssl_key"),
+    )
 
 
 @click.group("db")
@@ -44,12 +92,15 @@ def db() -> None:
 @db.command()
 @store_option
 @password_file_option
-def upgrade(store_url: str | None, password_file: str | None) -> None:
+@tls_options
+def upgrade(store_url: str | None, password_file: str | None, **tls: str | None) -> None:
     """Create or upgrade the store's schema to this version (Alembic head)."""
     from crossintercom.storage import migrate, roles
+    from crossintercom.storage.poolers import require_own_session
     from crossintercom.storage.urls import mask_url
 
-    url = _require(store_url, password_file)
+    url = _require(store_url, password_file, **tls)
+    require_own_session(url)  # the migration's advisory lock lives in its session
     revision = migrate.upgrade(url)
     click.echo(f"store {mask_url(url)} is at schema revision {revision} (head)")
     locked = roles.lock_database(url)
@@ -60,12 +111,13 @@ def upgrade(store_url: str | None, password_file: str | None) -> None:
 @db.command()
 @store_option
 @password_file_option
-def current(store_url: str | None, password_file: str | None) -> None:
+@tls_options
+def current(store_url: str | None, password_file: str | None, **tls: str | None) -> None:
     """Print the store's schema revision."""
     from crossintercom.storage import migrate
     from crossintercom.storage.urls import mask_url
 
-    url = _require(store_url, password_file)
+    url = _require(store_url, password_file, **tls)
     revision = migrate.current(url)
     head = migrate.head_revision()
     if revision is None:
@@ -79,17 +131,25 @@ def current(store_url: str | None, password_file: str | None) -> None:
 @db.command("grant-host")
 @click.argument("host_id")
 @store_option
+@password_file_option
+@tls_options
 @click.option(
     "--password-stdin",
     is_flag=True,
     help="read the role's password from the first line of stdin (never from the command line)",
 )
-def grant_host(host_id: str, store_url: str | None, password_stdin: bool) -> None:
+def grant_host(
+    host_id: str,
+    store_url: str | None,
+    password_file: str | None,
+    password_stdin: bool,
+    **tls: str | None,
+) -> None:
     """Create or update HOST_ID's own database role (PostgreSQL, run as the admin role)."""
     from crossintercom.storage import roles
     from crossintercom.storage.urls import mask_url
 
-    url = _require(store_url)
+    url = _require(store_url, password_file, **tls)
     password = None
     if password_stdin:
         password = sys.stdin.readline().rstrip("\n")

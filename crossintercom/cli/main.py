@@ -37,8 +37,10 @@ ENV_HELP = """
 Environment (only settings that are safe to inherit): CROSSINTERCOM_HOME (runtime dir,
 default ~/.crossintercom), CROSSINTERCOM_HOST_ID (default USER@HOSTNAME), CROSSINTERCOM_STORE
 (postgresql://... or sqlite:///path), CROSSINTERCOM_STORE_PASSWORD_FILE (a file holding the
-store's password), CROSSINTERCOM_GROUP (group-shared runtime dir),
-CROSSINTERCOM_AS (--as), CROSSINTERCOM_JSON (--json).
+store's password), CROSSINTERCOM_STORE_SSL_ROOT_CERT, CROSSINTERCOM_STORE_SSL_CERT and
+CROSSINTERCOM_STORE_SSL_KEY (the store's TLS CA, client certificate and key),
+CROSSINTERCOM_GROUP (group-shared runtime dir), CROSSINTERCOM_AS (--as), CROSSINTERCOM_JSON
+(--json).
 """
 
 

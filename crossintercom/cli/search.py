@@ -88,9 +88,13 @@ def archive(action: str, retention: str | None, store_url: str | None, as_json: 
     On, every relay copies the messages its host sees into the shared store, where anyone who
     can read the store can read them: see docs/archive.md before turning it on.
     """
-    from crossintercom.storage import open_archive, open_store
+    from dataclasses import replace
 
-    url = store_url or settings().store_url
+    from crossintercom.storage import open_archive, open_store
+    from crossintercom.storage.connection import connection_url
+
+    cfg = settings()
+    url = connection_url(replace(cfg, store_url=store_url or cfg.store_url))
     if not url:
         raise UsageError("no store given: pass --store URL or set CROSSINTERCOM_STORE")
     keep = _retention_s(retention) if retention is not None else None

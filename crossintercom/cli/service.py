@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from crossintercom.cli.common import json_option, settings
+from crossintercom.cli.db import tls_options
 from crossintercom.config import ENV_STORE, ENV_STORE_PASSWORD_FILE
 from crossintercom.local_broker.authority import DedupAuthority
 
@@ -50,17 +51,20 @@ def broker(ctx: click.Context, reset_authority: bool) -> None:
     help="Read the store's password from PATH (keeps it off the command line; "
     f"env {ENV_STORE_PASSWORD_FILE}). PGPASSWORD and ~/.pgpass work too.",
 )
+@tls_options
 @click.option(
     "--polling-observer",
     is_flag=True,
     help="Watch SQLite doorbells by polling (network filesystems without inotify).",
 )
-def relay(store_url: str | None, password_file: str | None, polling_observer: bool) -> None:
+def relay(
+    store_url: str | None, password_file: str | None, polling_observer: bool, **tls: str | None
+) -> None:
     """Bridge this host's broker to the shared store (run it as a service)."""
     from crossintercom.config import load_settings
     from crossintercom.relay.run import run_relay
 
-    cfg = load_settings(store_url=store_url, store_password_file=password_file)
+    cfg = load_settings(None, store_url=store_url, store_password_file=password_file, **tls)
     run_relay(cfg, polling_observer=polling_observer)
 
 

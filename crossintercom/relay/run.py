@@ -15,7 +15,8 @@ from crossintercom.errors import StoreUnavailable
 from crossintercom.relay.service import Relay, RelayError, RelayInUse
 from crossintercom.runtime import LockHeld, ensure_runtime_dir, hold_pid_lock
 from crossintercom.storage import ArchiveStore, MailboxStore, mask_url, open_archive, open_store
-from crossintercom.storage.urls import with_password_file
+from crossintercom.storage.connection import connection_url, tls_refused
+from crossintercom.storage.poolers import require_own_session
 
 log = logging.getLogger(__name__)
 
@@ -38,10 +39,11 @@ def run_relay(settings: Settings, *, polling_observer: bool = False) -> None:
     ensure_runtime_dir(settings)
     lock_fd = hold_relay_lock(settings)
     try:
-        url = with_password_file(settings.store_url, settings.store_password_file)
+        url = connection_url(settings)
+        assert url is not None
         store = _open_store_patiently(url, polling_observer, settings.host_id)
         try:
-            archive = open_archive(settings.store_url, host_id=settings.host_id)
+            archive = open_archive(url, host_id=settings.host_id)
             asyncio.run(_serve(settings, store, archive))
         finally:
             store.close()
@@ -55,15 +57,25 @@ def _open_store_patiently(url: str, polling_observer: bool, host_id: str) -> Mai
         wait=tenacity.wait_chain(
             *[tenacity.wait_fixed(w) for w in (1, 2, 5, 10)], tenacity.wait_fixed(30)
         ),
-        retry=tenacity.retry_if_exception_type(StoreUnavailable),
+        # A TLS set-up the server refuses (wrong CA, no client certificate) is a mistake to
+        # report now, not an outage to wait out (docs/operations.md, "TLS").
+        retry=tenacity.retry_if_exception(
+            lambda exc: isinstance(exc, StoreUnavailable) and not tls_refused(exc)
+        ),
         before_sleep=lambda rs: log.warning(
-            "store %s unreachable (attempt %d); retrying", mask_url(url), rs.attempt_number
+            "%s (attempt %d); retrying",
+            rs.outcome.exception() if rs.outcome else f"store {mask_url(url)} unreachable",
+            rs.attempt_number,
         ),
         reraise=True,
     )
-    store: MailboxStore = retrying(
-        open_store, url, polling_observer=polling_observer, hot_path=True, host_id=host_id
-    )
+
+    def open_checked() -> MailboxStore:
+        # A pooler that shares sessions would lose LISTEN wake-ups and prepared statements.
+        require_own_session(url)
+        return open_store(url, polling_observer=polling_observer, hot_path=True, host_id=host_id)
+
+    store: MailboxStore = retrying(open_checked)
     return store
 
 

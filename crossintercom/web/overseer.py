@@ -35,6 +35,7 @@ from crossintercom.storage import (
     open_archive,
     open_store,
 )
+from crossintercom.storage.connection import connection_url
 
 log = logging.getLogger(__name__)
 
@@ -74,9 +75,10 @@ class Overseer:
 
     async def start(self) -> None:
         await self.client.connect()
-        if self.settings.store_url:
-            self.store = await asyncio.to_thread(open_store, self.settings.store_url)
-            self.archive = open_archive(self.settings.store_url)
+        url = connection_url(self.settings)
+        if url is not None:
+            self.store = await asyncio.to_thread(open_store, url)
+            self.archive = open_archive(url)
         await self._refresh_archive_state()
         await self._poll_feed()
         await self._refresh_roster()
