@@ -278,3 +278,25 @@ def check_new_kinds(
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert list(short_tmp.iterdir()) == []
     assert leftovers(short_tmp) == []
+
+
+@pytest.mark.pg
+def test_chaos_fails_over_a_postgres_of_its_own(short_tmp: Path) -> None:
+    """A primary + synchronous standby of the run's own: the standby promoted under traffic,
+    the old primary stopped and brought back as a standby; nothing acknowledged lost."""
+    if pg_bin("initdb") is None or pg_bin("pg_basebackup") is None:
+        from tests.pgharness import pg_unavailable
+
+        pg_unavailable("no initdb / pg_basebackup: PostgreSQL server not installed")
+    kinds = ["pg_failover", "hostile_rows"]
+    args = ["chaos", "--hosts", "3", "--duration", "12", "--seed", "2", "--json", "--own-postgres"]
+    proc = run_cli([*args, "--faults", ",".join(kinds)], short_tmp, timeout=170)
+    check_new_kinds(proc, kinds, short_tmp, proxied=False)
+    report = json.loads(proc.stdout)
+    assert report["phantom"] == 0, report
+    assert "synchronous standby" in report["store"]
+    failovers = [e for e in report["fault_log"] if e["fault"] == "pg_failover"]
+    assert failovers and all(e["synchronous"] for e in failovers)
+    # mail flowed again after each one; the old primary came back as a standby
+    assert all(e["flows_again_s"] is not None for e in failovers), failovers
+    assert all("rejoin_s" in e for e in failovers), failovers

@@ -128,6 +128,48 @@ def current(store_url: str | None, password_file: str | None, **tls: str | None)
         click.echo(f"{revision} (head is {head}; run `crossintercom db upgrade`)")
 
 
+@db.command()
+@store_option
+@password_file_option
+@click.option("--json", "as_json", is_flag=True, help="print a JSON object")
+def doctor(store_url: str | None, password_file: str | None, as_json: bool) -> None:
+    """Schema revision, and what an acknowledgement is worth: synchronous replication or not
+    (docs/operations.md, "High availability")."""
+    import json
+
+    from crossintercom.storage import migrate
+    from crossintercom.storage.replication import replication
+    from crossintercom.storage.urls import mask_url, parse_store_url
+
+    url = _require(store_url, password_file)
+    revision = migrate.current(url)
+    head = migrate.head_revision()
+    found = replication(url)
+    hosts = parse_store_url(url).hosts if url.startswith("postgresql") else []
+    report: dict[str, object] = {
+        "store": mask_url(url),
+        "hosts": hosts,
+        "revision": revision,
+        "head": revision == head,
+        "replication": found.to_dict(),
+    }
+    if as_json:
+        click.echo(json.dumps(report))
+        return
+    click.echo(f"store:       {report['store']}")
+    if len(hosts) > 1:
+        click.echo(f"hosts:       {', '.join(hosts)}")
+    state = "(head)" if revision == head else "(run `crossintercom db upgrade`)"
+    click.echo(f"schema:      {revision or 'none'} {state}")
+    click.echo(f"replication: {found.mode}: {found.says}")
+    if found.mode not in ("none", "not postgresql"):
+        click.echo(
+            f"             {found.standbys} standby(s), {found.synchronous_standbys} synchronous; "
+            f"synchronous_standby_names={found.synchronous_standby_names!r}, "
+            f"synchronous_commit={found.synchronous_commit}"
+        )
+
+
 @db.command("grant-host")
 @click.argument("host_id")
 @store_option

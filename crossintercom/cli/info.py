@@ -13,7 +13,7 @@ from rich.text import Text
 from crossintercom.cli.common import as_options, identity, json_option, one_shot, settings
 from crossintercom.cli.output import emit_json
 from crossintercom.client import Client
-from crossintercom.errors import BrokerUnavailable, Disconnected, UsageError
+from crossintercom.errors import BrokerUnavailable, CrossintercomError, Disconnected, UsageError
 from crossintercom.models import LISTED_SESSION_FIELDS, NAME_RULE, valid_name
 from crossintercom.safetext import terminal_line
 from crossintercom.storage.urls import mask_url
@@ -62,6 +62,18 @@ def list_cmd(as_json: bool) -> None:
     )
 
 
+def _replication(store_url: str, password_file: str | None) -> dict[str, Any]:
+    """Whether the store replicates synchronously (asked of the store itself, briefly); its
+    reason when it cannot be asked."""
+    from crossintercom.storage.replication import replication
+    from crossintercom.storage.urls import with_password_file
+
+    try:
+        return replication(with_password_file(store_url, password_file)).to_dict()
+    except CrossintercomError as exc:
+        return {"mode": "unknown", "says": exc.message}
+
+
 @click.command()
 @json_option
 def status(as_json: bool) -> None:
@@ -93,6 +105,8 @@ def status(as_json: bool) -> None:
             "remote_sessions": st.remote_sessions,
             "warnings": st.warnings,
         }
+    if cfg.store_url:
+        report["replication"] = _replication(cfg.store_url, cfg.store_password_file)
     if as_json:
         emit_json(report)
         return
@@ -115,6 +129,9 @@ def status(as_json: bool) -> None:
     )
     click.echo(f"store:     {report['store'] or '(none configured)'}")
     click.echo(f"sessions:  {report['sessions']}")
+    if "replication" in report:
+        rep = report["replication"]
+        click.echo(f"replication: {rep['mode']}: {rep['says']}")
     for warning in report.get("warnings", []):
         click.echo(f"warning:   {warning}")
 

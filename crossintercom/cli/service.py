@@ -112,6 +112,7 @@ def bench(
     scale: bool,
     chart: Path | None,
     own_postgres: bool,
+    async_replication: bool,
     as_json: bool,
 ) -> None:
     """Latency and throughput of every path, beside raw baselines measured in the same run."""
@@ -158,7 +159,14 @@ def bench(
     "--own-postgres",
     is_flag=True,
     help="Start a throwaway PostgreSQL cluster (initdb + pg_ctl in a temporary dir, own port) "
-    "as the store, so the pg_restart fault can restart it; not with --store.",
+    "as the store, so the pg_restart fault can restart it; not with --store. With "
+    "--faults pg_failover: a primary + streaming standby, the standby promoted under traffic.",
+)
+@click.option(
+    "--async-replication",
+    is_flag=True,
+    help="pg_failover: the standby replicates asynchronously (the last commits before a "
+    "failover can be lost: the run reports them); default synchronous.",
 )
 @json_option
 def chaos(
@@ -168,6 +176,7 @@ def chaos(
     seed: int,
     faults: str | None,
     own_postgres: bool,
+    async_replication: bool,
     as_json: bool,
 ) -> None:
     """Simulated hosts under injected faults; exits 1 if anything acknowledged was lost or
@@ -185,6 +194,7 @@ def chaos(
             seed=seed,
             faults=kinds,
             own_postgres=own_postgres,
+            synchronous=not async_replication,
         )
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None

@@ -1033,3 +1033,18 @@ PG_STUCK_TRANSACTIONS: TextClause = text(
     ORDER BY a.pid
     """
 )
+
+
+# What an acknowledgement is worth on this server (storage/replication.py): its replication
+# settings and standbys. sync_state is NULL in the rows of a role without pg_read_all_stats
+# (a per-host role): then the standbys are counted but their mode is not known.
+PG_REPLICATION: TextClause = text(
+    """
+    SELECT pg_is_in_recovery(),
+           current_setting('synchronous_standby_names'),
+           current_setting('synchronous_commit'),
+           (SELECT count(*) FROM pg_stat_replication),
+           (SELECT count(*) FROM pg_stat_replication WHERE sync_state IN ('sync', 'quorum')),
+           (SELECT count(*) FROM pg_stat_replication WHERE sync_state IS NULL)
+    """
+)

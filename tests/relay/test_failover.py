@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -153,3 +154,28 @@ def test_failover_with_asynchronous_replication_reports_what_it_lost() -> None:
         )
         assert result.duplicated == []
         assert result.phantom_not_sent == []
+
+
+def test_db_doctor_and_status_say_whether_acknowledgements_survive_a_failover() -> None:
+    with replicated(synchronous=True) as (pair, url), Cluster(url) as cluster:
+        a = cluster.host("A", relay=False)
+
+        def doctor() -> dict[str, Any]:
+            report: dict[str, Any] = a.cli_json("db", "doctor", "--store", url, "--json")
+            return report
+
+        sync = doctor()
+        assert sync["head"] is True
+        assert len(sync["hosts"]) == 2
+        assert sync["replication"]["mode"] == "synchronous"
+        assert "nothing acknowledged is lost" in a.cli("db", "doctor", "--store", url).stdout
+        assert a.cli_json("status")["replication"]["mode"] == "synchronous"
+
+        pair.primary.query("ALTER SYSTEM SET synchronous_standby_names = ''")
+        pair.primary.query("SELECT pg_reload_conf()")
+        wait_for(lambda: doctor()["replication"]["mode"] == "asynchronous", 30, "async mode")
+        assert "can be lost" in a.cli("status").stdout
+
+        assert pair.standby is not None
+        pair.standby.halt()
+        wait_for(lambda: doctor()["replication"]["mode"] == "none", 30, "no standby")

@@ -17,6 +17,10 @@ host (``faults``; in rounds of every kind once):
 * ``pg_cut`` (PostgreSQL only): the proxy resets every relay connection at once;
 * ``pg_restart`` (only with ``own_postgres``: a throwaway cluster the run started itself, never a
   server anybody else uses): a fast restart of the PostgreSQL server;
+* ``pg_failover`` (only with ``own_postgres``, asked for by name: the store is then a primary +
+  streaming standby of the run's own, synchronous unless asked otherwise; ``failover``): the
+  standby is promoted under traffic and the old primary stopped as by a crash, then brought
+  back as a standby; its log entry says how long until mail flowed again;
 * ``hostile_rows``: a rogue host writes malformed or forged rows straight into the store,
   addressed to a host's sink; each must be refused (quarantined) with its reason, once, and
   never reach an inbox;

@@ -21,7 +21,7 @@ from typing import Any
 from crossintercom.client import AsyncClient
 from crossintercom.models import new_id
 from crossintercom.storage.rogue import HOSTILE_KINDS, hostile_payload, inject_rows
-from crossintercom.tools.chaos import disk
+from crossintercom.tools.chaos import disk, failover
 from crossintercom.tools.chaos.state import ChaosState
 from crossintercom.tools.chaos.takeover import resume, take_over
 from crossintercom.tools.common import Store
@@ -35,13 +35,14 @@ FAULT_KINDS = (
     "pg_blackhole",
     "pg_cut",
     "pg_restart",
+    "pg_failover",
     "hostile_rows",
     "relay_takeover",
     *disk.DISK_KINDS,
 )
-PG_ONLY = frozenset({"pg_terminate", "pg_blackhole", "pg_cut", "pg_restart"})
+PG_ONLY = frozenset({"pg_terminate", "pg_blackhole", "pg_cut", "pg_restart", "pg_failover"})
 # Only against a server the run started itself.
-OWN_SERVER_ONLY = frozenset({"pg_restart"})
+OWN_SERVER_ONLY = frozenset({"pg_restart", "pg_failover"})
 # The injector's pace: a fault every this many seconds (uniform), each undone after that long.
 EVERY_S = (0.5, 2.5)
 UNDO_AFTER_S = (0.2, 2.0)
@@ -101,6 +102,7 @@ class Injector:
             "pg_blackhole": self.pg_blackhole,
             "pg_cut": self.pg_cut,
             "pg_restart": self.pg_restart,
+            "pg_failover": self.pg_failover,
             "hostile_rows": self.hostile_rows,
             "relay_takeover": self.relay_takeover,
             "inbox_readonly": self.inbox_readonly,
@@ -212,11 +214,21 @@ class Injector:
         return {"host": "all", "terminated": proxy.cut()}
 
     async def pg_restart(self, i: int) -> dict[str, Any] | None:
-        server = self.state.setup.server
+        replica = self.state.setup.replica
+        server = replica.primary if replica is not None else self.state.setup.server
         assert server is not None
         started = time.monotonic()
         await asyncio.to_thread(server.restart)
         return {"host": "all", "restart_took_s": round(time.monotonic() - started, 2)}
+
+    async def pg_failover(self, i: int) -> dict[str, Any] | None:
+        replica = self.state.setup.replica
+        assert replica is not None
+        entry = await asyncio.to_thread(failover.fail_over, self.state, replica)
+        if entry is not None:
+            rejoin = functools.partial(failover.rejoin, self.state, replica, entry["failover"])
+            entry["rejoin_after_s"] = self._undo_after(i, rejoin, failover.REJOIN_AFTER_S)
+        return entry
 
     async def hostile_rows(self, i: int) -> dict[str, Any] | None:
         state = self.state

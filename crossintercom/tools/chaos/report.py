@@ -55,6 +55,9 @@ class ChaosReport:
     codes: dict[str, int] = field(default_factory=dict)
     lost_ids: list[str] = field(default_factory=list)
     duplicated_ids: list[str] = field(default_factory=list)
+    # pg_failover: of the messages lost, the longest time from being sent to the failover
+    # after it (asynchronous replication's window; None when nothing was lost to one).
+    failover_loss_window_s: float | None = None
     drain_s: float = 0.0
     elapsed_s: float = 0.0
 
@@ -144,6 +147,7 @@ def tally(state: ChaosState, report: ChaosReport) -> None:
     if state.injected:
         count("hostile_rows", "injected", report.injected)
         count("hostile_rows", "quarantined", report.quarantined)
+    report.failover_loss_window_s = _loss_window(state, report.lost_ids)
     report.by_fault = {kind: {k: c[k] for k in PER_FAULT} for kind, c in sorted(by_fault.items())}
     report.faults = dict(state.faults)
     report.fault_log = state.fault_log
@@ -152,6 +156,18 @@ def tally(state: ChaosState, report: ChaosReport) -> None:
         for e in state.fault_log
         if e["fault"] == "relay_takeover" and (not e["fenced"] or e["stale_handovers"])
     )
+
+
+def _loss_window(state: ChaosState, lost_ids: list[str]) -> float | None:
+    """How long before a pg_failover the earliest message it lost was sent."""
+    failovers = [e["t"] for e in state.fault_log if e["fault"] == "pg_failover"]
+    lost = {s.id: s.t for s in state.sent if s.id in set(lost_ids)}
+    windows = [
+        min(t for t in failovers if t >= sent) - sent
+        for sent in lost.values()
+        if any(t >= sent for t in failovers)
+    ]
+    return round(max(windows), 3) if windows else None
 
 
 def _tally_hostile(state: ChaosState, report: ChaosReport, anywhere: set[str]) -> None:
@@ -220,6 +236,21 @@ def render(report: ChaosReport) -> None:
             f"  takeovers: {len(takeovers)} (the new machine held the host id after {took}); "
             f"{len(takeovers) - report.unfenced} woken relays exited fenced having handed "
             "nothing over"
+        )
+    for e in (e for e in report.fault_log if e["fault"] == "pg_failover"):
+        flows = e.get("flows_again_s")
+        console.print(
+            f"  pg_failover at {e['t']:g} s: standby promoted in {e['promote_s']:g} s; mail "
+            + (f"flowed again after {flows:g} s" if flows is not None else "did NOT flow again")
+            + (
+                f"; old primary back as a standby in {e['rejoin_s']:g} s ({e['rejoined_by']})"
+                if "rejoin_s" in e
+                else f"; rejoin: {e.get('rejoin_error', 'not done')}"
+            )
+        )
+    if report.failover_loss_window_s is not None:
+        console.print(
+            f"  lost to a failover: sent up to {report.failover_loss_window_s:g} s before it"
         )
     if report.quarantine_reasons:
         console.print(f"  quarantine reasons: {report.quarantine_reasons}")

@@ -27,6 +27,7 @@ from crossintercom.tools.chaos.takeover import TAKEOVER_HEARTBEAT_S, TAKEOVER_LE
 from crossintercom.tools.common import Store, prepare_store, scratch_dir, utc_now
 from crossintercom.tools.harness import BULK_SENDER, Cluster, SimHost
 from crossintercom.tools.pgcluster import ThrowawayPostgres
+from crossintercom.tools.pgreplica import ReplicatedPostgres
 from crossintercom.tools.proxy import TcpProxy
 
 SENDERS_PER_HOST = 2
@@ -152,12 +153,16 @@ def _proxied(store: Store, proxy: TcpProxy) -> str:
 
 
 def select_kinds(
-    store: Store, root: Path, faults: list[str] | None, own_server: bool
+    store: Store,
+    root: Path,
+    faults: list[str] | None,
+    own_server: bool,
+    replicated: bool = False,
 ) -> tuple[list[str], dict[str, str], list[str]]:
     """The kinds to inject, those this machine cannot (kind -> why), and those of them asked
-    for by name."""
+    for by name. ``replicated``: the store is the run's primary + standby."""
     applicable = fault_kinds(store.kind, faults, own_server=own_server)
-    unavailable = disk.unavailable(root, applicable)
+    unavailable = disk.unavailable(root, applicable) | _replica_conflicts(applicable, replicated)
     kinds = [k for k in applicable if k not in unavailable]
     not_run = [k for k in faults or [] if k in unavailable]
     if not kinds:
@@ -169,6 +174,22 @@ def select_kinds(
     return kinds, unavailable, not_run
 
 
+PROXIED = ("pg_blackhole", "pg_cut")
+
+
+def _replica_conflicts(kinds: list[str], replicated: bool) -> dict[str, str]:
+    """A primary + standby (pg_failover) has two addresses; the proxy faults hold one."""
+    if replicated:
+        why = "needs one server behind the run's proxy; not with pg_failover's two servers"
+        return {k: why for k in kinds if k in PROXIED}
+    if "pg_failover" in kinds:
+        return {
+            "pg_failover": "asked for by name only: it needs a primary + standby "
+            "(--own-postgres --faults pg_failover), which the proxy faults cannot use"
+        }
+    return {}
+
+
 def run_chaos(
     store_url: str | None = None,
     *,
@@ -177,24 +198,36 @@ def run_chaos(
     seed: int = 1,
     faults: list[str] | None = None,
     own_postgres: bool = False,
+    synchronous: bool = True,
 ) -> ChaosReport:
     """``own_postgres``: the store is a throwaway PostgreSQL cluster started for this run (and
-    removed after it), which the ``pg_restart`` fault may restart; not with ``store_url``."""
+    removed after it), which the ``pg_restart`` fault may restart; not with ``store_url``.
+    With ``pg_failover`` asked for by name it is a primary + streaming standby, synchronous
+    unless ``synchronous=False``."""
     if own_postgres and store_url:
         raise ValueError("own_postgres starts its own server: give no store URL with it")
     started = time.monotonic()
     with scratch_dir("ci-chaos-") as root, contextlib.ExitStack() as stack:
         server: ThrowawayPostgres | None = None
-        if own_postgres:
+        replica: ReplicatedPostgres | None = None
+        label = "throwaway PostgreSQL cluster"
+        if own_postgres and "pg_failover" in (faults or []):
+            replica = stack.enter_context(ReplicatedPostgres(synchronous=synchronous))
+            store_url = replica.create_database("chaos")
+            mode = "synchronous" if synchronous else "asynchronous"
+            label = f"throwaway PostgreSQL primary + {mode} standby"
+        elif own_postgres:
             server = stack.enter_context(ThrowawayPostgres())
             store_url = server.url
         store = prepare_store(store_url, root)
-        if server is not None:
-            store = Store(store.url, store.parsed, "throwaway PostgreSQL cluster")
-        kinds, unavailable, not_run = select_kinds(store, root, faults, server is not None)
+        if own_postgres:
+            store = Store(store.url, store.parsed, label)
+        kinds, unavailable, not_run = select_kinds(
+            store, root, faults, own_postgres, replicated=replica is not None
+        )
         proxy: TcpProxy | None = None
         relay_url = store.url
-        if store.kind == "postgres" and {"pg_blackhole", "pg_cut"} & set(kinds):
+        if store.kind == "postgres" and set(PROXIED) & set(kinds):
             url = store.parsed.url
             proxy = stack.enter_context(TcpProxy(url.host or "127.0.0.1", url.port or 5432))
             relay_url = _proxied(store, proxy)
@@ -234,6 +267,7 @@ def run_chaos(
                 config,
                 proxy=proxy,
                 server=server,
+                replica=replica,
                 prepare_home=on_tmpfs if "disk_full" in kinds else None,
             )
             sims = [cluster.host(f"h{i}-{token}", relay=False) for i in range(hosts)]

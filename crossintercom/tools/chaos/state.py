@@ -21,6 +21,7 @@ from crossintercom.errors import InboxUnavailable
 from crossintercom.tools.common import Store
 from crossintercom.tools.harness import Cluster, ListenerProcess, SimHost
 from crossintercom.tools.pgcluster import ThrowawayPostgres
+from crossintercom.tools.pgreplica import ReplicatedPostgres
 from crossintercom.tools.proxy import TcpProxy
 
 SINK = "sink"
@@ -65,6 +66,8 @@ class RunSetup:
     host_config: dict[str, float]
     proxy: TcpProxy | None = None
     server: ThrowawayPostgres | None = None
+    # The run's own primary + standby (``pg_failover``), instead of ``server``.
+    replica: ReplicatedPostgres | None = None
     # Readies a machine's runtime dir before its relay starts (mounts its tmpfs, for
     # ``disk_full``), for a machine a takeover brings in too.
     prepare_home: Callable[[SimHost], None] | None = None
