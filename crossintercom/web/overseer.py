@@ -36,6 +36,7 @@ from crossintercom.storage import (
     open_store,
 )
 from crossintercom.storage.connection import connection_url
+from crossintercom.storage.poolers import require_own_session
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +78,8 @@ class Overseer:
         await self.client.connect()
         url = connection_url(self.settings)
         if url is not None:
+            # The feed's statements are prepared on the server: a shared session loses them.
+            await asyncio.to_thread(require_own_session, url)
             self.store = await asyncio.to_thread(open_store, url)
             self.archive = open_archive(url)
         await self._refresh_archive_state()

@@ -38,6 +38,7 @@ class PgBouncer:
     of the backend) reached through it; ``stop()`` ends it and removes its files."""
 
     def __init__(self, backend_url: str, mode: Mode) -> None:
+        self.binary = pgbouncer_binary()  # first: a missing one fails or skips the test
         backend = make_url(backend_url)
         self.mode = mode
         self.port = free_port()
@@ -82,7 +83,7 @@ class PgBouncer:
     def start(self, backend_url: str, timeout: float = 30) -> Self:
         """Start it and wait until a client gets through it to ``backend_url``'s database."""
         self.proc = subprocess.Popen(
-            [*self._prefix, pgbouncer_binary(), str(self.root / "pgbouncer.ini")],
+            [*self._prefix, self.binary, str(self.root / "pgbouncer.ini")],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,

@@ -1,7 +1,7 @@
 """Through a real PgBouncer (docs/operations.md, "Poolers"). In session mode `db upgrade`
 migrates, two hosts' relays exchange mail, each relay's listener stays LISTENing through the
-pooler and a NOTIFY sent through it wakes crossintercom's waiter. In transaction mode the relay
-and `db upgrade` refuse to start, in one line that names the fix."""
+pooler and a NOTIFY sent through it wakes crossintercom's waiter. In transaction mode the relay,
+`db upgrade` and the overseer page refuse to start, in one line that names the fix."""
 
 from __future__ import annotations
 
@@ -12,10 +12,9 @@ import pytest
 from sqlalchemy.engine import make_url
 
 from crossintercom.storage.wakeup import PostgresWaiter, channel_name
-from crossintercom.tools.pgcluster import free_port
 from tests.conftest import make_env, run_cli, wait_for
 from tests.relay.conftest import Cluster
-from tests.transport.pooler import PgBouncer, pgbouncer_binary
+from tests.transport.pooler import PgBouncer
 
 pytestmark = pytest.mark.pg
 
@@ -85,7 +84,7 @@ def test_transaction_mode_is_refused_at_start_with_the_fix(pg_url: str, runtime_
     try:
         pooled = pooler.url_for(pg_url)
         env = {**make_env(runtime_home, "T"), "CROSSINTERCOM_STORE": pooled}
-        for args in (("db", "upgrade"), ("relay",)):
+        for args in (("db", "upgrade"), ("relay",), ("web", "--listen", "127.0.0.1:0")):
             out = run_cli(env, *args, timeout=60)
             assert out.returncode != 0, (args, out.stdout, out.stderr)
             assert "Traceback" not in out.stderr
@@ -94,9 +93,3 @@ def test_transaction_mode_is_refused_at_start_with_the_fix(pg_url: str, runtime_
             assert "Poolers" in line
     finally:
         pooler.stop()
-
-
-def test_pgbouncer_is_here_when_postgres_tests_are_required() -> None:
-    """CI installs PgBouncer (.ci/run); a missing one fails there instead of skipping."""
-    assert pgbouncer_binary()
-    assert free_port() > 0
