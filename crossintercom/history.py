@@ -11,7 +11,8 @@ from typing import Literal
 from crossintercom.config import Settings
 from crossintercom.inbox_search import search_inboxes
 from crossintercom.models import SearchHit, SearchQuery
-from crossintercom.storage import ArchiveStore, open_archive, open_store
+from crossintercom.storage import ArchiveStore, open_archive
+from crossintercom.storage.blocking import open_blocking_store
 
 Source = Literal["archive", "inbox"]
 
@@ -26,8 +27,7 @@ def open_history(settings: Settings) -> ArchiveStore | None:
     """The archive when this host has a store (schema checked) and the archive is on."""
     if not settings.store_url:
         return None
-    store = open_store(settings.store_url)
-    store.close()
+    open_blocking_store(settings.store_url).close()  # the schema is checked
     archive = open_archive(settings.store_url)
     try:
         if archive.archive_settings().enabled:

@@ -88,13 +88,14 @@ def archive(action: str, retention: str | None, store_url: str | None, as_json: 
     On, every relay copies the messages its host sees into the shared store, where anyone who
     can read the store can read them: see docs/archive.md before turning it on.
     """
-    from crossintercom.storage import open_archive, open_store
+    from crossintercom.storage import open_archive
+    from crossintercom.storage.blocking import open_blocking_store
 
     url = store_url or settings().store_url
     if not url:
         raise UsageError("no store given: pass --store URL or set CROSSINTERCOM_STORE")
     keep = _retention_s(retention) if retention is not None else None
-    open_store(url).close()  # the schema is checked, with its own clear message
+    open_blocking_store(url).close()  # the schema is checked, with its own clear message
     store = open_archive(url)
     try:
         if action == "status":

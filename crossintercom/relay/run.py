@@ -14,7 +14,7 @@ from crossintercom.config import ENV_STORE, Settings
 from crossintercom.errors import StoreUnavailable
 from crossintercom.relay.service import Relay, RelayError, RelayInUse
 from crossintercom.runtime import LockHeld, ensure_runtime_dir, hold_pid_lock
-from crossintercom.storage import ArchiveStore, MailboxStore, mask_url, open_archive, open_store
+from crossintercom.storage import MailboxStore, mask_url, open_archive, open_store
 from crossintercom.storage.urls import with_password_file
 
 log = logging.getLogger(__name__)
@@ -38,20 +38,14 @@ def run_relay(settings: Settings, *, polling_observer: bool = False) -> None:
     ensure_runtime_dir(settings)
     lock_fd = hold_relay_lock(settings)
     try:
-        url = with_password_file(settings.store_url, settings.store_password_file)
-        store = _open_store_patiently(url, polling_observer, settings.host_id)
-        try:
-            archive = open_archive(settings.store_url, host_id=settings.host_id)
-            asyncio.run(_serve(settings, store, archive))
-        finally:
-            store.close()
+        asyncio.run(_serve(settings, polling_observer))
     finally:
         os.close(lock_fd)
 
 
-def _open_store_patiently(url: str, polling_observer: bool, host_id: str) -> MailboxStore:
+async def _open_store_patiently(url: str, polling_observer: bool, host_id: str) -> MailboxStore:
     """An unreachable store is retried (the database may be starting); a wrong one is not."""
-    retrying = tenacity.Retrying(
+    retrying = tenacity.AsyncRetrying(
         wait=tenacity.wait_chain(
             *[tenacity.wait_fixed(w) for w in (1, 2, 5, 10)], tenacity.wait_fixed(30)
         ),
@@ -61,15 +55,23 @@ def _open_store_patiently(url: str, polling_observer: bool, host_id: str) -> Mai
         ),
         reraise=True,
     )
-    store: MailboxStore = retrying(
-        open_store, url, polling_observer=polling_observer, hot_path=True, host_id=host_id
+    store: MailboxStore = await retrying(
+        open_store, url, polling_observer=polling_observer, host_id=host_id
     )
     return store
 
 
-async def _serve(settings: Settings, store: MailboxStore, archive: ArchiveStore) -> None:
-    relay = Relay(settings, store, archive)
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, relay.stop)
-    await relay.run()
+async def _serve(settings: Settings, polling_observer: bool) -> None:
+    """The store is opened on this loop, the relay's: its operations run here and only here."""
+    assert settings.store_url is not None
+    url = with_password_file(settings.store_url, settings.store_password_file)
+    store = await _open_store_patiently(url, polling_observer, settings.host_id)
+    try:
+        archive = open_archive(settings.store_url, host_id=settings.host_id)
+        relay = Relay(settings, store, archive)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, relay.stop)
+        await relay.run()
+    finally:
+        await store.aclose()

@@ -74,7 +74,7 @@ class Overseer:
     async def start(self) -> None:
         await self.client.connect()
         if self.settings.store_url:
-            self.store = await asyncio.to_thread(open_store, self.settings.store_url)
+            self.store = await open_store(self.settings.store_url)
             self.archive = open_archive(self.settings.store_url)
         await self._refresh_archive_state()
         await self._poll_feed()
@@ -89,9 +89,10 @@ class Overseer:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
         await self.client.close()
-        for closeable in (self.archive, self.store):
-            if closeable is not None:
-                closeable.close()
+        if self.archive is not None:
+            self.archive.close()
+        if self.store is not None:
+            await self.store.aclose()
 
     # --- the live feed --------------------------------------------------------------------------
 
@@ -212,7 +213,7 @@ class Overseer:
         hosts: dict[str, dict[str, Any]] = {}
         if self.store is not None:
             try:
-                rows = await asyncio.to_thread(self.store.hosts)
+                rows = await self.store.hosts()
             except StoreError as exc:
                 log.warning("hosts unreadable: %s", exc.message)
                 rows = []
