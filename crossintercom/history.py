@@ -11,7 +11,8 @@ from typing import Literal
 from crossintercom.config import Settings
 from crossintercom.inbox_search import search_inboxes
 from crossintercom.models import SearchHit, SearchQuery
-from crossintercom.storage import ArchiveStore, open_archive, open_store
+from crossintercom.storage import ArchiveStore, open_archive
+from crossintercom.storage.blocking import open_blocking_store
 from crossintercom.storage.connection import connection_url
 
 Source = Literal["archive", "inbox"]
@@ -28,8 +29,7 @@ def open_history(settings: Settings) -> ArchiveStore | None:
     url = connection_url(settings)
     if url is None:
         return None
-    store = open_store(url)
-    store.close()
+    open_blocking_store(url).close()  # the schema is checked
     archive = open_archive(url)
     try:
         if archive.archive_settings().enabled:

@@ -90,7 +90,8 @@ def archive(action: str, retention: str | None, store_url: str | None, as_json: 
     """
     from dataclasses import replace
 
-    from crossintercom.storage import open_archive, open_store
+    from crossintercom.storage import open_archive
+    from crossintercom.storage.blocking import open_blocking_store
     from crossintercom.storage.connection import connection_url
 
     cfg = settings()
@@ -98,7 +99,7 @@ def archive(action: str, retention: str | None, store_url: str | None, as_json: 
     if not url:
         raise UsageError("no store given: pass --store URL or set CROSSINTERCOM_STORE")
     keep = _retention_s(retention) if retention is not None else None
-    open_store(url).close()  # the schema is checked, with its own clear message
+    open_blocking_store(url).close()  # the schema is checked, with its own clear message
     store = open_archive(url)
     try:
         if action == "status":

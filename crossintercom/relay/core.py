@@ -4,16 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Coroutine
-from typing import Any, ParamSpec, TypeVar
+from collections.abc import Coroutine
+from typing import Any
 
 from crossintercom.client import AsyncClient
 from crossintercom.config import Settings
 from crossintercom.models import SessionInfo
 from crossintercom.storage import MailboxStore
-
-P = ParamSpec("P")
-R = TypeVar("R")
 
 
 class RelayCore:
@@ -21,9 +18,6 @@ class RelayCore:
         self.settings = settings
         self.host = settings.host_id
         self.store = store
-        # The delivery path's store calls (enqueue, fetch, ack, receipts): on PostgreSQL on
-        # this loop's own connection, elsewhere in a thread; every other call is store_call's.
-        self.hot = store.hot_path()
         # Taken at start (claim_host); every write is fenced by it.
         self.generation = 0
         self.client: AsyncClient | None = None
@@ -58,10 +52,6 @@ class RelayCore:
     def fenced(self) -> None:
         """A newer relay took over this host id: stop (the relay says why)."""
         self.stopping.set()
-
-    async def store_call(self, fn: Callable[P, R], *args: P.args, **kw: P.kwargs) -> R:
-        """Run a blocking store call off the event loop, keeping its types."""
-        return await asyncio.to_thread(fn, *args, **kw)
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
         task = asyncio.get_running_loop().create_task(coro)

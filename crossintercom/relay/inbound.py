@@ -57,7 +57,7 @@ class Inbound:
         now = time.monotonic()
         if now - self._store_limit_read < STORE_LIMIT_TTL_S:
             return
-        limits = await self.relay.store_call(self.relay.store.settings)
+        limits = await self.relay.store.settings()
         self._store_limit, self._store_limit_read = limits.max_message_bytes, now
 
     def poke(self, wake: Wake) -> None:
@@ -135,7 +135,7 @@ class Inbound:
         await self._refresh_store_limit()
         read_at = self._fetched_at = time.monotonic()
         acking = self._acking_keys if self._acking is not None else frozenset()
-        rows = await relay.hot.fetch_inbound(
+        rows = await relay.store.fetch_inbound(
             relay.host,
             relay.generation,
             limit=INBOUND_BATCH + len(acking),
@@ -163,7 +163,9 @@ class Inbound:
         await self._acked()
         if acks:
             self._acking_keys = frozenset((a.message_id, a.recipient_session) for a in acks)
-            self._acking = asyncio.ensure_future(relay.hot.ack(relay.host, relay.generation, acks))
+            self._acking = asyncio.ensure_future(
+                relay.store.ack(relay.host, relay.generation, acks)
+            )
         return len(rows) == INBOUND_BATCH and len(acks) == len(rows)
 
     async def _hand_over(self, rows: list[InboundRow], fresh_until: float) -> list[Ack]:

@@ -70,9 +70,7 @@ class LateReceipts:
         relay = self.relay
         while self._forgotten:
             sid = self._forgotten[0]
-            n = await relay.store_call(
-                relay.store.forget_session, relay.host, relay.generation, sid
-            )
+            n = await relay.store.forget_session(relay.host, relay.generation, sid)
             log.info("forgotten session expired in the store", extra={"session": sid, "rows": n})
             self._forgotten.pop(0)
         if not self._receipts:
@@ -80,7 +78,7 @@ class LateReceipts:
         batch = list(self._receipts)
         self._receipts.clear()
         try:
-            await relay.hot.add_receipts(relay.host, relay.generation, batch)
+            await relay.store.add_receipts(relay.host, relay.generation, batch)
         except StoreError:
             self._receipts.extendleft(reversed(batch))  # kept in order for the next attempt
             raise

@@ -83,7 +83,7 @@ class Outbound:
                     )
                 )
         try:
-            results: Sequence[EnqueueResult | InDoubtEnqueue] = await relay.hot.enqueue(
+            results: Sequence[EnqueueResult | InDoubtEnqueue] = await relay.store.enqueue(
                 items, generation=relay.generation
             )
         except StoreInDoubt:
@@ -146,7 +146,7 @@ class Outbound:
             async for attempt in retrying:
                 with attempt:
                     found: list[EnqueueResult | InDoubtEnqueue] = list(
-                        await relay.hot.enqueue(items, generation=relay.generation)
+                        await relay.store.enqueue(items, generation=relay.generation)
                     )
                     log.info(
                         "in-doubt commit settled by enqueueing again",

@@ -69,7 +69,7 @@ class Receipts:
             # that the read skips them, and the heartbeat deletes them off the path (a delete
             # here would put a write, on SQLite an fsync, before every read).
             await self.consume()
-        rows = await relay.hot.receipts(
+        rows = await relay.store.receipts(
             relay.host,
             relay.generation,
             limit=READ_BATCH + len(self._handled),  # the handled ones are skipped
@@ -83,6 +83,6 @@ class Receipts:
             if not ids:
                 return
             relay = self.relay
-            await relay.hot.consume_receipts(relay.host, relay.generation, ids)
+            await relay.store.consume_receipts(relay.host, relay.generation, ids)
             for i in ids:
                 self._handled.pop(i, None)

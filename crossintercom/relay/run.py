@@ -14,7 +14,7 @@ from crossintercom.config import ENV_STORE, Settings
 from crossintercom.errors import StoreUnavailable
 from crossintercom.relay.service import Relay, RelayError, RelayInUse
 from crossintercom.runtime import LockHeld, ensure_runtime_dir, hold_pid_lock
-from crossintercom.storage import ArchiveStore, MailboxStore, mask_url, open_archive, open_store
+from crossintercom.storage import MailboxStore, mask_url, open_archive, open_store
 from crossintercom.storage.connection import connection_url, tls_refused
 from crossintercom.storage.poolers import require_own_session
 
@@ -39,21 +39,14 @@ def run_relay(settings: Settings, *, polling_observer: bool = False) -> None:
     ensure_runtime_dir(settings)
     lock_fd = hold_relay_lock(settings)
     try:
-        url = connection_url(settings)
-        assert url is not None
-        store = _open_store_patiently(url, polling_observer, settings.host_id)
-        try:
-            archive = open_archive(url, host_id=settings.host_id)
-            asyncio.run(_serve(settings, store, archive))
-        finally:
-            store.close()
+        asyncio.run(_serve(settings, polling_observer))
     finally:
         os.close(lock_fd)
 
 
-def _open_store_patiently(url: str, polling_observer: bool, host_id: str) -> MailboxStore:
+async def _open_store_patiently(url: str, polling_observer: bool, host_id: str) -> MailboxStore:
     """An unreachable store is retried (the database may be starting); a wrong one is not."""
-    retrying = tenacity.Retrying(
+    retrying = tenacity.AsyncRetrying(
         wait=tenacity.wait_chain(
             *[tenacity.wait_fixed(w) for w in (1, 2, 5, 10)], tenacity.wait_fixed(30)
         ),
@@ -70,18 +63,26 @@ def _open_store_patiently(url: str, polling_observer: bool, host_id: str) -> Mai
         reraise=True,
     )
 
-    def open_checked() -> MailboxStore:
+    async def open_checked() -> MailboxStore:
         # A pooler that shares sessions would lose LISTEN wake-ups and prepared statements.
-        require_own_session(url)
-        return open_store(url, polling_observer=polling_observer, hot_path=True, host_id=host_id)
+        await asyncio.to_thread(require_own_session, url)
+        return await open_store(url, polling_observer=polling_observer, host_id=host_id)
 
-    store: MailboxStore = retrying(open_checked)
+    store: MailboxStore = await retrying(open_checked)
     return store
 
 
-async def _serve(settings: Settings, store: MailboxStore, archive: ArchiveStore) -> None:
-    relay = Relay(settings, store, archive)
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, relay.stop)
-    await relay.run()
+async def _serve(settings: Settings, polling_observer: bool) -> None:
+    """The store is opened on this loop, the relay's: its operations run here and only here."""
+    url = connection_url(settings)
+    assert url is not None
+    store = await _open_store_patiently(url, polling_observer, settings.host_id)
+    try:
+        archive = open_archive(url, host_id=settings.host_id)
+        relay = Relay(settings, store, archive)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, relay.stop)
+        await relay.run()
+    finally:
+        await store.aclose()

@@ -95,7 +95,7 @@ class Relay(RelayCore):
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
         await self._check_collision()
-        self.generation = await self.store_call(self.store.claim_host, self.host, self.machine)
+        self.generation = await self.store.claim_host(self.host, self.machine)
         log.info("relay started", extra={"host_id": self.host, "generation": self.generation})
         await self._check_trust()
         ident = Identity(id=new_id(), name="relay", purpose="control", status=self.store.url_masked)
@@ -135,7 +135,6 @@ class Relay(RelayCore):
             await self._say_goodbye()
             await self.client.close()
             waiter_thread.join(POLL_BACKSTOP_S + 1)
-            await self.hot.aclose()
             if self.archiver is not None:
                 self.archiver.close()
         if self.failure is not None:
@@ -145,7 +144,7 @@ class Relay(RelayCore):
         """Name what undermines the store's trust boundary (docs/operations.md, "Trust model"),
         in the log and on the relay's `status` line for as long as it runs."""
         try:
-            found = await self.store_call(self.store.trust_warnings)
+            found = await self.store.trust_warnings()
         except StoreError as exc:
             log.warning("could not check the store's files: %s", exc.message)
             return
@@ -165,7 +164,7 @@ class Relay(RelayCore):
         two machines are configured with one host id (a cloned VM, a copied env file); taking
         over would make them fence each other in turn, so this relay stops, naming both.
         """
-        held = await self.store_call(self.store.host_claim, self.host)
+        held = await self.store.host_claim(self.host)
         if held is None or held[0] in (None, self.machine):
             return
         other, beat = held
@@ -173,7 +172,7 @@ class Relay(RelayCore):
         deadline = loop.time() + effective_lease(self.settings.lease_s, self.settings.heartbeat_s)
         while loop.time() < deadline:
             await asyncio.sleep(min(0.5, self.settings.heartbeat_s))
-            now = await self.store_call(self.store.host_claim, self.host)
+            now = await self.store.host_claim(self.host)
             if now is None or now[0] != other:
                 return  # released or taken meanwhile: the claim below sorts it out
             if now[1] != beat:
@@ -196,7 +195,7 @@ class Relay(RelayCore):
         offline = [msgspec.structs.replace(s, online=False) for s in self.local_sessions]
         with contextlib.suppress(Exception):
             await asyncio.wait_for(
-                self.store_call(self.store.publish_sessions, self.host, self.generation, offline),
+                self.store.publish_sessions(self.host, self.generation, offline),
                 3.0,
             )
 
@@ -240,9 +239,7 @@ class Relay(RelayCore):
             if sessions == self._published:
                 return
             try:
-                ok = await self.store_call(
-                    self.store.publish_sessions, self.host, self.generation, sessions
-                )
+                ok = await self.store.publish_sessions(self.host, self.generation, sessions)
             except StoreError as exc:
                 log.warning("roster publish failed; will retry", extra={"error": exc.message})
                 return
@@ -257,11 +254,11 @@ class Relay(RelayCore):
         """Liveness from ``hosts`` (the heartbeat's answer, else read now); the roster re-read
         only when a host's roster revision moved (or a host came or went)."""
         if hosts is None:
-            hosts = await self.store_call(self.store.hosts)
+            hosts = await self.store.hosts()
         self.leases.observe(hosts)
         revs = frozenset((h.host_id, h.roster_rev) for h in hosts if h.host_id != self.host)
         if force or revs != self._roster_revs:
-            self._roster, dropped = rightful_claims(await self.store_call(self.store.roster))
+            self._roster, dropped = rightful_claims(await self.store.roster())
             self._roster_revs = revs
             if dropped:
                 log.warning(
@@ -304,7 +301,7 @@ class Relay(RelayCore):
         async def consume_then_beat() -> Beat | None:
             # Handled receipts go first, so the beat's probe sees only receipts not handled.
             await self.inbound.receipts.consume()
-            return await self.store_call(self.store.beat, self.host, self.generation, local_ids)
+            return await self.store.beat(self.host, self.generation, local_ids)
 
         beat = asyncio.ensure_future(consume_then_beat())
         done, _ = await asyncio.wait({beat}, timeout=STALL_REPORT_S)
@@ -365,10 +362,10 @@ class Relay(RelayCore):
             try:
                 # Expiry and purge are not per host; a relay fenced out (frozen past a takeover)
                 # must not run them either, so it proves it is current first.
-                if not await self.store_call(self.store.heartbeat, self.host, self.generation):
+                if not await self.store.heartbeat(self.host, self.generation):
                     self.fenced()
                     return
-                await self.store_call(self.store.expire)
-                await self.store_call(self.store.purge, older_than_s=keep)
+                await self.store.expire()
+                await self.store.purge(older_than_s=keep)
             except StoreError as exc:
                 log.warning("housekeeping failed: %s", exc.message, extra={"error": exc.message})

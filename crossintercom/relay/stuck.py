@@ -67,7 +67,7 @@ class StuckWatch:
         self._checked = t
         relay = self.relay
         try:
-            stuck = await relay.hot.stuck_transactions(idle_s)
+            stuck = await relay.store.stuck_transactions(idle_s)
         except StoreError:
             return self.warning  # the heartbeat reports the outage itself
         warning = describe(stuck)

@@ -1,18 +1,20 @@
 """The shared mailbox store: one interface, a PostgreSQL and a SQLite backend.
 
-``open_store(url)`` picks the backend from the URL scheme alone and refuses to run against a
-store whose schema is missing or from another version.
+``await open_store(url)`` picks the backend from the URL scheme alone and refuses to run
+against a store whose schema is missing or from another version. Every operation is a
+coroutine on the loop that opened the store; blocking callers (the CLI, tools, tests) open it
+with ``blocking.open_blocking_store`` and run the same operations on a loop of its own.
 
 Inside the package, imports run one way (no cycle): ``interface`` (the protocol and its
 rows), ``archive_types`` (the archive's) and ``urls`` at the bottom; ``tables``, then
 ``queries``; ``engine`` (engines and error translation); over it ``migrate`` (Alembic),
-``transaction`` (one operation, one transaction) and ``wakeup``; ``batches`` (batch writes
-over one connection); ``hosts`` (host claims and rosters, and the plumbing both halves run
-on), under ``sqlstore`` (messages, receipts and settings: together, the logic both backends
-share), with ``hotpath`` (its delivery path by a thread hop); ``pghot`` (PostgreSQL's on the
-event loop) under the backends ``postgres`` and ``sqlite`` on top; ``liveness`` apart, over
-``interface``; ``rogue`` (rows a rogue host writes, for the chaos run and the tests) over
-``engine`` and ``queries``.
+``driver`` (one operation, one transaction: retries, in-doubt commits, errors; SQLite's
+worker thread), ``pgdriver`` (PostgreSQL's on the event loop: deadlines, dead connections,
+plans, row security) and ``wakeup``; ``batches`` (batch writes over one connection);
+``hosts`` (host claims and rosters, and the plumbing both halves run on), under ``sqlstore``
+(messages, receipts and settings: together, the logic both backends share), under the
+backends ``postgres`` and ``sqlite``; ``blocking`` (the loop of blocking callers) on top;
+``liveness`` apart, over ``interface``.
 """
 
 from __future__ import annotations
@@ -33,7 +35,6 @@ from crossintercom.storage.interface import (
     DeliveryState,
     EnqueueResult,
     HostRow,
-    HotPath,
     InboundRow,
     InDoubtEnqueue,
     InDoubtResolution,
@@ -52,13 +53,11 @@ from crossintercom.storage.liveness import LeaseTracker
 from crossintercom.storage.urls import mask_url, parse_store_url
 
 
-def open_store(
-    url: str, *, polling_observer: bool = False, hot_path: bool = False, host_id: str | None = None
+async def open_store(
+    url: str, *, polling_observer: bool = False, host_id: str | None = None
 ) -> MailboxStore:
-    """Open the store at ``url`` and check its schema; raises a ``StoreError`` with a clear
-    one-line message (password masked) when it cannot be used. ``hot_path``: the caller runs
-    the delivery path through ``store.hot_path()`` (the relay), which has its own connection
-    on PostgreSQL, so the pool keeps fewer (three connections per host: docs/storage.md).
+    """Open the store at ``url`` on the running loop and check its schema; raises a
+    ``StoreError`` with a clear one-line message (password masked) when it cannot be used.
     ``host_id``: the relay's host, named in its PostgreSQL connections' ``application_name``."""
     # The backends are imported here, not with the package: every CLI command imports
     # storage.urls (to mask a URL), and the backends pull in alembic, psycopg and watchdog,
@@ -66,19 +65,17 @@ def open_store(
     parsed = parse_store_url(url)
     store: MailboxStore
     if parsed.kind == "postgres":
-        from crossintercom.storage.engine import HOT_PATH_POOL_SIZE, POOL_SIZE
         from crossintercom.storage.postgres import PostgresStore
 
-        pool_size = HOT_PATH_POOL_SIZE if hot_path else POOL_SIZE
-        store = PostgresStore(parsed, pool_size=pool_size, host_id=host_id)
+        store = PostgresStore(parsed, host_id=host_id)
     else:
         from crossintercom.storage.sqlite import SqliteStore
 
         store = SqliteStore(parsed, polling_observer=polling_observer)
     try:
-        store.check_schema()
+        await store.check_schema()
     except BaseException:
-        store.close()
+        await store.aclose()
         raise
     return store
 
@@ -105,7 +102,6 @@ __all__ = [
     "EnqueueResult",
     "FlowEdge",
     "HostRow",
-    "HotPath",
     "InDoubtEnqueue",
     "InDoubtResolution",
     "InboundRow",

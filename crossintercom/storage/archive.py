@@ -24,7 +24,7 @@ from crossintercom.storage.archive_types import (
     FlowEdge,
     ThreadSummary,
 )
-from crossintercom.storage.transaction import TransactionRunner
+from crossintercom.storage.driver import BlockingRunner
 from crossintercom.storage.urls import StoreURL, parse_store_url
 
 MAX_SEARCH_RESULTS = 200
@@ -36,7 +36,7 @@ class SqlArchive:
         self.url_masked = parsed.masked
         self.dialect = engine.dialect.name
         self.engine = engine
-        self._run = TransactionRunner(parsed, engine)
+        self._run = BlockingRunner(parsed, engine)
 
     def close(self) -> None:
         self.engine.dispose()

@@ -147,7 +147,7 @@ class PgEnqueue:
 
     def finish(self, rows: Sequence[Any]) -> list[int] | None:
         """Fill the results from the statement's rows; the positions to run again in a new
-        statement (see ``enqueue_pg``), or None when the generation was stale."""
+        statement (see ``PostgresStore.enqueue``), or None when the generation was stale."""
         if self.generation is not None and rows and not rows[0][1]:
             return None
         batch = [self.items[i] for i in self.fitting]
@@ -161,7 +161,7 @@ def plan_pg_enqueue(
     items: Sequence[OutboundItem], limits: StoreSettings, now: datetime, generation: int | None
 ) -> PgEnqueue:
     """The parameters of ``queries.pg_enqueue`` for ``items`` (those over the size limit are
-    refused here); the sync store and the relay's async hot path both run it."""
+    refused here); ``PostgresStore.enqueue`` runs it."""
     results: list[EnqueueResult | None] = [None] * len(items)
     fitting: list[int] = []
     for i, item in enumerate(items):
@@ -189,35 +189,6 @@ def plan_pg_enqueue(
         "sizes": [it.size for it in batch],
     }
     return PgEnqueue(items, generation, results, fitting, params)
-
-
-def enqueue_pg(
-    conn: Connection,
-    items: Sequence[OutboundItem],
-    limits: StoreSettings,
-    now: datetime,
-    generation: int | None,
-) -> tuple[list[EnqueueResult], set[str]] | None:
-    """``enqueue_batch`` on PostgreSQL in one statement (``queries.pg_enqueue``, which also
-    sends the recipients' NOTIFY), with the same results. Returns the hosts still to wake
-    (those of the fallback below), or None when ``generation`` is stale (nothing written).
-
-    Items whose rows a concurrent transaction committed while the statement waited on them
-    (a retried in-doubt enqueue, two relays sending one id) are not in its snapshot: they go
-    through ``enqueue_batch`` again, whose statements each see the latest commits."""
-    run = plan_pg_enqueue(items, limits, now, generation)
-    woken: set[str] = set()
-    if run.params is not None:
-        again = run.finish(conn.execute(q.pg_enqueue(generation is not None), run.params).all())
-        if again is None:
-            return None
-        if again:
-            retried, woken = enqueue_batch(
-                conn, "postgresql", [items[i] for i in again], limits, now
-            )
-            for i, r in zip(again, retried, strict=True):
-                run.results[i] = r
-    return run.done(), woken
 
 
 def _pg_results(
@@ -254,7 +225,7 @@ def _pg_results(
     return again
 
 
-# -- parameters of the other path statements, shared with the async hot path (pghot) ----------
+# -- parameters of the other delivery-path statements (postgres.py) -----------------------------
 
 
 def ack_params(

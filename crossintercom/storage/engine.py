@@ -34,11 +34,8 @@ from crossintercom.storage.plans import PlanRefresh
 from crossintercom.storage.urls import StoreURL
 
 # Two pooled connections per engine (plus the listener a Postgres waiter opens): at most three
-# database connections per store object.
+# database connections per store object, the relay's included (docs/storage.md).
 POOL_SIZE = 2
-# A relay's store: the delivery path has its own async connection (pghot), so the pool keeps
-# one for the rest (heartbeat, roster, housekeeping); with the listener, three in all.
-HOT_PATH_POOL_SIZE = 1
 
 PG_CONNECT_TIMEOUT_S = 5
 PG_IDLE_IN_TXN_MS = 30_000
@@ -46,7 +43,7 @@ PG_IDLE_IN_TXN_MS = 30_000
 # by the server (a lock held by a frozen peer, an overloaded database). Not for migrations.
 PG_STATEMENT_TIMEOUT_MS = 10_000
 # Past this, an operation whose server never answers (a blackholed connection: no error, no
-# reply) has its socket cut by the client and the connection replaced (transaction.py).
+# reply) has its socket cut by the client and the connection replaced (pgdriver.py).
 PG_OPERATION_DEADLINE_S = 15.0
 # Idle keepalives notice a dead peer (NAT drop, cable pull) that would otherwise leave a
 # connection, the listener's above all, waiting forever on a half-open socket; the TCP user
@@ -106,7 +103,7 @@ def store_engine(
 def pg_connect_args(
     statement_timeout_ms: int | None = None, app_name: str | None = None
 ) -> dict[str, Any]:
-    """libpq options of every store connection (the pool's and the relay's hot path's)."""
+    """libpq options of every store connection (the blocking engines' and the async one's)."""
     options = f"-c idle_in_transaction_session_timeout={PG_IDLE_IN_TXN_MS}"
     if statement_timeout_ms:
         options += f" -c statement_timeout={statement_timeout_ms}"
@@ -132,7 +129,7 @@ def postgres_engine(
         pool_size=pool_size,
         max_overflow=0,
         # No pre-ping (a round trip per transaction): a dropped pooled connection fails
-        # before COMMIT, is discarded and the transaction retried (transaction.py).
+        # before COMMIT, is discarded and the transaction retried (driver.py).
         connect_args=pg_connect_args(statement_timeout_ms, app_name),
     )
 

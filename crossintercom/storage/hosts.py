@@ -1,4 +1,4 @@
-"""The host half of the store and the plumbing both halves run on: one transaction per
+"""The host half of the store and the plumbing both halves run on: the driver that runs each
 operation, the backends' wake-up hooks, the schema check, host claims, heartbeats and rosters.
 Messages, receipts and settings are ``sqlstore``'s."""
 
@@ -7,22 +7,22 @@ from __future__ import annotations
 import logging
 from collections.abc import Collection, Sequence
 
-from sqlalchemy import Connection, Engine, inspect
+from sqlalchemy import Connection, inspect
 
 from crossintercom.errors import SchemaMissing, SchemaOutdated, SchemaTooNew
 from crossintercom.models import SessionInfo
 from crossintercom.storage import migrate
 from crossintercom.storage import queries as q
+from crossintercom.storage.driver import Driver
 from crossintercom.storage.interface import Beat, HostRow, Waiter
-from crossintercom.storage.transaction import TransactionRunner
 from crossintercom.storage.urls import StoreURL
 
 log = logging.getLogger(__name__)
 
 
 class SqlHostStore:
-    """Hosts and rosters over a SQLAlchemy engine (made by ``storage.engine``), each operation
-    one transaction (``storage.transaction``). Subclasses supply locking and wake-ups."""
+    """Hosts and rosters, each operation one body its backend's driver runs as one transaction
+    (``storage.driver``). Subclasses supply the driver, locking and wake-ups."""
 
     dialect: str
     skip_locked: bool
@@ -30,19 +30,17 @@ class SqlHostStore:
     fetch_in_autocommit = False
     arrays = False
 
-    def __init__(
-        self, parsed: StoreURL, engine: Engine, *, deadline_s: float | None = None
-    ) -> None:
+    def __init__(self, parsed: StoreURL, driver: Driver) -> None:
         self.parsed = parsed
         self.url_masked = parsed.masked
-        self.engine = engine
+        self.driver = driver
         # Every operation below is one call of this: one transaction, bounded reconnect.
-        self._run = TransactionRunner(parsed, engine, deadline_s=deadline_s)
+        self._run = driver.run
         # Whether the heartbeat may carry the archive setting (see beat): asked once.
         self._archive_readable: bool | None = None
 
-    def close(self) -> None:
-        self.engine.dispose()
+    async def aclose(self) -> None:
+        await self.driver.aclose()
 
     # Backend hooks: how wake-ups are sent; ``kind`` is what they name (wakeup.DELIVERIES or
     # wakeup.RECEIPTS).
@@ -60,13 +58,13 @@ class SqlHostStore:
 
     # -- schema ---------------------------------------------------------------------------
 
-    def check_schema(self) -> None:
+    async def check_schema(self) -> None:
         def read(conn: Connection) -> str | None:
             if not inspect(conn).has_table("alembic_version"):
                 return None
             return conn.execute(q.SCHEMA_VERSION).scalar()
 
-        version = self._run(read, retry=False)
+        version = await self._run(read, retry=False)
         if version is None:
             raise SchemaMissing(
                 f"the store {self.url_masked} has no crossintercom schema; "
@@ -87,7 +85,7 @@ class SqlHostStore:
 
     # -- hosts ----------------------------------------------------------------------------
 
-    def claim_host(self, host_id: str, machine: str | None = None) -> int:
+    async def claim_host(self, host_id: str, machine: str | None = None) -> int:
         stmt = q.claim_host(self.dialect)
 
         def write(conn: Connection) -> int:
@@ -97,26 +95,26 @@ class SqlHostStore:
                 conn.execute(q.SET_HOST_MACHINE, params)
             return generation
 
-        return self._run(write)
+        return await self._run(write)
 
-    def host_claim(self, host_id: str) -> tuple[str | None, int] | None:
+    async def host_claim(self, host_id: str) -> tuple[str | None, int] | None:
         def read(conn: Connection) -> tuple[str | None, int] | None:
             row = conn.execute(q.HOST_CLAIM, {"host_id": host_id}).one_or_none()
             return (row[0], int(row[1])) if row is not None else None
 
-        return self._run(read, single_statement=True)
+        return await self._run(read, single_statement=True)
 
-    def heartbeat(self, host_id: str, generation: int) -> bool:
+    async def heartbeat(self, host_id: str, generation: int) -> bool:
         # A counter bump fenced by generation: repeating it after a lost connection is harmless.
         params = {"host": host_id, "gen": generation}
-        return self._run(
+        return await self._run(
             lambda c: c.execute(q.HEARTBEAT, params).rowcount == 1, single_statement=True
         )
 
-    def beat(self, host_id: str, generation: int, session_ids: Sequence[str]) -> Beat | None:
+    async def beat(self, host_id: str, generation: int, session_ids: Sequence[str]) -> Beat | None:
         params = {"host": host_id, "gen": generation, **q.sessions_param(list(session_ids))}
         if self._archive_readable is None:
-            self._archive_readable = self._run(self._can_read_archive, retry=False)
+            self._archive_readable = await self._run(self._can_read_archive, retry=False)
         stmt = q.beat(self.dialect, archive=self._archive_readable)
 
         def one(conn: Connection) -> Beat | None:
@@ -132,15 +130,15 @@ class SqlHostStore:
 
         # PostgreSQL: one statement, the bump inside it (harmless to repeat after a lost
         # connection); SQLite: bump and read in one transaction.
-        return self._run(one, single_statement=self.dialect == "postgresql")
+        return await self._run(one, single_statement=self.dialect == "postgresql")
 
     def _can_read_archive(self, conn: Connection) -> bool:
         if self.dialect != "postgresql":
             return True
         return bool(conn.execute(q.PG_ARCHIVE_READABLE).scalar())
 
-    def hosts(self) -> list[HostRow]:
-        return self._run(
+    async def hosts(self) -> list[HostRow]:
+        return await self._run(
             lambda c: [HostRow(*row) for row in c.execute(q.LIST_HOSTS)], single_statement=True
         )
 
@@ -154,7 +152,7 @@ class SqlHostStore:
 
     # -- roster ---------------------------------------------------------------------------
 
-    def publish_sessions(
+    async def publish_sessions(
         self, host_id: str, generation: int, sessions: Sequence[SessionInfo]
     ) -> bool:
         rows = [
@@ -198,9 +196,9 @@ class SqlHostStore:
             if published[0]:
                 self._after_roster_commit()
 
-        return self._run(write, after=hint)
+        return await self._run(write, after=hint)
 
-    def roster(self) -> list[SessionInfo]:
+    async def roster(self) -> list[SessionInfo]:
         def read(conn: Connection) -> list[SessionInfo]:
             return [
                 SessionInfo(
@@ -219,7 +217,7 @@ class SqlHostStore:
                 for r in conn.execute(q.LIST_ROSTER)
             ]
 
-        return self._run(read, single_statement=True)
+        return await self._run(read, single_statement=True)
 
     def waiter(self, host_id: str) -> Waiter:
         raise NotImplementedError

@@ -1,5 +1,6 @@
-"""The one store interface the relay codes against (``MailboxStore``), and the plain rows it
-returns. Both backends implement it and one behaviour suite (tests/storage) checks them both.
+"""The one store interface (``MailboxStore``, async), and the plain rows it returns. Both
+backends implement it; the relay, the CLI (through ``storage.blocking``) and one behaviour
+suite (tests/storage) run exactly the same operations.
 
 Every state a row carries is a ``Literal``: what the store can hold, nothing a caller invents.
 """
@@ -221,95 +222,58 @@ class Waiter(Protocol):
     def notify_self(self) -> None: ...
 
 
-class HotPath(Protocol):
-    """The delivery path's operations as coroutines on the caller's event loop, with exactly
-    the semantics, fencing and errors of the ``MailboxStore`` methods of the same names.
-    ``MailboxStore.hot_path`` gives one: on PostgreSQL its own async connection (no thread
-    hop, no SQLAlchemy per statement), elsewhere the blocking methods run in a thread."""
-
-    async def enqueue(
-        self, items: Sequence[OutboundItem], *, generation: int | None = None
-    ) -> list[EnqueueResult]: ...
-
-    async def fetch_inbound(
-        self,
-        host_id: str,
-        generation: int,
-        *,
-        limit: int = 500,
-        session_ids: Collection[str] | None = None,
-        max_payload: int = DEFAULT_MAX_PAYLOAD_CHARS,
-    ) -> list[InboundRow]: ...
-
-    async def ack(self, host_id: str, generation: int, acks: Sequence[Ack]) -> int: ...
-
-    async def receipts(
-        self, host_id: str, generation: int, *, limit: int = 500
-    ) -> list[ReceiptRow]: ...
-
-    async def consume_receipts(
-        self, host_id: str, generation: int, receipt_ids: Sequence[int]
-    ) -> None: ...
-
-    async def add_receipts(
-        self, host_id: str, generation: int, receipts: Sequence[LateReceipt]
-    ) -> int: ...
-
-    async def stuck_transactions(self, idle_s: float) -> list[StuckTransaction]:
-        """As the store's: here so it answers while the pool waits behind such a lock."""
-        ...
-
-    async def aclose(self) -> None: ...
-
-
 class MailboxStore(Protocol):
     """The shared mailbox. Every read-for-delivery, ack, receipt and roster write names the
-    caller's generation and does nothing unless it is still its host's current one."""
+    caller's generation and does nothing unless it is still its host's current one.
+
+    Every operation is a coroutine, run on the event loop that opened the store (and only
+    there: its pooled connections belong to it); blocking callers use ``storage.blocking``.
+    """
 
     url_masked: str
 
-    def close(self) -> None: ...
+    async def aclose(self) -> None: ...
 
-    def check_schema(self) -> None: ...
+    async def check_schema(self) -> None: ...
 
-    def trust_warnings(self) -> list[str]:
+    async def trust_warnings(self) -> list[str]:
         """What undermines the store's trust boundary, one warning each (a SQLite file others
         may read, a trigger a writer installed); checked at relay start."""
         ...
 
-    def claim_host(self, host_id: str, machine: str | None = None) -> int:
+    async def claim_host(self, host_id: str, machine: str | None = None) -> int:
         """Take the next generation for ``host_id``, recording ``machine`` as its holder."""
         ...
 
-    def host_claim(self, host_id: str) -> tuple[str | None, int] | None:
+    async def host_claim(self, host_id: str) -> tuple[str | None, int] | None:
         """(machine, heartbeat) of ``host_id``'s row; None when it has none."""
         ...
 
-    def heartbeat(self, host_id: str, generation: int) -> bool: ...
+    async def heartbeat(self, host_id: str, generation: int) -> bool: ...
 
-    def beat(self, host_id: str, generation: int, session_ids: Sequence[str]) -> Beat | None:
+    async def beat(self, host_id: str, generation: int, session_ids: Sequence[str]) -> Beat | None:
         """The heartbeat, answering with ``Beat`` (``session_ids``: whose queued rows count);
         None when ``generation`` is stale."""
         ...
 
-    def hosts(self) -> list[HostRow]: ...
+    async def hosts(self) -> list[HostRow]: ...
 
-    def publish_sessions(
+    async def publish_sessions(
         self, host_id: str, generation: int, sessions: Sequence[SessionInfo]
     ) -> bool: ...
 
-    def roster(self) -> list[SessionInfo]: ...
+    async def roster(self) -> list[SessionInfo]: ...
 
-    def enqueue(
+    async def enqueue(
         self, items: Sequence[OutboundItem], *, generation: int | None = None
     ) -> list[EnqueueResult]:
         """Write the items (idempotent by message id). With ``generation``, only while that is
         still the sending host's current one: else ``StoreFenced`` and nothing is written."""
         ...
 
-    def get_message(self, message_id: str) -> MessageRow | None: ...
+    async def get_message(self, message_id: str) -> MessageRow | None: ...
 
-    def fetch_inbound(
+    async def fetch_inbound(
         self,
         host_id: str,
         generation: int,
@@ -326,40 +290,43 @@ class MailboxStore(Protocol):
         """
         ...
 
-    def ack(self, host_id: str, generation: int, acks: Sequence[Ack]) -> int: ...
+    async def ack(self, host_id: str, generation: int, acks: Sequence[Ack]) -> int: ...
 
-    def receipts(self, host_id: str, generation: int, *, limit: int = 500) -> list[ReceiptRow]: ...
+    async def receipts(
+        self, host_id: str, generation: int, *, limit: int = 500
+    ) -> list[ReceiptRow]: ...
 
-    def consume_receipts(
+    async def consume_receipts(
         self, host_id: str, generation: int, receipt_ids: Sequence[int]
     ) -> None: ...
 
-    def add_receipts(self, host_id: str, generation: int, receipts: Sequence[LateReceipt]) -> int:
+    async def add_receipts(
+        self, host_id: str, generation: int, receipts: Sequence[LateReceipt]
+    ) -> int:
         """Write receipts as ``host_id`` (the recipient's host) for the senders' hosts, and
         wake them; nothing for a stale generation. Returns how many were written."""
         ...
 
-    def forget_session(self, host_id: str, generation: int, session_id: str) -> int:
+    async def forget_session(self, host_id: str, generation: int, session_id: str) -> int:
         """``forget``: expire (code ``forgotten``) what is still queued for one of the host's
         sessions, with receipts for the senders, and drop its roster row. Returns how many
         deliveries expired; nothing for a stale generation."""
         ...
 
-    def expire(self) -> int: ...
+    async def expire(self) -> int: ...
 
-    def purge(self, *, batch: int = 1000, older_than_s: float | None = None) -> int:
+    async def purge(self, *, batch: int = 1000, older_than_s: float | None = None) -> int:
         """Delete rows finished more than ``older_than_s`` ago (default: the retention)."""
         ...
 
-    def settings(self) -> StoreSettings: ...
+    async def settings(self) -> StoreSettings: ...
 
-    def stuck_transactions(self, idle_s: float) -> list[StuckTransaction]:
+    async def stuck_transactions(self, idle_s: float) -> list[StuckTransaction]:
         """Other sessions idle in a transaction for over ``idle_s`` holding locks on the store's
         tables. PostgreSQL only: on SQLite a stuck lock shows as writers timing out."""
         ...
 
-    def waiter(self, host_id: str) -> Waiter: ...
-
-    def hot_path(self) -> HotPath:
-        """The delivery path for one event loop (the relay's); closed with ``aclose``."""
+    def waiter(self, host_id: str) -> Waiter:
+        """A blocking waiter for ``host_id``'s hints; made and used in a thread other than
+        the store's loop's (the relay's watcher)."""
         ...

@@ -16,7 +16,7 @@ from sqlalchemy import Connection
 from crossintercom.errors import StoreError
 from crossintercom.storage import engine as db
 from crossintercom.storage import queries as q
-from crossintercom.storage.transaction import TransactionRunner
+from crossintercom.storage.driver import BlockingRunner
 from crossintercom.storage.urls import StoreURL, parse_store_url
 
 
@@ -79,7 +79,7 @@ def lock_database(url: str) -> str | None:
         return _lock(conn, None)
 
     try:
-        return TransactionRunner(parsed, engine)(write, retry=False)
+        return BlockingRunner(parsed, engine)(write, retry=False)
     finally:
         engine.dispose()
 
@@ -104,6 +104,6 @@ def grant_host(url: str, host_id: str, password: str | None = None) -> tuple[str
         return role, _lock(conn, role)
 
     try:
-        return TransactionRunner(parsed, engine)(write, retry=False)
+        return BlockingRunner(parsed, engine)(write, retry=False)
     finally:
         engine.dispose()

@@ -1,7 +1,8 @@
 """SQLite backend for a database file on a (possibly shared) filesystem.
 
 The engine (rollback journal, never WAL; ``BEGIN IMMEDIATE`` for writers; busy timeout) and the
-file checks live in ``storage.engine``; this module adds doorbell wake-ups.
+file checks live in ``storage.engine``; its driver runs each transaction in a worker thread
+(``driver.SqliteDriver``); this module adds doorbell wake-ups.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from collections.abc import Collection
 
 from crossintercom.storage import engine as db
 from crossintercom.storage import sqlitetrust
+from crossintercom.storage.driver import SqliteDriver
 from crossintercom.storage.sqlstore import SqlMailboxStore
 from crossintercom.storage.urls import StoreURL
 from crossintercom.storage.wakeup import ROSTER, DoorbellWaiter, doorbell_dir, ring_doorbell
@@ -29,7 +31,7 @@ class SqliteStore(SqlMailboxStore):
         self.path = parsed.path
         self.polling_observer = polling_observer
         # must_exist: opening a store never creates an empty file; `db upgrade` does.
-        super().__init__(parsed, db.store_engine(parsed, must_exist=True))
+        super().__init__(parsed, SqliteDriver(parsed, db.store_engine(parsed, must_exist=True)))
 
     def _after_commit(self, host_ids: Collection[str], kind: str) -> None:
         for host_id in host_ids:
@@ -52,9 +54,9 @@ class SqliteStore(SqlMailboxStore):
                 extra={"host_id": host_id, "error": str(exc)},
             )
 
-    def trust_warnings(self) -> list[str]:
+    async def trust_warnings(self) -> list[str]:
         """Triggers and views the schema does not define, and files others may use."""
-        rows = self._run(
+        rows = await self._run(
             lambda c: [tuple(r) for r in c.exec_driver_sql(_OBJECTS).all()],
             single_statement=True,
         )

@@ -12,17 +12,16 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import msgspec
-from sqlalchemy import Connection, Engine
+from sqlalchemy import Connection
 
 from crossintercom.storage import queries as q
 from crossintercom.storage.batches import enqueue_batch, stale_enqueue
+from crossintercom.storage.driver import Driver
 from crossintercom.storage.hosts import SqlHostStore
-from crossintercom.storage.hotpath import ThreadHotPath
 from crossintercom.storage.interface import (
     DEFAULT_MAX_PAYLOAD_CHARS,
     Ack,
     EnqueueResult,
-    HotPath,
     InboundRow,
     LateReceipt,
     MessageRow,
@@ -56,8 +55,8 @@ def inbound_query(
     *,
     raw_payload: bool = False,
 ) -> tuple[Any, dict[str, Any]]:
-    """``fetch_inbound``'s statement and parameters (the blocking store's and the hot path's);
-    ``raw_payload``: payloads read as bytes (SQLite, where a writer may store any bytes)."""
+    """``fetch_inbound``'s statement and parameters; ``raw_payload``: payloads read as bytes
+    (SQLite, where a writer may store any bytes)."""
     stmt = q.inbound(
         by_session=session_ids is not None, skip_locked=skip_locked, array=arrays, raw=raw_payload
     )
@@ -104,21 +103,19 @@ def inbound_row(
 
 
 class SqlMailboxStore(SqlHostStore):
-    """``MailboxStore`` over a SQLAlchemy engine: the host half (``hosts``) plus the mailbox."""
+    """``MailboxStore`` over a driver: the host half (``hosts``) plus the mailbox."""
 
-    def __init__(
-        self, parsed: StoreURL, engine: Engine, *, deadline_s: float | None = None
-    ) -> None:
-        super().__init__(parsed, engine, deadline_s=deadline_s)
+    def __init__(self, parsed: StoreURL, driver: Driver) -> None:
+        super().__init__(parsed, driver)
         self._settings_lock = threading.Lock()
         self._settings_cache: tuple[float, StoreSettings] | None = None
 
-    def trust_warnings(self) -> list[str]:
+    async def trust_warnings(self) -> list[str]:
         return []
 
     # -- messages -------------------------------------------------------------------------
 
-    def enqueue(
+    async def enqueue(
         self, items: Sequence[OutboundItem], *, generation: int | None = None
     ) -> list[EnqueueResult]:
         """The whole batch in one transaction of a constant number of statements
@@ -129,7 +126,7 @@ class SqlMailboxStore(SqlHostStore):
             woken.clear()  # a retried attempt starts over
             return self._enqueue_in(conn, items, generation, woken)
 
-        return self._run(write, after=lambda: self._after_commit(woken, DELIVERIES))
+        return await self._run(write, after=lambda: self._after_commit(woken, DELIVERIES))
 
     def _enqueue_in(
         self,
@@ -150,7 +147,7 @@ class SqlMailboxStore(SqlHostStore):
         self._notify(conn, hosts, DELIVERIES)
         return results
 
-    def get_message(self, message_id: str) -> MessageRow | None:
+    async def get_message(self, message_id: str) -> MessageRow | None:
         def read(conn: Connection) -> MessageRow | None:
             params = {"message_id": message_id}
             digest = conn.execute(q.MESSAGE_DIGEST, params).scalar()
@@ -159,9 +156,9 @@ class SqlMailboxStore(SqlHostStore):
             states = dict(conn.execute(q.MESSAGE_STATES, params).all())
             return MessageRow(message_id, digest, states)
 
-        return self._run(read)
+        return await self._run(read)
 
-    def fetch_inbound(
+    async def fetch_inbound(
         self,
         host_id: str,
         generation: int,
@@ -182,12 +179,12 @@ class SqlMailboxStore(SqlHostStore):
             self.arrays,
             raw_payload=self.dialect == "sqlite",
         )
-        rows = self._run(
+        rows = await self._run(
             lambda c: c.execute(stmt, params).all(), single_statement=self.fetch_in_autocommit
         )
         return [inbound_row(*row, max_payload=max_payload) for row in rows]
 
-    def ack(self, host_id: str, generation: int, acks: Sequence[Ack]) -> int:
+    async def ack(self, host_id: str, generation: int, acks: Sequence[Ack]) -> int:
         """One UPDATE per distinct (outcome, code) in the batch (usually one), then one
         INSERT … SELECT of the receipts for exactly the rows it changed."""
         woken: set[str] = set()
@@ -220,7 +217,7 @@ class SqlMailboxStore(SqlHostStore):
                 self._write_receipts(conn, finished, now, woken)
             return len(finished)
 
-        return self._run(write, after=lambda: self._after_commit(woken, RECEIPTS))
+        return await self._run(write, after=lambda: self._after_commit(woken, RECEIPTS))
 
     def _write_receipts(
         self, conn: Connection, keys: list[tuple[str, str]], now: datetime, woken: set[str]
@@ -231,14 +228,18 @@ class SqlMailboxStore(SqlHostStore):
         woken.update(senders.scalars())
         self._notify(conn, woken, RECEIPTS)
 
-    def receipts(self, host_id: str, generation: int, *, limit: int = 500) -> list[ReceiptRow]:
+    async def receipts(
+        self, host_id: str, generation: int, *, limit: int = 500
+    ) -> list[ReceiptRow]:
         params = {"host_id": host_id, "generation": generation, "limit": limit}
-        return self._run(
+        return await self._run(
             lambda c: [ReceiptRow(*r) for r in c.execute(q.LIST_RECEIPTS, params)],
             single_statement=True,
         )
 
-    def consume_receipts(self, host_id: str, generation: int, receipt_ids: Sequence[int]) -> None:
+    async def consume_receipts(
+        self, host_id: str, generation: int, receipt_ids: Sequence[int]
+    ) -> None:
         if not receipt_ids:
             return
         params = {"host_id": host_id, "receipt_ids": list(receipt_ids)}
@@ -247,9 +248,11 @@ class SqlMailboxStore(SqlHostStore):
             if self._is_current(conn, host_id, generation):
                 conn.execute(q.DELETE_RECEIPTS, params)
 
-        self._run(write)
+        await self._run(write)
 
-    def add_receipts(self, host_id: str, generation: int, receipts: Sequence[LateReceipt]) -> int:
+    async def add_receipts(
+        self, host_id: str, generation: int, receipts: Sequence[LateReceipt]
+    ) -> int:
         woken: set[str] = set()
 
         def write(conn: Connection) -> int:
@@ -262,9 +265,9 @@ class SqlMailboxStore(SqlHostStore):
             self._notify(conn, woken, RECEIPTS)
             return len(receipts)
 
-        return self._run(write, after=lambda: self._after_commit(woken, RECEIPTS))
+        return await self._run(write, after=lambda: self._after_commit(woken, RECEIPTS))
 
-    def forget_session(self, host_id: str, generation: int, session_id: str) -> int:
+    async def forget_session(self, host_id: str, generation: int, session_id: str) -> int:
         woken: set[str] = set()
 
         def write(conn: Connection) -> int:
@@ -285,17 +288,17 @@ class SqlMailboxStore(SqlHostStore):
             self._after_commit(woken, RECEIPTS)
             self._after_roster_commit()
 
-        return self._run(write, after=hints)
+        return await self._run(write, after=hints)
 
-    def expire(self) -> int:
+    async def expire(self) -> int:
         total = 0
         while True:
-            count = self._expire_batch()
+            count = await self._expire_batch()
             total += count
             if count < EXPIRE_BATCH:
                 return total
 
-    def _expire_batch(self) -> int:
+    async def _expire_batch(self) -> int:
         woken: set[str] = set()
 
         def write(conn: Connection) -> int:
@@ -307,15 +310,15 @@ class SqlMailboxStore(SqlHostStore):
                 self._write_receipts(conn, keys, now, woken)
             return len(keys)
 
-        return self._run(write, after=lambda: self._after_commit(woken, RECEIPTS))
+        return await self._run(write, after=lambda: self._after_commit(woken, RECEIPTS))
 
-    def purge(self, *, batch: int = 1000, older_than_s: float | None = None) -> int:
+    async def purge(self, *, batch: int = 1000, older_than_s: float | None = None) -> int:
         """Delete finished deliveries (and then-orphaned messages) in bounded transactions.
 
         Finished rows are kept for ``older_than_s`` (default: the store's retention) because
         they are the dedup record a sender's retry of the same id is answered from.
         """
-        keep = self.settings().retention_s if older_than_s is None else older_than_s
+        keep = (await self.settings()).retention_s if older_than_s is None else older_than_s
         total = 0
         while True:
             params = {"cutoff": utcnow() - timedelta(seconds=keep), "limit": batch}
@@ -326,7 +329,7 @@ class SqlMailboxStore(SqlHostStore):
                     conn.execute(q.PURGE_ORPHAN_MESSAGES, {"message_ids": list(set(ids))})
                 return len(ids), conn.execute(q.PURGE_RECEIPTS, params).rowcount
 
-            done, receipts = self._run(one_batch)
+            done, receipts = await self._run(one_batch)
             total += done + receipts
             if done < batch and receipts < batch:
                 return total
@@ -355,16 +358,13 @@ class SqlMailboxStore(SqlHostStore):
         """The settings, read through ``conn`` only when the cached copy is stale."""
         return self.fresh_settings() or self._read_settings(conn)
 
-    def settings(self) -> StoreSettings:
-        return self._run(self._read_settings, single_statement=True)
+    async def settings(self) -> StoreSettings:
+        return await self._run(self._read_settings, single_statement=True)
 
-    def hot_path(self) -> HotPath:
-        return ThreadHotPath(self)
-
-    def stuck_transactions(self, idle_s: float) -> list[StuckTransaction]:
+    async def stuck_transactions(self, idle_s: float) -> list[StuckTransaction]:
         return []  # SQLite: a held file lock shows as its writers' busy timeouts instead
 
-    def update_settings(
+    async def update_settings(
         self, *, max_message_bytes: int | None = None, retention_s: int | None = None
     ) -> None:
         """Change the store-wide limits (an operator action, not a relay one)."""
@@ -374,6 +374,6 @@ class SqlMailboxStore(SqlHostStore):
         if retention_s is not None:
             values["retention_s"] = retention_s
         if values:
-            self._run(lambda c: c.execute(q.update_settings(values)))
+            await self._run(lambda c: c.execute(q.update_settings(values)))
             with self._settings_lock:
                 self._settings_cache = None  # this store sees its own change at once

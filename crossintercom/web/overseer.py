@@ -80,7 +80,7 @@ class Overseer:
         if url is not None:
             # The feed's statements are prepared on the server: a shared session loses them.
             await asyncio.to_thread(require_own_session, url)
-            self.store = await asyncio.to_thread(open_store, url)
+            self.store = await open_store(url)
             self.archive = open_archive(url)
         await self._refresh_archive_state()
         await self._poll_feed()
@@ -95,9 +95,10 @@ class Overseer:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
         await self.client.close()
-        for closeable in (self.archive, self.store):
-            if closeable is not None:
-                closeable.close()
+        if self.archive is not None:
+            self.archive.close()
+        if self.store is not None:
+            await self.store.aclose()
 
     # --- the live feed --------------------------------------------------------------------------
 
@@ -218,7 +219,7 @@ class Overseer:
         hosts: dict[str, dict[str, Any]] = {}
         if self.store is not None:
             try:
-                rows = await asyncio.to_thread(self.store.hosts)
+                rows = await self.store.hosts()
             except StoreError as exc:
                 log.warning("hosts unreadable: %s", exc.message)
                 rows = []

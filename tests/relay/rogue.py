@@ -9,8 +9,8 @@ from typing import Any
 from sqlalchemy import create_engine, select
 from sqlalchemy.engine import make_url
 
-from crossintercom.storage.rogue import inject_rows, rogue_message
 from crossintercom.storage.tables import deliveries
+from crossintercom.tools.chaos.rogue import inject_rows, rogue_message
 
 
 class Rogue:

@@ -1,8 +1,8 @@
 """A COMMIT in doubt never turns into a false ``not_sent`` (DESIGN §6).
 
 A TCP proxy between the sending host's relay and PostgreSQL cuts the relay's connection the
-moment it sends the write that commits an enqueue (its one statement, run in autocommit on the
-relay's hot path: docs/storage.md); that write reaches the server later (or never).
+moment it sends the write that commits an enqueue (its one statement, run in autocommit:
+docs/storage.md); that write reaches the server later (or never).
 The sender must be told ``delivered``/``queued`` (the row is there) or ``unknown``, never
 ``not_sent`` for a message that was stored, and the message arrives exactly once.
 """

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from crossintercom.models import Message, Peer, durable_session_id
 from crossintercom.relay.inbound import INBOUND_BATCH
 from crossintercom.storage import MailboxStore, OutboundItem, open_store
+from crossintercom.storage.blocking import run
 from crossintercom.tools.harness import BULK_SENDER
 from tests.relay.conftest import Cluster, Host, Listener, wait_for
 
@@ -42,7 +43,7 @@ def _queue(store: MailboxStore, sender_host: str, recipient: Host, n: int) -> di
                 msg.size(),
             )
         )
-    results = store.enqueue(items)
+    results = run(store.enqueue(items))
     assert all(r.inserted and r.state == "queued" for r in results)
     return order
 
@@ -56,8 +57,8 @@ def _shows(listener: Listener, n: int) -> Callable[[], bool]:
 
 
 def _nothing_queued(store: MailboxStore, host_id: str) -> bool:
-    [gen] = [h.generation for h in store.hosts() if h.host_id == host_id]
-    return not store.fetch_inbound(host_id, gen, limit=1)
+    [gen] = [h.generation for h in run(store.hosts()) if h.host_id == host_id]
+    return not run(store.fetch_inbound(host_id, gen, limit=1))
 
 
 def _backlog(cluster: Cluster, n: int) -> tuple[Host, dict[str, Listener], dict[str, list[str]]]:
@@ -69,11 +70,11 @@ def _backlog(cluster: Cluster, n: int) -> tuple[Host, dict[str, Listener], dict[
     for name in SINKS:
         a.wait_sees(name, "B")
     b.stop_relay()
-    store = open_store(cluster.store_url)
+    store = run(open_store(cluster.store_url))
     try:
         order = _queue(store, a.host_id, b, n)
     finally:
-        store.close()
+        run(store.aclose())
     b.start_relay()
     return b, listeners, order
 
@@ -84,11 +85,11 @@ def _settled(
     """Every message printed once, in its queue order, saved once, and no row left queued."""
     for name, lst in listeners.items():
         wait_for(_shows(lst, len(order[name])), 120, f"{name} to show all")
-    store = open_store(cluster.store_url)
+    store = run(open_store(cluster.store_url))
     try:
         wait_for(lambda: _nothing_queued(store, b.host_id), 60, "every row finished")
     finally:
-        store.close()
+        run(store.aclose())
     for name, lst in listeners.items():
         assert _printed(lst) == order[name]  # in order, each once
         held = b.inbox(name)

@@ -11,6 +11,7 @@ import pytest
 from sqlalchemy.engine import make_url
 
 from crossintercom.storage import open_archive, open_store
+from crossintercom.storage.blocking import run
 from crossintercom.storage.engine import application_name
 from crossintercom.storage.urls import parse_store_url
 from tests.relay.conftest import Cluster, wait_for
@@ -50,15 +51,15 @@ def test_a_relays_backends_carry_its_host_id(pg_url: str) -> None:
 
 def names_of_a_store(url: str, host_id: str) -> list[str]:
     """The backends' names while a store, its archive and its waiter are open for a host."""
-    store = open_store(url, host_id=host_id)
+    store = run(open_store(url, host_id=host_id))
     archive = open_archive(url, host_id=host_id)
     try:
-        store.heartbeat(host_id, 1)
+        run(store.heartbeat(host_id, 1))
         archive.archive_settings()
         with store.waiter(host_id):
             return backend_names(url)
     finally:
-        store.close()
+        run(store.aclose())
         archive.close()
 
 

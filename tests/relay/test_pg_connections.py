@@ -1,4 +1,4 @@
-"""A relay holds at most three PostgreSQL connections: its pool's one, its hot path's and the
+"""A relay holds at most three PostgreSQL connections: its pool's two and the
 listener's, the archive (off) none (docs/storage.md); counted by the server for each relay's
 own sockets."""
 

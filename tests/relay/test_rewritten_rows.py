@@ -12,7 +12,7 @@ from pathlib import Path
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
-from crossintercom.storage.rogue import delivery_reasons
+from crossintercom.tools.chaos.rogue import delivery_reasons
 from tests.relay.conftest import Cluster, wait_for
 
 SQLITE_TRIGGER = (

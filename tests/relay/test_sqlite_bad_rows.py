@@ -14,7 +14,7 @@ from pathlib import Path
 from sqlalchemy.engine import make_url
 
 from crossintercom.models import Message, new_id
-from crossintercom.storage.rogue import delivery_reasons, rogue_message
+from crossintercom.tools.chaos.rogue import delivery_reasons, rogue_message
 from tests.relay.conftest import Cluster, wait_for
 
 

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from crossintercom.storage import MailboxStore, migrate, open_store
+from crossintercom.storage.blocking import run
 
 REPO = Path(__file__).resolve().parents[2]
 # Plain `pytest` (not `python -m pytest`) does not put the checkout on sys.path.
@@ -71,6 +72,6 @@ def store_url(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture
 def store(store_url: str) -> Iterator[MailboxStore]:
-    s = open_store(store_url)
+    s = run(open_store(store_url))
     yield s
-    s.close()
+    run(s.aclose())

@@ -15,6 +15,7 @@ from psycopg import sql
 from crossintercom.cli.db import db
 from crossintercom.errors import StoreError, StoreReadOnly, StoreUnavailable, StoreURLError
 from crossintercom.storage import mask_url, migrate, open_store
+from crossintercom.storage.blocking import open_blocking_store, run
 from tests.pgharness import PgServer
 from tests.storage.conftest import run_python
 
@@ -56,7 +57,7 @@ def test_upgrade_and_current_on_a_fresh_sqlite_file(tmp_path: Path) -> None:
     assert HEAD in out and "(head)" in out
     code, out, _ = db_cli("current", "--store", url)
     assert out.strip() == f"{HEAD} (head)"
-    open_store(url).close()
+    open_blocking_store(url).close()
 
 
 def test_cli_runner_and_env_default(tmp_path: Path) -> None:
@@ -105,7 +106,11 @@ def test_bad_urls_read_as_one_line(url: str, needles: list[str]) -> None:
 
 def test_missing_schema_says_what_to_run(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'absent.db'}"
-    proc = run_python("-c", f"from crossintercom.storage import open_store; open_store({url!r})")
+    code = (
+        "from crossintercom.storage.blocking import open_blocking_store; "
+        f"open_blocking_store({url!r})"
+    )
+    proc = run_python("-c", code)
     assert "SchemaMissing" in proc.stderr and "crossintercom db upgrade --store" in proc.stderr
     assert not (tmp_path / "absent.db").exists()  # opening never creates an empty file
 
@@ -118,7 +123,7 @@ def test_read_only_sqlite_file_and_directory(tmp_path: Path) -> None:
 
     (ro_dir / "store.db").chmod(0o444)
     with pytest.raises(StoreReadOnly, match="read-only"):
-        open_store(url)
+        run(open_store(url))
     code, _, err = db_cli("upgrade", "--store", url)
     assert code == 1
     assert_one_clear_line(err, "read-only", "chmod")
@@ -127,7 +132,7 @@ def test_read_only_sqlite_file_and_directory(tmp_path: Path) -> None:
     ro_dir.chmod(stat.S_IRUSR | stat.S_IXUSR)
     try:
         with pytest.raises(StoreReadOnly, match="directory"):
-            open_store(url)
+            run(open_store(url))
         code, _, err = db_cli("upgrade", "--store", url)
         assert code == 1
         assert_one_clear_line(err, "directory", "read-only")
@@ -172,7 +177,7 @@ def test_wrong_credentials_and_missing_database(
     assert code == 1
     assert_one_clear_line(err, "cannot reach", "***", "user name and password")
     with pytest.raises(StoreUnavailable) as info:
-        open_store(url)
+        run(open_store(url))
     assert SECRET not in str(info.value)
 
     missing = good.set(database="ci_no_such_db").render_as_string(hide_password=False)
@@ -184,4 +189,4 @@ def test_wrong_credentials_and_missing_database(
 @pytest.mark.pg
 def test_missing_schema_on_postgres(pg_empty_url: str) -> None:
     with pytest.raises(StoreError, match="crossintercom db upgrade --store"):
-        open_store(pg_empty_url)
+        run(open_store(pg_empty_url))

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 from crossintercom.storage import Ack, OutboundItem, open_store
+from crossintercom.storage.blocking import run
 from tests.storage.conftest import spawn_worker
 from tests.storage.workers import message_id, session_for
 
@@ -17,17 +18,17 @@ HOST = "racer@b"
 
 
 def _wait_until_drained(url: str, timeout: float = 90.0) -> None:
-    store = open_store(url)
+    store = run(open_store(url))
     try:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            gen = max(h.generation for h in store.hosts() if h.host_id == HOST)
-            if not store.fetch_inbound(HOST, gen, limit=1):
+            gen = max(h.generation for h in run(store.hosts()) if h.host_id == HOST)
+            if not run(store.fetch_inbound(HOST, gen, limit=1)):
                 return
             time.sleep(0.2)
         raise AssertionError("relay did not drain the queue in time")
     finally:
-        store.close()
+        run(store.aclose())
 
 
 def test_producers_and_racing_relays_deliver_exactly_once(store_url: str, tmp_path: Path) -> None:
@@ -40,12 +41,12 @@ def test_producers_and_racing_relays_deliver_exactly_once(store_url: str, tmp_pa
             for n in range(PER_PRODUCER)
         )
     )
-    store = open_store(store_url)
+    store = run(open_store(store_url))
     try:
-        old = store.claim_host(HOST)
-        new = store.claim_host(HOST)
+        old = run(store.claim_host(HOST))
+        new = run(store.claim_host(HOST))
     finally:
-        store.close()
+        run(store.aclose())
     stop = tmp_path / "stop"
     stale = spawn_worker("relay", store_url, HOST, str(old), str(stop), str(ids_file))
     current = spawn_worker("relay", store_url, HOST, str(new), str(stop), "-")
@@ -70,16 +71,16 @@ def test_producers_and_racing_relays_deliver_exactly_once(store_url: str, tmp_pa
 
     handed = current_report["handed"]
     delivered_twice = len(handed) - len(set(handed))
-    store = open_store(store_url)
+    store = run(open_store(store_url))
     try:
         states = [
             state
             for p in range(PRODUCERS)
             for n in range(PER_PRODUCER)
-            for state in store.get_message(message_id(p, n)).states.values()  # type: ignore[union-attr]
+            for state in run(store.get_message(message_id(p, n))).states.values()  # type: ignore[union-attr]
         ]
     finally:
-        store.close()
+        run(store.aclose())
     lost = total - states.count("delivered")
     print(
         f"\n{store_url.split(':', maxsplit=1)[0]}: attempted={total} written={written} "
@@ -95,10 +96,12 @@ def test_producers_and_racing_relays_deliver_exactly_once(store_url: str, tmp_pa
 
 def test_reader_killed_mid_batch_leaves_nothing_undeliverable(store_url: str) -> None:
     host = "killed@b"
-    store = open_store(store_url)
+    store = run(open_store(store_url))
     try:
-        store.enqueue(
-            [OutboundItem(f"k{i}", "a", host, "s1", "d" * 64, {"n": i}, 1) for i in range(200)]
+        run(
+            store.enqueue(
+                [OutboundItem(f"k{i}", "a", host, "s1", "d" * 64, {"n": i}, 1) for i in range(200)]
+            )
         )
         reader = spawn_worker("slow-reader", store_url, host)
         assert reader.stdout is not None
@@ -111,13 +114,13 @@ def test_reader_killed_mid_batch_leaves_nothing_undeliverable(store_url: str) ->
         reader.send_signal(signal.SIGKILL)
         reader.communicate(timeout=30)
 
-        gen = store.claim_host(host)  # the next relay of the host
-        rest = store.fetch_inbound(host, gen, limit=1000)
+        gen = run(store.claim_host(host))  # the next relay of the host
+        rest = run(store.fetch_inbound(host, gen, limit=1000))
         assert 0 < len(rest) <= 180
-        assert store.ack(host, gen, [Ack(r.message_id, "s1", "delivered") for r in rest]) == len(
-            rest
-        )
-        states = [store.get_message(f"k{i}").states["s1"] for i in range(200)]  # type: ignore[union-attr]
+        assert run(
+            store.ack(host, gen, [Ack(r.message_id, "s1", "delivered") for r in rest])
+        ) == len(rest)
+        states = [run(store.get_message(f"k{i}")).states["s1"] for i in range(200)]  # type: ignore[union-attr]
         assert states == ["delivered"] * 200
     finally:
-        store.close()
+        run(store.aclose())

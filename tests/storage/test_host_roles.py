@@ -19,6 +19,7 @@ from sqlalchemy.engine import make_url
 from crossintercom.errors import StoreError
 from crossintercom.models import SessionInfo
 from crossintercom.storage import Ack, MailboxStore, OutboundItem, open_store
+from crossintercom.storage.blocking import run
 from crossintercom.storage.roles import role_name
 from tests.hostroles import drop_host_roles
 from tests.pgharness import PgServer
@@ -76,62 +77,66 @@ def test_grant_host_refuses_sqlite(tmp_path: object) -> None:
 
 def test_a_host_role_keeps_to_its_own_rows(hosts: dict[str, HostRole]) -> None:
     a, b, c = hosts["A"], hosts["B"], hosts["C"]
-    sa: MailboxStore = open_store(a.url)
-    sb: MailboxStore = open_store(b.url)
-    sc: MailboxStore = open_store(c.url)
+    sa: MailboxStore = run(open_store(a.url))
+    sb: MailboxStore = run(open_store(b.url))
+    sc: MailboxStore = run(open_store(c.url))
     try:
-        gen_a, gen_b, gen_c = sa.claim_host(a.host), sb.claim_host(b.host), sc.claim_host(c.host)
-        assert sa.publish_sessions(a.host, gen_a, [SessionInfo(id="sa", host=a.host)])
-        assert sb.publish_sessions(b.host, gen_b, [SessionInfo(id="s1", host=b.host)])
+        gen_a, gen_b, gen_c = (
+            run(sa.claim_host(a.host)),
+            run(sb.claim_host(b.host)),
+            run(sc.claim_host(c.host)),
+        )
+        assert run(sa.publish_sessions(a.host, gen_a, [SessionInfo(id="sa", host=a.host)]))
+        assert run(sb.publish_sessions(b.host, gen_b, [SessionInfo(id="s1", host=b.host)]))
         # legitimate traffic: A -> B, and B -> C (which A must never see)
-        [ok] = sa.enqueue([item("a-to-b", a.host, b.host)], generation=gen_a)
+        [ok] = run(sa.enqueue([item("a-to-b", a.host, b.host)], generation=gen_a))
         assert (ok.state, ok.inserted) == ("queued", True)
-        sb.enqueue([item("b-to-c", b.host, c.host)], generation=gen_b)
+        run(sb.enqueue([item("b-to-c", b.host, c.host)], generation=gen_b))
 
         # forging: A writes as B, claims B, publishes B's roster
         with pytest.raises(StoreError, match="row-level security"):
-            sa.enqueue([item("forged", b.host, c.host)])
+            run(sa.enqueue([item("forged", b.host, c.host)]))
         with pytest.raises(StoreError, match="row-level security"):
-            sa.claim_host(b.host)
-        assert sa.publish_sessions(b.host, gen_b, []) is False
-        assert sa.heartbeat(b.host, gen_b) is False
-        assert sa.fetch_inbound(c.host, gen_c) == []
+            run(sa.claim_host(b.host))
+        assert run(sa.publish_sessions(b.host, gen_b, [])) is False
+        assert run(sa.heartbeat(b.host, gen_b)) is False
+        assert run(sa.fetch_inbound(c.host, gen_c)) == []
         # a message id B already used is refused to A, without revealing its content
-        [taken] = sa.enqueue([item("b-to-c", a.host, c.host)])
+        [taken] = run(sa.enqueue([item("b-to-c", a.host, c.host)]))
         assert (taken.state, taken.code) == ("refused", "id_conflict")
-        assert sa.get_message("b-to-c") is None
+        assert run(sa.get_message("b-to-c")) is None
 
         # the roster and the leases are readable by everyone
-        assert {s.host for s in sa.roster()} == {a.host, b.host}
-        assert {h.host_id for h in sa.hosts()} >= {a.host, b.host, c.host}
+        assert {s.host for s in run(sa.roster())} == {a.host, b.host}
+        assert {h.host_id for h in run(sa.hosts())} >= {a.host, b.host, c.host}
 
         # the recipient reads and acks; the sender gets the receipt
-        [row] = sb.fetch_inbound(b.host, gen_b)
+        [row] = run(sb.fetch_inbound(b.host, gen_b))
         assert (row.message_id, row.sender_host) == ("a-to-b", a.host)
-        assert sb.ack(b.host, gen_b, [Ack("a-to-b", "s1", "delivered")]) == 1
-        [receipt] = sa.receipts(a.host, gen_a)
+        assert run(sb.ack(b.host, gen_b, [Ack("a-to-b", "s1", "delivered")])) == 1
+        [receipt] = run(sa.receipts(a.host, gen_a))
         assert (receipt.message_id, receipt.outcome) == ("a-to-b", "delivered")
-        sa.consume_receipts(a.host, gen_a, [receipt.id])
-        assert sa.receipts(a.host, gen_a) == []
+        run(sa.consume_receipts(a.host, gen_a, [receipt.id]))
+        assert run(sa.receipts(a.host, gen_a)) == []
         # housekeeping runs under a host role without touching others' rows
-        sa.expire()
-        sa.purge()
-        [row_c] = sc.fetch_inbound(c.host, gen_c)
+        run(sa.expire())
+        run(sa.purge())
+        [row_c] = run(sc.fetch_inbound(c.host, gen_c))
         assert row_c.message_id == "b-to-c"
     finally:
         for s in (sa, sb, sc):
-            s.close()
+            run(s.aclose())
 
 
 def test_plain_sql_attacks_as_a_host_role(hosts: dict[str, HostRole]) -> None:
     a, b, c = hosts["A"], hosts["B"], hosts["C"]
-    sb = open_store(b.url)
+    sb = run(open_store(b.url))
     try:
-        gen_b = sb.claim_host(b.host)
-        sb.publish_sessions(b.host, gen_b, [SessionInfo(id="victim", host=b.host)])
-        sb.enqueue([item("secret", b.host, c.host, "s9")])
+        gen_b = run(sb.claim_host(b.host))
+        run(sb.publish_sessions(b.host, gen_b, [SessionInfo(id="victim", host=b.host)]))
+        run(sb.enqueue([item("secret", b.host, c.host, "s9")]))
     finally:
-        sb.close()
+        run(sb.aclose())
     with psycopg.connect(a.libpq(), autocommit=True) as conn:
         # read another host's mail
         assert conn.execute("SELECT count(*) FROM messages").fetchone() == (0,)
@@ -182,31 +187,31 @@ def test_a_host_role_reads_receipts_instead_of_taking_hinted_ones(
 ) -> None:
     """Any role may NOTIFY: under per-host roles a receipt in a hint is only "read them"."""
     a, b = hosts["A"], hosts["B"]
-    sa: MailboxStore = open_store(a.url)
-    sb: MailboxStore = open_store(b.url)
+    sa: MailboxStore = run(open_store(a.url))
+    sb: MailboxStore = run(open_store(b.url))
     try:
-        gen_a, gen_b = sa.claim_host(a.host), sb.claim_host(b.host)
-        sa.enqueue([item("hinted", a.host, b.host)], generation=gen_a)
+        gen_a, gen_b = run(sa.claim_host(a.host)), run(sb.claim_host(b.host))
+        run(sa.enqueue([item("hinted", a.host, b.host)], generation=gen_a))
         with sa.waiter(a.host) as waiter:
             assert waiter.wake(1.0) is not None  # the catch-up
-            assert sb.ack(b.host, gen_b, [Ack("hinted", "s1", "delivered")]) == 1
+            assert run(sb.ack(b.host, gen_b, [Ack("hinted", "s1", "delivered")])) == 1
             woke = waiter.wake(5.0)
             assert woke is not None and woke.receipts and not woke.hinted
-        [receipt] = sa.receipts(a.host, gen_a)
+        [receipt] = run(sa.receipts(a.host, gen_a))
         assert (receipt.message_id, receipt.outcome) == ("hinted", "delivered")
     finally:
-        sa.close()
-        sb.close()
+        run(sa.aclose())
+        run(sb.aclose())
 
 
 def test_a_host_roles_heartbeat_answers_without_the_archive(hosts: dict[str, HostRole]) -> None:
     """The archive's tables are the admin's: the beat leaves its setting out (None)."""
     a = hosts["A"]
-    sa: MailboxStore = open_store(a.url)
+    sa: MailboxStore = run(open_store(a.url))
     try:
-        gen = sa.claim_host(a.host)
-        beat = sa.beat(a.host, gen, ["s1"])
+        gen = run(sa.claim_host(a.host))
+        beat = run(sa.beat(a.host, gen, ["s1"]))
         assert beat is not None and beat.archive_enabled is None
         assert a.host in {h.host_id for h in beat.hosts}
     finally:
-        sa.close()
+        run(sa.aclose())

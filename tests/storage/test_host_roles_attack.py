@@ -6,7 +6,6 @@ attack is refused, confined to the attacker's own rows, or named."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
 from collections.abc import Iterator
@@ -23,6 +22,7 @@ from crossintercom.models import SessionInfo, durable_session_id, rightful_claim
 from crossintercom.relay.stuck import describe
 from crossintercom.storage import Ack, LateReceipt, MailboxStore, OutboundItem, open_store
 from crossintercom.storage import queries as q
+from crossintercom.storage.blocking import run
 from crossintercom.storage.interface import MIGRATION_LOCK
 from crossintercom.storage.migrate import downgrade, upgrade
 from crossintercom.storage.roles import grant_host
@@ -69,16 +69,16 @@ def hosts(pg_server: PgServer, pg_url: str) -> Iterator[dict[str, Host]]:
             host = f"{name}-{suffix}"
             role, _ = grant_host(pg_url, host, PASSWORD)
             url = _as_role(pg_url, role)
-            store = open_store(url)
-            out[name] = Host(host, role, url, store, store.claim_host(host))
+            store = run(open_store(url))
+            out[name] = Host(host, role, url, store, run(store.claim_host(host)))
         a, b, c = out["A"], out["B"], out["C"]
-        b.store.publish_sessions(b.host, b.gen, [SessionInfo(id="eph-b", host=b.host)])
-        b.store.enqueue([item("to-a", b.host, a.host, "sa", "bs")], generation=b.gen)
-        b.store.enqueue([item("secret", b.host, c.host, "s9", "bs")], generation=b.gen)
+        run(b.store.publish_sessions(b.host, b.gen, [SessionInfo(id="eph-b", host=b.host)]))
+        run(b.store.enqueue([item("to-a", b.host, a.host, "sa", "bs")], generation=b.gen))
+        run(b.store.enqueue([item("secret", b.host, c.host, "s9", "bs")], generation=b.gen))
         yield out
     finally:
         for h in out.values():
-            h.store.close()
+            run(h.store.aclose())
         drop_host_roles(pg_server, [h.role for h in out.values()], pg_url)
 
 
@@ -155,7 +155,7 @@ def test_temporary_objects_cannot_stand_in_for_what_the_policies_read(
             except AssertionError as exc:
                 raise AssertionError(f"shadowed by a temporary {name}: {exc}") from exc
     # A's own mail still flows: its view of its deliveries is its own.
-    [row] = a.store.fetch_inbound(a.host, a.gen)
+    [row] = run(a.store.fetch_inbound(a.host, a.gen))
     assert row.message_id == "to-a"
 
 
@@ -203,11 +203,11 @@ def test_listening_on_other_hosts_channels_names_nothing(hosts: dict[str, Host])
         for channel in (channel_name(b.host), channel_name(c.host), ROSTER_CHANNEL):
             spy.execute(q.pg_listen(channel))
         # traffic between B and C: a delivery, an ack and its receipt, a late receipt, a roster
-        b.store.enqueue([item("b-to-c", b.host, c.host, "s9", "bs")], generation=b.gen)
-        assert c.store.ack(c.host, c.gen, [Ack("b-to-c", "s9", "delivered")]) == 1
+        run(b.store.enqueue([item("b-to-c", b.host, c.host, "s9", "bs")], generation=b.gen))
+        assert run(c.store.ack(c.host, c.gen, [Ack("b-to-c", "s9", "delivered")])) == 1
         late = LateReceipt("b-to-c", "s9", b.host, "bs", "shown")
-        assert c.store.add_receipts(c.host, c.gen, [late]) == 1
-        b.store.publish_sessions(b.host, b.gen, [SessionInfo(id="eph-b2", host=b.host)])
+        assert run(c.store.add_receipts(c.host, c.gen, [late])) == 1
+        run(b.store.publish_sessions(b.host, b.gen, [SessionInfo(id="eph-b2", host=b.host)]))
         payloads: list[str] = []
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and not {"d", "r", "o"} <= set(payloads):
@@ -221,8 +221,8 @@ def test_a_session_id_belongs_to_the_host_that_claimed_it(
 ) -> None:
     a, b, c = hosts["A"], hosts["B"], hosts["C"]
     # another host's session id, through the store API and in plain SQL
-    assert a.store.publish_sessions(a.host, a.gen, [SessionInfo(id="eph-b", host=a.host)])
-    assert [(s.id, s.host) for s in a.store.roster() if s.id == "eph-b"] == [("eph-b", b.host)]
+    assert run(a.store.publish_sessions(a.host, a.gen, [SessionInfo(id="eph-b", host=a.host)]))
+    assert [(s.id, s.host) for s in run(a.store.roster()) if s.id == "eph-b"] == [("eph-b", b.host)]
     with a.connect() as conn, pytest.raises(psycopg.errors.UniqueViolation):
         conn.execute(
             "INSERT INTO roster (host_id, session_id, purpose, groups, durable, online) "
@@ -232,11 +232,11 @@ def test_a_session_id_belongs_to_the_host_that_claimed_it(
     # every receiver drops it (it is not A's to derive), and C's other sessions still publish
     stolen = durable_session_id(c.host, "worker")
     fake = SessionInfo(id=stolen, host=a.host, name="worker", durable=True)
-    assert a.store.publish_sessions(a.host, a.gen, [fake])
+    assert run(a.store.publish_sessions(a.host, a.gen, [fake]))
     mine = SessionInfo(id=stolen, host=c.host, name="worker", durable=True)
     other = SessionInfo(id="eph-c", host=c.host)
-    assert c.store.publish_sessions(c.host, c.gen, [mine, other])
-    kept, dropped = rightful_claims(c.store.roster())
+    assert run(c.store.publish_sessions(c.host, c.gen, [mine, other]))
+    kept, dropped = rightful_claims(run(c.store.roster()))
     assert {s.id for s in kept} == {"eph-b", "eph-c"}
     assert [(s.id, s.host) for s in dropped] == [(stolen, a.host)]
     # one id under two hosts (a store written before the unique index): neither wins
@@ -246,14 +246,14 @@ def test_a_session_id_belongs_to_the_host_that_claimed_it(
     # SQLite holds the same rule
     sqlite_url = f"sqlite:///{tmp_path / 'store.db'}"
     upgrade(sqlite_url)
-    sqlite = open_store(sqlite_url)
+    sqlite = run(open_store(sqlite_url))
     try:
         for h in (a.host, b.host):
-            gen = sqlite.claim_host(h)
-            assert sqlite.publish_sessions(h, gen, [SessionInfo(id="same", host=h)])
-        assert [s.host for s in sqlite.roster()] == [a.host]
+            gen = run(sqlite.claim_host(h))
+            assert run(sqlite.publish_sessions(h, gen, [SessionInfo(id="same", host=h)]))
+        assert [s.host for s in run(sqlite.roster())] == [a.host]
     finally:
-        sqlite.close()
+        run(sqlite.aclose())
 
 
 def test_receipts_only_from_the_recipients_host_for_mail_it_received(
@@ -280,8 +280,8 @@ def test_receipts_only_from_the_recipients_host_for_mail_it_received(
                 pytest.fail(f"planted: {what}")
     # what A's relay really writes: a late receipt for mail it received, told B as it is
     late = LateReceipt("to-a", "sa", b.host, "bs", "shown")
-    assert a.store.add_receipts(a.host, a.gen, [late]) == 1
-    [receipt] = b.store.receipts(b.host, b.gen)
+    assert run(a.store.add_receipts(a.host, a.gen, [late])) == 1
+    [receipt] = run(b.store.receipts(b.host, b.gen))
     assert (receipt.message_id, receipt.outcome, receipt.sender_session) == ("to-a", "shown", "bs")
 
 
@@ -320,13 +320,13 @@ def test_a_role_of_one_store_reaches_nothing_of_another(
     other_url = pg_server.url_for(other)
     roles: list[str] = []
     try:
-        admin = open_store(other_url)
+        admin = run(open_store(other_url))
         try:
-            gen = admin.claim_host("Z")
-            admin.publish_sessions("Z", gen, [SessionInfo(id="z1", host="Z")])
-            admin.enqueue([item("z-mail", "Z", a.host, "sa", "zs")])
+            gen = run(admin.claim_host("Z"))
+            run(admin.publish_sessions("Z", gen, [SessionInfo(id="z1", host="Z")]))
+            run(admin.enqueue([item("z-mail", "Z", a.host, "sa", "zs")]))
         finally:
-            admin.close()
+            run(admin.aclose())
         # A's role of the first store, in the second (not locked down yet): nothing to see
         with psycopg.connect(_as_role(other_url, a.role).replace("+psycopg", ""),
                              autocommit=True) as conn:  # fmt: skip
@@ -363,60 +363,49 @@ def test_locks_that_stall_every_host_are_named(hosts: dict[str, Host]) -> None:
         with attacker.transaction():
             attacker.execute("LOCK TABLE deliveries IN ACCESS EXCLUSIVE MODE")
             # B's own role sees the holder without pg_read_all_stats (but not since when)
-            [held] = [s for s in b.store.stuck_transactions(5.0) if s.pid == pid]
+            [held] = [s for s in run(b.store.stuck_transactions(5.0)) if s.pid == pid]
             assert (held.user, held.application, held.kind) == (a.role, app, "lock")
             assert held.tables == ("deliveries",) and held.idle_s is None
             line = describe([held]) or ""
             assert str(pid) in line and a.role in line and app in line
-        assert [s for s in b.store.stuck_transactions(5.0) if s.pid == pid] == []
+        assert [s for s in run(b.store.stuck_transactions(5.0)) if s.pid == pid] == []
         attacker.execute("SELECT pg_advisory_lock(%s)", (q.PG_MIGRATION_LOCK_KEY,))
-        [held] = [s for s in b.store.stuck_transactions(5.0) if s.pid == pid]
+        [held] = [s for s in run(b.store.stuck_transactions(5.0)) if s.pid == pid]
         assert held.tables == (MIGRATION_LOCK,) and held.user == a.role
 
 
 def test_every_operation_of_a_relay_runs_under_its_host_role(
     hosts: dict[str, Host], pg_url: str
 ) -> None:
-    """The column rights and policies leave every statement a relay runs working: the blocking
-    store's and the async hot path's."""
+    """The column rights and policies leave every statement a relay runs working."""
     a, b = hosts["A"], hosts["B"]
     s = a.store
-    gen = s.claim_host(a.host, machine="m-a")
-    assert s.host_claim(a.host) == ("m-a", 0)
-    assert s.heartbeat(a.host, gen) and s.beat(a.host, gen, ["sa"]) is not None
-    assert s.publish_sessions(a.host, gen, [SessionInfo(id="sa", host=a.host)])
-    assert s.get_message("to-a") is not None and s.settings().retention_s > 0
-    [row] = s.fetch_inbound(a.host, gen)
-    assert s.forget_session(a.host, gen, "sa") == 1  # expires it, a receipt for B
-    s.enqueue([item("a-to-b", a.host, b.host, "sb", "as")], generation=gen)
-    s.enqueue([item("a-to-b2", a.host, b.host, "sb", "as")], generation=gen)
-    b.store.enqueue([item("to-a2", b.host, a.host, "sa2", "bs")], generation=b.gen)
+    gen = run(s.claim_host(a.host, machine="m-a"))
+    assert run(s.host_claim(a.host)) == ("m-a", 0)
+    assert run(s.heartbeat(a.host, gen)) and run(s.beat(a.host, gen, ["sa"])) is not None
+    assert run(s.publish_sessions(a.host, gen, [SessionInfo(id="sa", host=a.host)]))
+    assert run(s.get_message("to-a")) is not None and run(s.settings()).retention_s > 0
+    [row] = run(s.fetch_inbound(a.host, gen))
+    assert run(s.forget_session(a.host, gen, "sa")) == 1  # expires it, a receipt for B
+    run(s.enqueue([item("a-to-b", a.host, b.host, "sb", "as")], generation=gen))
+    run(s.enqueue([item("a-to-b2", a.host, b.host, "sb", "as")], generation=gen))
+    run(b.store.enqueue([item("to-a2", b.host, a.host, "sa2", "bs")], generation=b.gen))
     with psycopg.connect(pg_url.replace("+psycopg", ""), autocommit=True) as admin:
         admin.execute("UPDATE deliveries SET expires_at = now() - interval '1 day' "
                       "WHERE message_id IN ('a-to-b2', 'to-a2')")  # fmt: skip
-    assert s.expire() == 2  # one it sent, one sent to it
-    assert s.stuck_transactions(5.0) == []
+    assert run(s.expire()) == 2  # one it sent, one sent to it
+    assert run(s.stuck_transactions(5.0)) == []
 
-    async def hot() -> None:
-        path = s.hot_path()
-        try:
-            [done] = await path.enqueue(
-                [item("a-to-b3", a.host, b.host, "sb", "as")], generation=gen
-            )
-            assert done.inserted
-            b.store.enqueue([item("to-a3", b.host, a.host, "sa3", "bs")], generation=b.gen)
-            rows = await path.fetch_inbound(a.host, gen)
-            assert [r.message_id for r in rows] == ["to-a3"]
-            assert await path.ack(a.host, gen, [Ack("to-a3", "sa3", "delivered")]) == 1
-            late = LateReceipt("to-a3", "sa3", b.host, "bs", "shown")
-            assert await path.add_receipts(a.host, gen, [late]) == 1
-            got = await path.receipts(a.host, gen)
-            assert {r.message_id for r in got} >= {"a-to-b2"}
-            await path.consume_receipts(a.host, gen, [r.id for r in got])
-            assert await path.stuck_transactions(5.0) == []
-        finally:
-            await path.aclose()
-
-    asyncio.run(hot())
-    assert s.purge(older_than_s=0) >= 1
+    [done] = run(s.enqueue([item("a-to-b3", a.host, b.host, "sb", "as")], generation=gen))
+    assert done.inserted
+    run(b.store.enqueue([item("to-a3", b.host, a.host, "sa3", "bs")], generation=b.gen))
+    rows = run(s.fetch_inbound(a.host, gen))
+    assert [r.message_id for r in rows] == ["to-a3"]
+    assert run(s.ack(a.host, gen, [Ack("to-a3", "sa3", "delivered")])) == 1
+    late = LateReceipt("to-a3", "sa3", b.host, "bs", "shown")
+    assert run(s.add_receipts(a.host, gen, [late])) == 1
+    got = run(s.receipts(a.host, gen))
+    assert {r.message_id for r in got} >= {"a-to-b2"}
+    run(s.consume_receipts(a.host, gen, [r.id for r in got]))
+    assert run(s.purge(older_than_s=0)) >= 1
     assert row.message_id == "to-a"

@@ -15,6 +15,7 @@ from sqlalchemy.engine import make_url
 
 from crossintercom.models import SessionInfo, durable_session_id
 from crossintercom.storage import open_store
+from crossintercom.storage.blocking import run
 from crossintercom.storage.migrate import upgrade
 from crossintercom.storage.roles import grant_host, lock_database
 from tests.hostroles import drop_host_roles, role_url
@@ -100,12 +101,12 @@ def test_upgrading_a_live_store_keeps_its_host_roles_working(
         worker.join(30)
     try:
         assert errors == [] and beats[0] >= before + 5
-        store = open_store(url)  # a new connection: the role kept CONNECT
+        store = run(open_store(url))  # a new connection: the role kept CONNECT
         try:
-            gen = store.claim_host("live")
-            assert store.publish_sessions("live", gen, [SessionInfo(id="l1", host="live")])
+            gen = run(store.claim_host("live"))
+            assert run(store.publish_sessions("live", gen, [SessionInfo(id="l1", host="live")]))
         finally:
-            store.close()
+            run(store.aclose())
     finally:
         drop_host_roles(pg_server, [role], pg_empty_url)
 

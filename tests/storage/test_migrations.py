@@ -12,6 +12,7 @@ from sqlalchemy import create_engine, inspect, text
 
 from crossintercom.errors import SchemaMissing, SchemaOutdated, SchemaTooNew
 from crossintercom.storage import migrate, open_store, parse_store_url
+from crossintercom.storage.blocking import open_blocking_store, run
 from crossintercom.storage.tables import include_name, metadata
 
 
@@ -50,8 +51,8 @@ def test_upgrade_matches_metadata_and_downgrade_empties(empty_url: str) -> None:
     assert migrate.downgrade(empty_url, "base") is None
     assert _tables(empty_url) <= {"alembic_version"}
     migrate.upgrade(empty_url)
-    store = open_store(empty_url)
-    store.close()
+    store = run(open_store(empty_url))
+    run(store.aclose())
 
 
 def test_missing_outdated_and_future_schemas_are_refused(empty_url: str) -> None:
@@ -60,13 +61,13 @@ def test_missing_outdated_and_future_schemas_are_refused(empty_url: str) -> None
         with engine.begin() as conn:
             conn.execute(text("CREATE TABLE unrelated (x INTEGER)"))
         with pytest.raises(SchemaMissing, match="crossintercom db upgrade --store"):
-            open_store(empty_url).close()
+            open_blocking_store(empty_url).close()
 
         migrate.upgrade(empty_url)
         with engine.begin() as conn:
             conn.execute(text("UPDATE alembic_version SET version_num = 'ffff_from_the_future'"))
         with pytest.raises(SchemaTooNew, match="newer than this crossintercom"):
-            open_store(empty_url).close()
+            open_blocking_store(empty_url).close()
         with pytest.raises(SchemaTooNew):
             migrate.upgrade(empty_url)
 
@@ -81,16 +82,16 @@ def test_missing_outdated_and_future_schemas_are_refused(empty_url: str) -> None
     try:
         migrate.head_revision = lambda: "9999"
         with pytest.raises(SchemaOutdated, match="db upgrade"):
-            open_store(empty_url).close()
+            open_blocking_store(empty_url).close()
     finally:
         migrate.head_revision = head
 
 
 def test_sqlite_uses_a_rollback_journal(sqlite_url: str) -> None:
-    store = open_store(sqlite_url)
+    store = run(open_store(sqlite_url))
     try:
-        with store.engine.connect() as conn:  # type: ignore[attr-defined]
+        with store.driver.engine.connect() as conn:  # type: ignore[attr-defined]
             assert conn.execute(text("PRAGMA journal_mode")).scalar() == "delete"
             assert conn.execute(text("PRAGMA busy_timeout")).scalar() == 30000
     finally:
-        store.close()
+        run(store.aclose())

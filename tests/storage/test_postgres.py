@@ -12,7 +12,9 @@ from sqlalchemy import text
 
 from crossintercom.errors import StoreInDoubt
 from crossintercom.storage import Ack, OutboundItem, open_store
+from crossintercom.storage import engine as db
 from crossintercom.storage import queries as q
+from crossintercom.storage.blocking import run
 from crossintercom.storage.postgres import PostgresStore
 from crossintercom.storage.wakeup import PostgresWaiter
 
@@ -22,10 +24,10 @@ HOST = "bob@b"
 
 @pytest.fixture
 def pg_store(pg_url: str) -> Iterator[PostgresStore]:
-    store = open_store(pg_url)
+    store = run(open_store(pg_url))
     assert isinstance(store, PostgresStore)
     yield store
-    store.close()
+    run(store.aclose())
 
 
 def libpq(url: str) -> str:
@@ -37,7 +39,7 @@ def item(mid: str, host: str = HOST) -> OutboundItem:
 
 
 def test_hot_queries_use_indexes(pg_store: PostgresStore) -> None:
-    pg_store.enqueue([item(f"m{i}", f"h{i % 20}") for i in range(400)])
+    run(pg_store.enqueue([item(f"m{i}", f"h{i % 20}") for i in range(400)]))
     statements = {
         "fetch_inbound": (
             q.inbound(by_session=False, skip_locked=True),
@@ -56,7 +58,8 @@ def test_hot_queries_use_indexes(pg_store: PostgresStore) -> None:
         "receipts": (q.LIST_RECEIPTS, {"host_id": HOST, "generation": 1, "limit": 500}),
         "expire": (q.EXPIRE_BATCH, {"now": q_now(), "finished": q_now(), "limit": 1000}),
     }
-    with pg_store.engine.connect() as conn:
+    engine = db.postgres_engine(pg_store.parsed)
+    with engine.connect() as conn:
         conn.execute(text("ANALYZE"))
         # Tiny tables make a seq scan cheapest; forbid it to prove the index is usable.
         conn.execute(text("SET enable_seqscan = off"))
@@ -70,6 +73,7 @@ def test_hot_queries_use_indexes(pg_store: PostgresStore) -> None:
             assert "Seq Scan on deliveries" not in plan, f"{name}:\n{plan}"
             assert "Seq Scan on receipts" not in plan, f"{name}:\n{plan}"
         conn.rollback()
+    engine.dispose()
 
 
 def q_now() -> object:
@@ -82,7 +86,8 @@ def test_at_most_three_connections_per_store(pg_store: PostgresStore, pg_url: st
     dbname = pg_url.rsplit("/", 1)[1]
     with pg_store.waiter(HOST) as waiter:
         threads = [
-            threading.Thread(target=pg_store.enqueue, args=([item(f"c{i}")],)) for i in range(8)
+            threading.Thread(target=run, args=(pg_store.enqueue([item(f"c{i}")]),))
+            for i in range(8)
         ]
         for t in threads:
             t.start()
@@ -101,7 +106,7 @@ def test_at_most_three_connections_per_store(pg_store: PostgresStore, pg_url: st
 def test_listener_recovers_after_terminate_and_catches_up(
     pg_store: PostgresStore, pg_url: str
 ) -> None:
-    gen = pg_store.claim_host(HOST)
+    gen = run(pg_store.claim_host(HOST))
     with pg_store.waiter(HOST) as waiter:
         assert isinstance(waiter, PostgresWaiter)
         assert waiter.wait(1) is True  # catch-up on connect
@@ -109,20 +114,21 @@ def test_listener_recovers_after_terminate_and_catches_up(
         with psycopg.connect(libpq(pg_url), autocommit=True) as admin:
             admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
         # Inserted while the listener is down: its NOTIFY goes nowhere.
-        pg_store.enqueue([item("while-down")])
+        run(pg_store.enqueue([item("while-down")]))
         start = time.monotonic()
         assert waiter.wait(5) is True  # reconnected: reports a wake-up for the catch-up query
         assert time.monotonic() - start < 5
         assert waiter.reconnects == 1 and waiter.backend_pid != pid
-        assert [r.message_id for r in pg_store.fetch_inbound(HOST, gen)] == ["while-down"]
+        assert [r.message_id for r in run(pg_store.fetch_inbound(HOST, gen))] == ["while-down"]
         # And it keeps working as a listener afterwards.
-        pg_store.enqueue([item("after")])
+        run(pg_store.enqueue([item("after")]))
         assert waiter.wait(5) is True
 
 
 def test_commit_lost_in_flight_is_resolved_by_id(pg_store: PostgresStore, pg_url: str) -> None:
-    # A deferred trigger runs inside COMMIT; while it sleeps, the backend is terminated, so the
-    # client sees its connection die during COMMIT.
+    # A deferred trigger runs inside COMMIT (the enqueue's one statement in autocommit is its
+    # own); while it sleeps, the backend is terminated, so the client sees its connection die
+    # after the write was sent.
     with psycopg.connect(libpq(pg_url), autocommit=True) as admin:
         admin.execute(
             """
@@ -136,7 +142,7 @@ def test_commit_lost_in_flight_is_resolved_by_id(pg_store: PostgresStore, pg_url
 
         def send() -> None:
             try:
-                pg_store.enqueue([item("in-doubt")])
+                run(pg_store.enqueue([item("in-doubt")]))
                 outcome.append(None)
             except BaseException as exc:
                 outcome.append(exc)
@@ -147,7 +153,7 @@ def test_commit_lost_in_flight_is_resolved_by_id(pg_store: PostgresStore, pg_url
         victim = None
         while victim is None and time.monotonic() < deadline:
             row = admin.execute(
-                "SELECT pid FROM pg_stat_activity WHERE query = 'COMMIT' AND state = 'active'"
+                "SELECT pid FROM pg_stat_activity WHERE wait_event = 'PgSleep' AND state = 'active'"
                 " AND datname = current_database()"  # other tests commit in parallel
             ).fetchone()
             victim = row[0] if row else None
@@ -162,19 +168,19 @@ def test_commit_lost_in_flight_is_resolved_by_id(pg_store: PostgresStore, pg_url
     assert "read it back by id" in exc.message
     # The caller resolves by id after reconnecting: here the commit did not land, so it is
     # safe to enqueue again, and that now succeeds.
-    assert pg_store.get_message("in-doubt") is None
-    [result] = pg_store.enqueue([item("in-doubt")])
+    assert run(pg_store.get_message("in-doubt")) is None
+    [result] = run(pg_store.enqueue([item("in-doubt")]))
     assert result.inserted
-    assert pg_store.get_message("in-doubt").states == {"s1": "queued"}  # type: ignore[union-attr]
+    assert run(pg_store.get_message("in-doubt")).states == {"s1": "queued"}  # type: ignore[union-attr]
 
 
 def test_stale_pooled_connections_are_discarded_and_retried(
     pg_store: PostgresStore, pg_url: str
 ) -> None:
-    gen = pg_store.claim_host(HOST)
+    gen = run(pg_store.claim_host(HOST))
     # Two connections in the pool, both idle.
     threads = [
-        threading.Thread(target=pg_store.enqueue, args=([item(f"warm{i}")],)) for i in range(4)
+        threading.Thread(target=run, args=(pg_store.enqueue([item(f"warm{i}")]),)) for i in range(4)
     ]
     for t in threads:
         t.start()
@@ -190,8 +196,8 @@ def test_stale_pooled_connections_are_discarded_and_retried(
             ).fetchall()
         assert killed
         # No pre-ping: each call meets a dead pooled socket first, and must not surface it.
-        assert pg_store.heartbeat(HOST, gen) is True
-        [result] = pg_store.enqueue([item(f"after{_round}")])
+        assert run(pg_store.heartbeat(HOST, gen)) is True
+        [result] = run(pg_store.enqueue([item(f"after{_round}")]))
         assert result.inserted
-        assert pg_store.ack(HOST, gen, [Ack(f"after{_round}", "s1", "delivered")]) == 1
-        assert pg_store.receipts("alice@a", 1) == []  # alice never claimed: fenced, no error
+        assert run(pg_store.ack(HOST, gen, [Ack(f"after{_round}", "s1", "delivered")])) == 1
+        assert run(pg_store.receipts("alice@a", 1)) == []  # alice never claimed: fenced, no error

@@ -18,6 +18,7 @@ import pytest
 
 from crossintercom.config import ENV_GROUP
 from crossintercom.storage import migrate
+from crossintercom.storage.blocking import run
 from crossintercom.storage.sqlite import SqliteStore
 from crossintercom.storage.urls import parse_store_url
 from crossintercom.storage.wakeup import doorbell_dir, doorbell_path, ring_doorbell
@@ -79,9 +80,9 @@ def test_store_files_private_under_umask_022(
     assert _mode(doorbell_dir(db)) == 0o700
     store = SqliteStore(parse_store_url(f"sqlite:///{db}"))
     try:
-        assert store.trust_warnings() == []
+        assert run(store.trust_warnings()) == []
     finally:
-        store.close()
+        run(store.aclose())
 
 
 def test_another_user_cannot_open_the_store(umask_022: None, public_dir: Path) -> None:
@@ -120,9 +121,9 @@ def test_existing_world_readable_store_is_named(public_dir: Path) -> None:
     db.chmod(0o644)
     store = SqliteStore(parse_store_url(f"sqlite:///{db}"))
     try:
-        warnings = store.trust_warnings()
+        warnings = run(store.trust_warnings())
     finally:
-        store.close()
+        run(store.aclose())
     assert len(warnings) == 2, warnings
     assert f"{db} is readable by every local user (mode 644)" in warnings[0]
     assert "doorbells is readable by every local user (mode 757)" in warnings[1]

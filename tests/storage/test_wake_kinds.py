@@ -9,6 +9,7 @@ import pytest
 from crossintercom.models import SessionInfo
 from crossintercom.storage import Ack, LateReceipt, MailboxStore, Wake
 from crossintercom.storage import queries as q
+from crossintercom.storage.blocking import run
 from crossintercom.storage.interface import CATCH_UP
 from crossintercom.storage.wakeup import channel_name, parse_hint
 from tests.storage.test_behaviour import RECIPIENT, SENDER, item
@@ -20,18 +21,18 @@ def _wake(waiter_wake: Wake | None) -> Wake:
 
 
 def test_each_wake_names_its_kind(store: MailboxStore) -> None:
-    gen = store.claim_host(RECIPIENT)
-    sender_gen = store.claim_host(SENDER)
+    gen = run(store.claim_host(RECIPIENT))
+    sender_gen = run(store.claim_host(SENDER))
     with store.waiter(RECIPIENT) as recipient, store.waiter(SENDER) as sender:
         assert recipient.wake(1.0) == CATCH_UP and sender.wake(1.0) == CATCH_UP
-        store.enqueue([item("k1")], generation=sender_gen)
+        run(store.enqueue([item("k1")], generation=sender_gen))
         woke = _wake(recipient.wake(5.0))
         assert woke.deliveries and not woke.receipts and not woke.hinted
         assert sender.wake(0.3) is None  # nothing for the sender's host yet
-        assert store.ack(RECIPIENT, gen, [Ack("k1", "s1", "delivered")]) == 1
+        assert run(store.ack(RECIPIENT, gen, [Ack("k1", "s1", "delivered")])) == 1
         told = _wake(sender.wake(5.0))
         assert not told.deliveries
-        [row] = store.receipts(SENDER, sender_gen)
+        [row] = run(store.receipts(SENDER, sender_gen))
         if told.hinted:  # PostgreSQL: the receipt itself, as the row holds it
             assert list(told.hinted) == [row] and not told.receipts
         else:  # SQLite: the kind only
@@ -43,36 +44,36 @@ def test_each_wake_names_its_kind(store: MailboxStore) -> None:
 def test_late_receipts_are_hinted_with_their_sender(pg_url: str) -> None:
     from crossintercom.storage import open_store
 
-    store = open_store(pg_url)
+    store = run(open_store(pg_url))
     try:
-        gen = store.claim_host(RECIPIENT)
-        sender_gen = store.claim_host(SENDER)
-        store.enqueue([item("l1")], generation=sender_gen)
-        store.ack(RECIPIENT, gen, [Ack("l1", "s1", "delivered")])
+        gen = run(store.claim_host(RECIPIENT))
+        sender_gen = run(store.claim_host(SENDER))
+        run(store.enqueue([item("l1")], generation=sender_gen))
+        run(store.ack(RECIPIENT, gen, [Ack("l1", "s1", "delivered")]))
         with store.waiter(SENDER) as waiter:
             assert waiter.wake(1.0) == CATCH_UP
             shown = LateReceipt("l1", "s1", SENDER, "planner", "shown")
-            assert store.add_receipts(RECIPIENT, gen, [shown]) == 1
+            assert run(store.add_receipts(RECIPIENT, gen, [shown])) == 1
             hinted = _wake(waiter.wake(5.0)).hinted
             assert [(r.outcome, r.sender_session) for r in hinted] == [("shown", "planner")]
-            assert {r.id for r in store.receipts(SENDER, sender_gen)} >= {hinted[0].id}
+            assert {r.id for r in run(store.receipts(SENDER, sender_gen))} >= {hinted[0].id}
     finally:
-        store.close()
+        run(store.aclose())
 
 
 @pytest.mark.pg
 def test_a_batch_of_receipts_rides_in_several_hints(pg_url: str) -> None:
     from crossintercom.storage import open_store
 
-    store = open_store(pg_url)
+    store = run(open_store(pg_url))
     try:
-        gen = store.claim_host(RECIPIENT)
-        sender_gen = store.claim_host(SENDER)
-        store.enqueue([item(f"many-{i:04d}") for i in range(200)], generation=sender_gen)
+        gen = run(store.claim_host(RECIPIENT))
+        sender_gen = run(store.claim_host(SENDER))
+        run(store.enqueue([item(f"many-{i:04d}") for i in range(200)], generation=sender_gen))
         with store.waiter(SENDER) as waiter:
             assert waiter.wake(1.0) == CATCH_UP
             acks = [Ack(f"many-{i:04d}", "s1", "delivered") for i in range(200)]
-            assert store.ack(RECIPIENT, gen, acks) == 200
+            assert run(store.ack(RECIPIENT, gen, acks)) == 200
             hinted: list[str] = []
             while len(hinted) < 200:  # the hints may come over more than one wake-up
                 woke = _wake(waiter.wake(5.0))
@@ -80,30 +81,32 @@ def test_a_batch_of_receipts_rides_in_several_hints(pg_url: str) -> None:
                 hinted += [r.message_id for r in woke.hinted]
         assert hinted == [f"many-{i:04d}" for i in range(200)]
         # The hints are the rows: nothing the store holds for the sender is missing from them.
-        assert {r.message_id for r in store.receipts(SENDER, sender_gen, limit=500)} == set(hinted)
+        assert {r.message_id for r in run(store.receipts(SENDER, sender_gen, limit=500))} == set(
+            hinted
+        )
     finally:
-        store.close()
+        run(store.aclose())
 
 
 @pytest.mark.pg
 def test_a_long_receipt_hint_names_its_kind_only(pg_url: str) -> None:
     from crossintercom.storage import open_store
 
-    store = open_store(pg_url)
+    store = run(open_store(pg_url))
     try:
-        gen = store.claim_host(RECIPIENT)
+        gen = run(store.claim_host(RECIPIENT))
         # Ids and sessions at their longest: one hint's share of receipts is over the limit.
         ids = [f"{i:02d}".ljust(128, "x") for i in range(q.PG_HINT_ROWS)]
         session = "s" * 64
-        store.enqueue([item(mid, session) for mid in ids])
+        run(store.enqueue([item(mid, session) for mid in ids]))
         with store.waiter(SENDER) as waiter:
             assert waiter.wake(1.0) == CATCH_UP
             acks = [Ack(mid, session, "refused", "c" * 64) for mid in ids]
-            assert store.ack(RECIPIENT, gen, acks) == len(ids)
+            assert run(store.ack(RECIPIENT, gen, acks)) == len(ids)
             woke = _wake(waiter.wake(5.0))
             assert woke.receipts and not woke.hinted
     finally:
-        store.close()
+        run(store.aclose())
 
 
 @pytest.mark.pg
@@ -116,15 +119,15 @@ def test_the_sql_channel_is_the_python_one(pg_url: str) -> None:
 
 
 def test_a_published_roster_wakes_every_host(store: MailboxStore) -> None:
-    gen = store.claim_host(RECIPIENT)
-    sender_gen = store.claim_host(SENDER)
+    gen = run(store.claim_host(RECIPIENT))
+    sender_gen = run(store.claim_host(SENDER))
     with store.waiter(RECIPIENT) as recipient, store.waiter(SENDER) as sender:
         assert recipient.wake(1.0) == CATCH_UP and sender.wake(1.0) == CATCH_UP
         s = SessionInfo(id="s7", host=SENDER, name="planner")
-        assert store.publish_sessions(SENDER, sender_gen, [s])
+        assert run(store.publish_sessions(SENDER, sender_gen, [s]))
         assert _wake(recipient.wake(5.0)) == Wake(roster=True)
         assert _wake(sender.wake(5.0)) == Wake(roster=True)  # its own too: one hint for all
-        assert not store.publish_sessions(RECIPIENT, gen - 1, [])  # fenced: no hint
+        assert not run(store.publish_sessions(RECIPIENT, gen - 1, []))  # fenced: no hint
         assert recipient.wake(0.3) is None and sender.wake(0.3) is None
 
 
@@ -139,31 +142,35 @@ def test_hints_parse_by_kind() -> None:
 
 
 def test_beat_carries_leases_roster_revisions_and_the_probe(store: MailboxStore) -> None:
-    gen = store.claim_host(RECIPIENT)
-    sender_gen = store.claim_host(SENDER)
-    first = store.beat(RECIPIENT, gen, ["s1"])
+    gen = run(store.claim_host(RECIPIENT))
+    sender_gen = run(store.claim_host(SENDER))
+    first = run(store.beat(RECIPIENT, gen, ["s1"]))
     assert first is not None and not first.deliveries_waiting and not first.receipts_waiting
     assert first.archive_enabled is False  # no archive setting row: off
     revs = {h.host_id: h.roster_rev for h in first.hosts}
     assert set(revs) == {RECIPIENT, SENDER}
 
     s = SessionInfo(id="s9", host=SENDER, name="n")
-    assert store.publish_sessions(SENDER, sender_gen, [s])
-    store.enqueue([item("p1")], generation=sender_gen)
-    beat = store.beat(RECIPIENT, gen, ["s1"])
+    assert run(store.publish_sessions(SENDER, sender_gen, [s]))
+    run(store.enqueue([item("p1")], generation=sender_gen))
+    beat = run(store.beat(RECIPIENT, gen, ["s1"]))
     assert beat is not None and beat.deliveries_waiting
     moved = {h.host_id: h.roster_rev for h in beat.hosts}
     assert moved[SENDER] == revs[SENDER] + 1 and moved[RECIPIENT] == revs[RECIPIENT]
-    other = store.beat(RECIPIENT, gen, ["s2"])  # rows for a session not ours do not count
+    other = run(store.beat(RECIPIENT, gen, ["s2"]))  # rows for a session not ours do not count
     assert other is not None and not other.deliveries_waiting
 
-    store.ack(RECIPIENT, gen, [Ack("p1", "s1", "delivered")])
-    sender_beat = store.beat(SENDER, sender_gen, [])
+    run(store.ack(RECIPIENT, gen, [Ack("p1", "s1", "delivered")]))
+    sender_beat = run(store.beat(SENDER, sender_gen, []))
     assert sender_beat is not None and sender_beat.receipts_waiting
-    store.consume_receipts(SENDER, sender_gen, [r.id for r in store.receipts(SENDER, sender_gen)])
-    after = store.beat(SENDER, sender_gen, [])
+    run(
+        store.consume_receipts(
+            SENDER, sender_gen, [r.id for r in run(store.receipts(SENDER, sender_gen))]
+        )
+    )
+    after = run(store.beat(SENDER, sender_gen, []))
     assert after is not None and not after.receipts_waiting
 
-    heartbeats = {h.host_id: h.heartbeat for h in store.hosts()}
-    assert store.beat(RECIPIENT, gen - 1, ["s1"]) is None  # fenced: nothing bumped
-    assert {h.host_id: h.heartbeat for h in store.hosts()} == heartbeats
+    heartbeats = {h.host_id: h.heartbeat for h in run(store.hosts())}
+    assert run(store.beat(RECIPIENT, gen - 1, ["s1"])) is None  # fenced: nothing bumped
+    assert {h.host_id: h.heartbeat for h in run(store.hosts())} == heartbeats

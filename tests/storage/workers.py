@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from crossintercom.storage import Ack, OutboundItem, open_store
+from crossintercom.storage.blocking import run
 
 SESSIONS = 3
 
@@ -37,17 +38,17 @@ def item(producer: int, n: int, recipient_host: str) -> OutboundItem:
 
 
 def produce(url: str, producer: int, count: int, recipient_host: str) -> None:
-    store = open_store(url)
+    store = run(open_store(url))
     try:
         written = 0
         for start in range(0, count, 10):
             batch = [
                 item(producer, n, recipient_host) for n in range(start, min(start + 10, count))
             ]
-            written += sum(r.inserted for r in store.enqueue(batch))
+            written += sum(r.inserted for r in run(store.enqueue(batch)))
         print(json.dumps({"written": written}), flush=True)
     finally:
-        store.close()
+        run(store.aclose())
 
 
 def relay(url: str, host: str, generation: int, stop_file: str, ids_file: str) -> None:
@@ -56,43 +57,43 @@ def relay(url: str, host: str, generation: int, stop_file: str, ids_file: str) -
     known: list[tuple[str, str]] = []
     if ids_file != "-":
         known = [tuple(line.split()) for line in Path(ids_file).read_text().splitlines()]  # type: ignore[misc]
-    store = open_store(url)
+    store = run(open_store(url))
     handed: list[str] = []
     changed = 0
     writes_refused = 0
     try:
         while not Path(stop_file).exists():
-            rows = store.fetch_inbound(host, generation, limit=50)
+            rows = run(store.fetch_inbound(host, generation, limit=50))
             handed += [f"{r.message_id}/{r.recipient_session}" for r in rows]
             acks = [Ack(r.message_id, r.recipient_session, "delivered") for r in rows]
             acks += [Ack(m, s, "delivered") for m, s in known[:200]]
             if acks:
-                n = store.ack(host, generation, acks)
+                n = run(store.ack(host, generation, acks))
                 changed += n
                 writes_refused += len(acks) - n
-            if not store.heartbeat(host, generation):
+            if not run(store.heartbeat(host, generation)):
                 writes_refused += 1
             if not rows:
                 time.sleep(0.05)
         print(json.dumps({"handed": handed, "changed": changed}), flush=True)
     finally:
-        store.close()
+        run(store.aclose())
 
 
 def slow_reader(url: str, host: str) -> None:
     """Ack one row at a time, slowly, so the test can kill it mid-batch."""
-    store = open_store(url)
-    generation = store.claim_host(host)
-    rows = store.fetch_inbound(host, generation, limit=1000)
+    store = run(open_store(url))
+    generation = run(store.claim_host(host))
+    rows = run(store.fetch_inbound(host, generation, limit=1000))
     print(f"claimed {len(rows)}", flush=True)
     for r in rows:
-        store.ack(host, generation, [Ack(r.message_id, r.recipient_session, "delivered")])
+        run(store.ack(host, generation, [Ack(r.message_id, r.recipient_session, "delivered")]))
         print(f"acked {r.message_id}", flush=True)
         time.sleep(0.02)
 
 
 def wait(url: str, host: str, timeout: float, polling: bool) -> None:
-    store = open_store(url, polling_observer=polling)
+    store = run(open_store(url, polling_observer=polling))
     try:
         with store.waiter(host) as waiter:
             assert waiter.wait(1.0), "the first wait reports a wake-up for the catch-up query"
@@ -101,7 +102,7 @@ def wait(url: str, host: str, timeout: float, polling: bool) -> None:
             woken = waiter.wait(timeout)
             print(f"{'woken' if woken else 'timeout'} {time.monotonic() - start:.3f}", flush=True)
     finally:
-        store.close()
+        run(store.aclose())
 
 
 def main(argv: list[str]) -> None:

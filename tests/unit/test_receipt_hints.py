@@ -14,13 +14,13 @@ from crossintercom.storage import ReceiptRow
 
 
 class _Relay:
-    """What Receipts uses of a relay: no broker client, a hot path that records consumes."""
+    """What Receipts uses of a relay: no broker client, a store that records consumes."""
 
     host, generation, client = "A", 1, None
 
     def __init__(self) -> None:
         self.consumed: list[list[int]] = []
-        self.hot = self
+        self.store = self
 
     async def consume_receipts(self, host: str, generation: int, ids: list[int]) -> None:
         self.consumed.append(list(ids))

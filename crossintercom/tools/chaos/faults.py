@@ -20,8 +20,8 @@ from typing import Any
 
 from crossintercom.client import AsyncClient
 from crossintercom.models import new_id
-from crossintercom.storage.rogue import HOSTILE_KINDS, hostile_payload, inject_rows
 from crossintercom.tools.chaos import disk, failover
+from crossintercom.tools.chaos.rogue import HOSTILE_KINDS, hostile_payload, inject_rows
 from crossintercom.tools.chaos.state import ChaosState
 from crossintercom.tools.chaos.takeover import resume, take_over
 from crossintercom.tools.common import Store

@@ -7,7 +7,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from crossintercom.storage.rogue import delivery_reasons
+from crossintercom.tools.chaos.rogue import delivery_reasons
 from crossintercom.tools.chaos.state import ACKNOWLEDGED, ChaosState
 
 _SEQ = re.compile(r"\bseq=(\d+)\b")

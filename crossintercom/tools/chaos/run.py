@@ -12,10 +12,10 @@ from pathlib import Path
 from crossintercom.client import AsyncClient
 from crossintercom.errors import Code, CrossintercomError
 from crossintercom.models import Outcome, new_id
-from crossintercom.storage.rogue import delivery_reasons
 from crossintercom.tools.chaos import disk
 from crossintercom.tools.chaos.faults import Injector, fault_kinds
 from crossintercom.tools.chaos.report import ChaosReport, tally
+from crossintercom.tools.chaos.rogue import delivery_reasons
 from crossintercom.tools.chaos.state import (
     ACKNOWLEDGED,
     SINK,

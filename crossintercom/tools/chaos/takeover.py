@@ -19,7 +19,7 @@ from typing import Any
 
 from crossintercom.client import wait_until
 from crossintercom.errors import CrossintercomError
-from crossintercom.storage.rogue import host_row_free
+from crossintercom.tools.chaos.rogue import host_row_free
 from crossintercom.tools.chaos.state import SINK, ChaosState, read_sink
 from crossintercom.tools.harness import ListenerProcess, SimHost
 

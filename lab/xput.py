@@ -1,7 +1,7 @@
 """Cross-host throughput and backlog catch-up, alone and with every process on the path under
 py-spy (docs/performance.md, "Cross-host throughput and catch-up").
 
-``python -m crossintercom.tools.xput --store URL [--total N] [--backlog N] [--profile DIR]``:
+``python -m lab.xput --store URL [--total N] [--backlog N] [--profile DIR]``:
 three simulated hosts on one store, as the bench's (``alpha`` sends, ``beta`` receives with a
 ``listen`` sink per receiver, ``gamma`` queues the backlog with a short ``remote_ack_wait_s``).
 The throughput phase sends ``--total`` messages from ``--senders`` ``AsyncClient``s with
@@ -229,7 +229,7 @@ async def _catch_up(
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m crossintercom.tools.xput")
+    ap = argparse.ArgumentParser(prog="python -m lab.xput")
     ap.add_argument("--store", help="a scratch store URL (default: a temporary SQLite file)")
     ap.add_argument("--total", type=int, default=3000, help="messages per throughput round")
     ap.add_argument("--backlog", type=int, default=0, help="messages in the catch-up backlog")

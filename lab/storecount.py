@@ -2,7 +2,7 @@
 throwaway PostgreSQL cluster with ``pg_stat_statements`` loaded (docs/performance.md, "Store
 path reshaped").
 
-``python -m crossintercom.tools.storecount [N]``: starts the cluster (``tools.pgcluster``, with
+``python -m lab.storecount [N]``: starts the cluster (``tools.pgcluster``, with
 the extension loaded and fsync on, which the shared server never is), two simulated hosts with
 their relays, a listener on the second, and sends N (default 200) sequential messages from the
 first; the counts are ``bench.store_work``'s. Prints one JSON object.
@@ -101,7 +101,7 @@ def count(n: int) -> dict[str, Any]:
             return asyncio.run(_count(alpha, beta, pg.url, n))
 
 
-USAGE = "usage: python -m crossintercom.tools.storecount [N]  (N messages, 1 to 100000)"
+USAGE = "usage: python -m lab.storecount [N]  (N messages, 1 to 100000)"
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,0 +1,203 @@
+"""The driver port: how one store operation runs, and what a failure of it means.
+
+Every operation of the store is a plain function of a SQLAlchemy ``Connection`` (its body,
+written once); ``Driver.run`` runs it as one transaction and owns everything around it, once:
+the bounded retry, the deadline, the in-doubt commit and the error translation. Two drivers:
+``pgdriver.PgDriver`` (SQLAlchemy's asyncio engine over psycopg's async connection, the body
+on the caller's event loop) and ``SqliteDriver`` here (the blocking engine, the whole
+transaction in a worker thread). docs/storage.md, "The driver".
+
+A connection lost before COMMIT means nothing was written: the driver runs the operation
+again on a new connection, a bounded number of times (a longer outage is the caller's to
+report as ``not_sent``). A connection lost during COMMIT, or after a write sent in autocommit,
+is never retried: that is ``StoreInDoubt`` on PostgreSQL, for the caller to resolve by reading
+back by id (see ``engine.commit_failed``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from sqlalchemy import Connection, Engine
+from sqlalchemy.exc import DBAPIError, SQLAlchemyError
+from tenacity import (
+    AsyncRetrying,
+    Retrying,
+    retry_if_exception_type,
+    stop_after_attempt,
+    wait_exponential,
+)
+
+from crossintercom.errors import StoreUnavailable
+from crossintercom.storage import engine as db
+from crossintercom.storage.urls import StoreURL
+
+T = TypeVar("T")
+Body = Callable[[Connection], T]
+# An operation that lost its connection before anything committed runs this many times in all,
+# waiting BACKOFF_S, then twice that, up to BACKOFF_MAX_S, between attempts.
+ATTEMPTS = 3
+BACKOFF_S = 0.1
+BACKOFF_MAX_S = 1.0
+
+
+def _retry_policy() -> dict[str, Any]:
+    """Short, bounded reconnect, only while nothing committed (StoreUnavailable)."""
+    return {
+        "retry": retry_if_exception_type(StoreUnavailable),
+        "stop": stop_after_attempt(ATTEMPTS),
+        "wait": wait_exponential(multiplier=BACKOFF_S, max=BACKOFF_MAX_S),
+        "reraise": True,
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class Op(Generic[T]):
+    """One operation as a driver runs it: its body, what to do once it committed (SQLite's
+    doorbells), and how (``in_transaction``)."""
+
+    fn: Body[T]
+    after: Callable[[], None] | None = None
+    single_statement: bool = False
+    write: bool = False
+
+
+def in_transaction(conn: Connection, parsed: StoreURL, op: Op[T]) -> T:
+    """``op.fn`` in one transaction on ``conn``, its failures translated (``engine``).
+
+    ``single_statement``: the body runs exactly one statement, atomic by itself, so it runs
+    without BEGIN/COMMIT (two round trips fewer). A connection lost mid-statement is then
+    retried, so only for reads and writes whose repetition is harmless, unless ``write``: a
+    write whose loss after sending may have committed (in doubt, never retried)."""
+    if op.single_statement:
+        conn = db.autocommit(conn)
+    try:
+        trans = conn.begin()
+        result = op.fn(conn)
+    except SQLAlchemyError as exc:
+        lost = isinstance(exc, DBAPIError) and exc.connection_invalidated
+        if op.write and op.single_statement and (lost or conn.invalidated):
+            raise db.commit_failed(parsed, exc) from exc
+        error = db.translate(parsed, exc)
+        if isinstance(error, StoreUnavailable) and not conn.invalidated:
+            # No pre-ping: a pooled connection the server dropped fails here, before any
+            # commit. Discard it so the retry gets a fresh one rather than the same socket.
+            conn.invalidate()
+        raise error from exc
+    try:
+        trans.commit()
+    except SQLAlchemyError as exc:
+        raise db.commit_failed(parsed, exc) from exc
+    return result
+
+
+def call_on(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, T]) -> T:
+    """Run ``coro`` on ``loop`` from another thread and wait for it."""
+    try:
+        running = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    if running is loop:
+        coro.close()
+        raise RuntimeError("a loop cannot block on its own coroutines: await instead")
+    return asyncio.run_coroutine_threadsafe(coro, loop).result()
+
+
+class Driver:
+    """Runs operation bodies for one store on one event loop (see ``run``)."""
+
+    def __init__(self, parsed: StoreURL) -> None:
+        self.parsed = parsed
+        # The loop the store's operations run on, once one has run: pooled async connections
+        # belong to it, and blocking callers of ``blocking`` hand their work to it.
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    async def run(
+        self,
+        fn: Body[T],
+        *,
+        after: Callable[[], None] | None = None,
+        retry: bool = True,
+        single_statement: bool = False,
+        write: bool = False,
+    ) -> T:
+        """Run ``fn`` in one transaction, then ``after`` once it committed; reconnect
+        (bounded) only before anything committed. ``single_statement`` and ``write``: see
+        ``in_transaction``."""
+        self._bind()
+        op = Op(fn, after, single_statement, write)
+        if not retry:
+            return await self._once(op)
+        async for attempt in AsyncRetrying(**_retry_policy()):
+            with attempt:
+                return await self._once(op)
+        raise AssertionError("unreachable")  # reraise=True: the last failure is raised
+
+    def _bind(self) -> None:
+        loop = asyncio.get_running_loop()
+        if self.loop is None:
+            self.loop = loop
+        elif self.loop is not loop and not self.loop.is_closed():
+            raise RuntimeError("a store's operations must all run on the loop that opened it")
+
+    def blocking(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run one of the store's coroutines from another thread (a waiter's), on its loop."""
+        if self.loop is None:
+            coro.close()
+            raise RuntimeError("the store has not run an operation on any loop yet")
+        return call_on(self.loop, coro)
+
+    async def _once(self, op: Op[T]) -> T:
+        raise NotImplementedError
+
+    async def aclose(self) -> None:
+        raise NotImplementedError
+
+
+class SqliteDriver(Driver):
+    """The blocking engine; each transaction, commit and doorbells included, in a worker
+    thread, so the loop never waits on the file lock (``BEGIN IMMEDIATE``, busy timeout)."""
+
+    def __init__(self, parsed: StoreURL, engine: Engine) -> None:
+        super().__init__(parsed)
+        self.engine = engine
+        self._runner = BlockingRunner(parsed, engine)
+
+    async def _once(self, op: Op[T]) -> T:
+        return await asyncio.to_thread(self._runner.once, op)
+
+    async def aclose(self) -> None:
+        await asyncio.to_thread(self.engine.dispose)
+
+
+class BlockingRunner:
+    """``Driver.run`` for the blocking callers outside the mailbox (the archive, `db
+    grant-host`): the same transaction (``in_transaction``) and bounded retry, on the calling
+    thread. The archive keeps its own connection and no deadline (docs/archive.md)."""
+
+    def __init__(self, parsed: StoreURL, engine: Engine) -> None:
+        self.parsed = parsed
+        self.engine = engine
+        self._retry = Retrying(**_retry_policy())
+
+    def __call__(self, fn: Body[T], *, retry: bool = True, single_statement: bool = False) -> T:
+        op = Op(fn, single_statement=single_statement)
+        if not retry:
+            return self.once(op)
+        result: T = self._retry(self.once, op)
+        return result
+
+    def once(self, op: Op[T]) -> T:
+        """One attempt: connect, ``in_transaction``, give the connection back, ``op.after``."""
+        try:
+            conn = self.engine.connect()
+        except SQLAlchemyError as exc:
+            raise db.unavailable(self.parsed, exc) from exc
+        with conn:
+            result = in_transaction(conn, self.parsed, op)
+        if op.after is not None:
+            op.after()
+        return result
