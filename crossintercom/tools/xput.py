@@ -43,7 +43,7 @@ def _pids(alpha: SimHost, beta: SimHost) -> dict[str, int]:
         if h.relay is not None and h.relay.poll() is None:
             out[f"{name}-relay"] = h.relay.pid
         broker = h.broker_pid()
-        if broker is not None:
+        if broker is not None and broker != out.get(f"{name}-relay"):  # not hosted by the relay
             out[f"{name}-broker"] = broker
     for listener in beta.listeners:
         out[f"listen-{listener.name}"] = listener.proc.pid
