@@ -68,8 +68,6 @@ class Broker:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._stop = asyncio.Event()
         self.idle_since: float | None = time.monotonic()
-        # Off when the broker lives in the relay's process: it ends with the relay.
-        self.idle_exit = True
         self.started = time.time()
 
     # --- connections ----------------------------------------------------------------------------
@@ -300,8 +298,7 @@ class Broker:
         while not self._stop.is_set():
             await asyncio.sleep(0.2)
             now = time.monotonic()
-            idle = self.idle_since is not None and now - self.idle_since
-            if self.idle_exit and idle is not None and idle >= self.settings.idle_exit_s:
+            if self.idle_since is not None and now - self.idle_since >= self.settings.idle_exit_s:
                 log.info("idle: exiting")
                 self._stop.set()
                 return

@@ -12,7 +12,6 @@ import logging
 import os
 import signal
 import socket
-from collections.abc import Callable
 from pathlib import Path
 
 from crossintercom import protocol as p
@@ -139,27 +138,16 @@ async def self_check(path: Path) -> None:
         await writer.wait_closed()
 
 
-async def serve(
-    settings: Settings,
-    authority: DedupAuthority,
-    state: BrokerState,
-    *,
-    hosted: Callable[[Broker], None] | None = None,
-) -> None:
-    """Serve until stopped. ``hosted``: the broker runs inside another process's loop (the
-    relay's, docs/architecture.md): that process owns the signals and the broker's lifetime
-    (no idle exit), and is handed the broker once it answers."""
+async def serve(settings: Settings, authority: DedupAuthority, state: BrokerState) -> None:
     broker = Broker(settings, authority, state)
-    broker.idle_exit = hosted is None
     server = Server(broker)
     sock = bind(settings)
     aserver = await asyncio.start_unix_server(
         server.handle_connection, sock=sock, limit=settings.max_frame_bytes + 1024
     )
     loop = asyncio.get_running_loop()
-    if hosted is None:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, broker.stop)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, broker.stop)
     # Files made before us (or by another umask) get our modes before any client has had an
     # answer: a mode changed once a client saw the broker up is the caller's, and stays.
     secure_tree(settings)
@@ -167,8 +155,6 @@ async def serve(
     try:
         await self_check(settings.socket_path)
         log.info("broker ready", extra={"pid": os.getpid(), "host_id": settings.host_id})
-        if hosted is not None:
-            hosted(broker)
         await broker.wait_stopped()
     finally:
         housekeeping.cancel()

@@ -12,7 +12,6 @@ import tenacity
 
 from crossintercom.config import ENV_STORE, Settings
 from crossintercom.errors import StoreUnavailable
-from crossintercom.local_broker.run import hosted_broker
 from crossintercom.relay.service import Relay, RelayError, RelayInUse
 from crossintercom.runtime import LockHeld, ensure_runtime_dir, hold_pid_lock
 from crossintercom.storage import ArchiveStore, MailboxStore, mask_url, open_archive, open_store
@@ -73,14 +72,4 @@ async def _serve(settings: Settings, store: MailboxStore, archive: ArchiveStore)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, relay.stop)
-    if not os.environ.get("CROSSINTERCOM_HOSTED_BROKER"):
-        await relay.run()
-        return
-    async with hosted_broker(settings) as broker:
-        # The broker ends with the relay, and the relay with a broker that stopped on its own.
-        watch = loop.create_task(broker.wait_stopped())
-        watch.add_done_callback(lambda _: relay.stop())
-        try:
-            await relay.run()
-        finally:
-            watch.cancel()
+    await relay.run()
