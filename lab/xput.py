@@ -43,7 +43,7 @@ def _pids(alpha: SimHost, beta: SimHost) -> dict[str, int]:
         if h.relay is not None and h.relay.poll() is None:
             out[f"{name}-relay"] = h.relay.pid
         broker = h.broker_pid()
-        if broker is not None:
+        if broker is not None and broker != out.get(f"{name}-relay"):  # not hosted by the relay
             out[f"{name}-broker"] = broker
     for listener in beta.listeners:
         out[f"listen-{listener.name}"] = listener.proc.pid
@@ -116,6 +116,44 @@ def _pg_backends(store_url: str) -> dict[str, int]:
     return {f"pg-{pid}": int(pid) for (pid,) in rows}
 
 
+def _pg_counts(store_url: str) -> dict[str, int]:
+    """The server's own counters for the store's database: commits, and row reads/writes of
+    the delivery path's tables (none for SQLite)."""
+    if not store_url.startswith("postgresql"):
+        return {}
+    import psycopg
+
+    from crossintercom.storage import parse_store_url
+
+    with psycopg.connect(parse_store_url(store_url).libpq_conninfo(), autocommit=True) as conn:
+        conn.execute("SELECT pg_stat_force_next_flush()")
+        (commits,) = conn.execute(
+            "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"
+        ).fetchone() or (0,)
+        rows = conn.execute(
+            "SELECT relname, n_tup_ins, n_tup_upd, n_tup_del, idx_scan FROM pg_stat_user_tables "
+            "WHERE relname IN ('deliveries', 'receipts', 'messages')"
+        ).fetchall()
+    out = {"commits": int(commits)}
+    for name, ins, upd, dele, scans in rows:
+        out |= {f"{name}_ins": ins, f"{name}_upd": upd, f"{name}_del": dele, f"{name}_scans": scans}
+    return out
+
+
+@contextlib.contextmanager
+def _store_work(out: dict[str, Any], key: str, store_url: str, count: int) -> Iterator[None]:
+    """What the server counted per message while the block ran (its commits: how well the
+    path batches; docs/performance.md, "Cross-host throughput: the cycle")."""
+    before = _pg_counts(store_url)
+    yield
+    time.sleep(1.2)  # the last backends' counters reach the shared view
+    after = _pg_counts(store_url)
+    if before:
+        out.setdefault(key, []).append(
+            {k: round((after.get(k, 0) - v) / count, 3) for k, v in before.items()}
+        )
+
+
 @contextlib.contextmanager
 def _cpu(out: dict[str, Any], key: str, pids: dict[str, int], count: int) -> Iterator[None]:
     """CPU milliseconds per message each process spent while the block ran, and their sum."""
@@ -173,6 +211,7 @@ async def _run(hosts: list[SimHost], args: argparse.Namespace, sinks: list[str])
             if args.total:
                 pids = {**_pids(alpha, beta), **_pg_backends(args.store_url)}
                 with (
+                    _store_work(out, "throughput_store_per_msg", args.store_url, args.total),
                     _profiled(args.profile, f"xput{r}", _pids(alpha, beta)),
                     _cpu(out, "throughput_cpu_ms_per_msg", pids, args.total),
                 ):

@@ -25,6 +25,7 @@ from crossintercom.models import Message, Outcome, Receipt
 ROSTER_REFRESH_WAIT_S: Final = 2.0
 # How long past the store's own wait a forward may take before the relay counts as lost.
 _FORWARD_GRACE_S: Final = 10.0
+_SWEEP_S: Final = 1.0
 # A message that went nowhere (refused, not sent) is not history.
 _ARCHIVED_OUTCOMES: Final = frozenset({Outcome.DELIVERED, Outcome.QUEUED, Outcome.UNKNOWN})
 
@@ -39,6 +40,10 @@ class RelayLink:
         self.archive_enabled = False
         self._ids = itertools.count(1)
         self._forwards: dict[int, asyncio.Future[list[Receipt]]] = {}
+        # fid -> when its forward counts as lost, in fid order (each deadline the same span
+        # after its forward); swept by one timer while any is open.
+        self._deadlines: dict[int, float] = {}
+        self._sweep: asyncio.TimerHandle | None = None
         self._refreshes: dict[int, asyncio.Future[None]] = {}
 
     @property
@@ -94,12 +99,16 @@ class RelayLink:
                 for t in targets
             ]
         fid = next(self._ids)
-        fut: asyncio.Future[list[Receipt]] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[list[Receipt]] = loop.create_future()
         self._forwards[fid] = fut
+        self._deadlines[fid] = loop.time() + self.settings.remote_ack_wait_s + _FORWARD_GRACE_S
+        if self._sweep is None:
+            self._sweep = loop.call_later(_SWEEP_S, self._expire)
         recipients = [p.Recipient(t.session_id, t.host) for t in targets]
         relay.write(p.Forward(fid, msg, recipients))
         try:
-            return await asyncio.wait_for(fut, self.settings.remote_ack_wait_s + _FORWARD_GRACE_S)
+            return await fut
         except (TimeoutError, ConnectionError):
             return [
                 Receipt(
@@ -113,6 +122,23 @@ class RelayLink:
             ]
         finally:
             self._forwards.pop(fid, None)
+            self._deadlines.pop(fid, None)
+
+    def _expire(self) -> None:
+        """Fail the forwards the relay has not answered by their deadline. One sweep a second
+        for all of them, not a timer per forward: at a thousand forwards a second those timers
+        were a sixth of the broker's CPU (docs/performance.md, "Cross-host throughput: the
+        cycle")."""
+        now = asyncio.get_running_loop().time()
+        for fid, deadline in self._deadlines.items():
+            if deadline > now:
+                break  # in order of fid, so of deadline
+            fut = self._forwards.get(fid)
+            if fut is not None and not fut.done():
+                fut.set_exception(TimeoutError())
+        self._sweep = None
+        if self._deadlines:
+            self._sweep = asyncio.get_running_loop().call_later(_SWEEP_S, self._expire)
 
     def forward_result(self, f: p.ForwardResult) -> None:
         fut = self._forwards.get(f.fid)

@@ -60,6 +60,7 @@ class Coalescer:
         self._held: list[bytes] = []
         self._held_bytes = 0
         self._turn = False
+        self._extend = False
 
     @property
     def held_bytes(self) -> int:
@@ -76,6 +77,16 @@ class Coalescer:
         self._held.append(data)
         self._held_bytes += len(data)
 
+    def hold_turn(self) -> None:
+        """Hold every write until the end of the loop's next turn, the first too: for a batch
+        whose frames are written by tasks that start on that turn (one write for all of them,
+        so the peer reads, saves and acknowledges them once)."""
+        if self._turn:
+            self._extend = True  # this turn's end is already due before those tasks run
+            return
+        self._turn = True
+        asyncio.get_running_loop().call_soon(self._end_turn)
+
     def flush(self) -> None:
         """Hand what is held to the transport now (before a close)."""
         if not self._held:
@@ -87,5 +98,9 @@ class Coalescer:
                 self.writer.write(data)
 
     def _end_turn(self) -> None:
+        if self._extend:
+            self._extend = False
+            asyncio.get_running_loop().call_soon(self._end_turn)
+            return
         self._turn = False
         self.flush()

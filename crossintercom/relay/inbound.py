@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections import Counter, defaultdict
@@ -61,7 +62,12 @@ class Inbound:
         self._store_limit, self._store_limit_read = limits.max_message_bytes, now
 
     def poke(self, wake: Wake) -> None:
-        """Look at what ``wake`` names, on the loop's next turn."""
+        """Look at what ``wake`` names, on the loop's next turn; receipts the hint carries are
+        passed on now, not after a fetch or an ack the loop may be in (the sender waits on
+        them: docs/performance.md, "Cross-host throughput: the cycle")."""
+        if wake.hinted:
+            self.receipts.take(wake.hinted)
+            wake = dataclasses.replace(wake, hinted=())
         self._pending |= wake
         self.wake.set()
 
@@ -113,11 +119,11 @@ class Inbound:
                 self.poke(Wake(wake.deliveries, wake.receipts))
 
     async def _fetch_all(self) -> None:
-        try:
-            while await self._fetch_once():
-                pass
-        finally:
-            await self._acked()
+        # The last batch's ack is not waited for here: the loop goes back to its wake-ups while
+        # it runs, so the next rows are read and handed over meanwhile (the throughput phase's
+        # lock-step, docs/performance.md, "Cross-host throughput: the cycle").
+        while await self._fetch_once():
+            pass
 
     async def _acked(self) -> None:
         """Wait for the ack under way, if any (its failure raises here: the rows it named stay
@@ -126,6 +132,15 @@ class Inbound:
         if task is not None:
             await task
 
+    def _ack_done(self, task: asyncio.Future[int]) -> None:
+        """A failed ack is told now, and its rows read again (they stay queued; the inbox holds
+        each once); the next read also raises it (``_acked``)."""
+        if task.cancelled() or task.exception() is None:
+            return
+        log.warning("ack failed; its rows stay queued", extra={"error": repr(task.exception())})
+        if not self.relay.stopping.is_set():
+            self.poke(Wake(deliveries=True))
+
     async def _fetch_once(self) -> bool:
         """Hand one batch of inbound rows to the broker; True if a full batch was moved."""
         relay = self.relay
@@ -133,6 +148,8 @@ class Inbound:
         if not local_ids or relay.client is None or not relay.client.connected.is_set():
             return False
         await self._refresh_store_limit()
+        if self._acking is not None and self._acking.done():
+            await self._acked()  # settled: the read need not skip its rows (a failure raises)
         read_at = self._fetched_at = time.monotonic()
         acking = self._acking_keys if self._acking is not None else frozenset()
         rows = await relay.store.fetch_inbound(
@@ -166,6 +183,7 @@ class Inbound:
             self._acking = asyncio.ensure_future(
                 relay.store.ack(relay.host, relay.generation, acks)
             )
+            self._acking.add_done_callback(self._ack_done)
         return len(rows) == INBOUND_BATCH and len(acks) == len(rows)
 
     async def _hand_over(self, rows: list[InboundRow], fresh_until: float) -> list[Ack]:

@@ -5,10 +5,10 @@ recipient (docs/delivery.md): ``delivered`` when the remote host acknowledged wi
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
-import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -31,6 +31,20 @@ _SENDER_MEMORY: Final = 100_000
 class _Forward:
     frame: p.Forward
     waits: dict[str, asyncio.Future[ReceiptRow]] = field(default_factory=dict)
+
+
+@dataclass
+class _Settling:
+    """A forward's receipts as they come; answered once, when the last one is known."""
+
+    fwd: _Forward
+    receipts: dict[str, Receipt] = field(default_factory=dict)
+    callbacks: dict[str, Callable[[asyncio.Future[ReceiptRow]], None]] = field(default_factory=dict)
+    open: int = 0
+    answered: bool = False
+
+    def in_order(self) -> list[Receipt]:
+        return [self.receipts[r.session] for r in self.fwd.frame.recipients]
 
 
 class Outbound:
@@ -104,9 +118,7 @@ class Outbound:
             )
             self._refuse_all(batch, "the shared store is unreachable; nothing was sent")
             return
-        by_key = {(r.message_id, r.recipient_session): r for r in results}
-        for fwd in batch:
-            relay.spawn(self._settle(fwd, by_key))
+        self._settle_batch(batch, {(r.message_id, r.recipient_session): r for r in results})
 
     def _refuse_all(self, batch: list[_Forward], why: str) -> None:
         """``not_sent`` for every recipient of the batch: nothing of it was written."""
@@ -157,51 +169,67 @@ class Outbound:
             pass
         return [InDoubtEnqueue(it.message_id, it.recipient_session, "in_doubt") for it in items]
 
-    async def _settle(
-        self, fwd: _Forward, results: dict[tuple[str, str], EnqueueResult | InDoubtEnqueue]
-    ) -> None:
-        msg_id = fwd.frame.message.id
-        deadline = time.monotonic() + self.relay.settings.remote_ack_wait_s
-        receipts = []
-        for r in fwd.frame.recipients:
-            res = results.get((msg_id, r.session))
-            receipts.append(
-                await self._receipt_for(msg_id, r.session, res, fwd.waits[r.session], deadline)
-            )
-            self.receipt_waits.pop((msg_id, r.session), None)
-            self.wait_hosts.pop((msg_id, r.session), None)
-        self._answer(fwd, receipts)
-
-    async def _receipt_for(
+    def _settle_batch(
         self,
-        msg_id: str,
-        sid: str,
-        res: EnqueueResult | InDoubtEnqueue | None,
-        wait: asyncio.Future[ReceiptRow],
-        deadline: float,
-    ) -> Receipt:
-        if res is None or isinstance(res, InDoubtEnqueue):
-            # Never not_sent here: a lost COMMIT may still land (see _resolve_in_doubt).
-            return Receipt(
-                msg_id,
-                Outcome.UNKNOWN,
-                sid,
-                Code.STORE_IN_DOUBT,
-                "the store connection dropped during commit",
-            )
-        if res.code is not None:
-            return Receipt(msg_id, Outcome.REFUSED, sid, res.code)
-        if res.state != "queued":
-            # A retry of a message whose row was already settled: the row's state answers.
-            outcome, code, text = outcome_for_state(res.state, None)
-            return Receipt(msg_id, outcome, sid, code, text)
-        try:
-            row = await asyncio.wait_for(
-                asyncio.shield(wait), max(0.0, deadline - time.monotonic())
-            )
-        except TimeoutError:
-            return Receipt(msg_id, Outcome.QUEUED, sid)
-        return receipt_of(row, with_host=False)
+        batch: list[_Forward],
+        results: dict[tuple[str, str], EnqueueResult | InDoubtEnqueue],
+    ) -> None:
+        """Answer each forward as soon as its last receipt is known: at once for what the
+        enqueue settled, else when the receipt arrives, and ``queued`` for what is still
+        waiting at ``remote_ack_wait``. Callbacks on the waits and one timer for the batch, not
+        a task, a shield and a timer per forward (docs/performance.md, "Cross-host throughput:
+        the cycle")."""
+        loop = asyncio.get_running_loop()
+        waiting: list[_Settling] = []
+        for fwd in batch:
+            msg_id = fwd.frame.message.id
+            settling = _Settling(fwd)
+            for r in fwd.frame.recipients:
+                now = _receipt_now(msg_id, r.session, results.get((msg_id, r.session)))
+                if now is not None:
+                    settling.receipts[r.session] = now
+                    self._unwait(msg_id, r.session)
+                    continue
+                settling.open += 1
+                cb = functools.partial(self._arrived, settling, r.session)
+                settling.callbacks[r.session] = cb
+                fwd.waits[r.session].add_done_callback(cb)
+            if settling.open:
+                waiting.append(settling)
+            else:
+                self._answer(fwd, settling.in_order())
+        if waiting:
+            loop.call_later(self.relay.settings.remote_ack_wait_s, self._expire, waiting)
+
+    def _arrived(self, settling: _Settling, sid: str, wait: asyncio.Future[ReceiptRow]) -> None:
+        if settling.answered or wait.cancelled() or wait.exception() is not None:
+            return
+        msg_id = settling.fwd.frame.message.id
+        settling.receipts[sid] = receipt_of(wait.result(), with_host=False)
+        settling.callbacks.pop(sid, None)
+        self._unwait(msg_id, sid)
+        settling.open -= 1
+        if settling.open == 0:
+            settling.answered = True
+            self._answer(settling.fwd, settling.in_order())
+
+    def _expire(self, waiting: list[_Settling]) -> None:
+        """``remote_ack_wait`` passed: what has no receipt yet is ``queued`` (the store keeps
+        it; a later receipt reaches the sender as a late one)."""
+        for settling in waiting:
+            if settling.answered:
+                continue
+            settling.answered = True
+            msg_id = settling.fwd.frame.message.id
+            for sid, cb in settling.callbacks.items():
+                settling.fwd.waits[sid].remove_done_callback(cb)
+                settling.receipts[sid] = Receipt(msg_id, Outcome.QUEUED, sid)
+                self._unwait(msg_id, sid)
+            self._answer(settling.fwd, settling.in_order())
+
+    def _unwait(self, msg_id: str, sid: str) -> None:
+        self.receipt_waits.pop((msg_id, sid), None)
+        self.wait_hosts.pop((msg_id, sid), None)
 
     def _answer(self, fwd: _Forward, receipts: list[Receipt]) -> None:
         if self.relay.client is not None:
@@ -211,6 +239,28 @@ class Outbound:
         self.senders[message_id] = sender_id
         while len(self.senders) > _SENDER_MEMORY:
             self.senders.popitem(last=False)
+
+
+def _receipt_now(
+    msg_id: str, sid: str, res: EnqueueResult | InDoubtEnqueue | None
+) -> Receipt | None:
+    """The receipt the enqueue's result already settles, or None: wait for the remote host."""
+    if res is None or isinstance(res, InDoubtEnqueue):
+        # Never not_sent here: a lost COMMIT may still land (see _resolve_in_doubt).
+        return Receipt(
+            msg_id,
+            Outcome.UNKNOWN,
+            sid,
+            Code.STORE_IN_DOUBT,
+            "the store connection dropped during commit",
+        )
+    if res.code is not None:
+        return Receipt(msg_id, Outcome.REFUSED, sid, res.code)
+    if res.state != "queued":
+        # A retry of a message whose row was already settled: the row's state answers.
+        outcome, code, text = outcome_for_state(res.state, None)
+        return Receipt(msg_id, outcome, sid, code, text)
+    return None
 
 
 def receipt_of(row: ReceiptRow, *, with_host: bool = True) -> Receipt:
