@@ -69,6 +69,7 @@ class Broker:
         self.handover = Handover(self.registry, state, self.delivery, self.ops.limiter)
         self.traffic = Traffic(self.registry)
         self.relay.traffic = self.delivery.traffic = self.traffic
+        self.traffic.archive_copy = self.relay.archive
         self._tasks: set[asyncio.Task[Any]] = set()
         self._stop = asyncio.Event()
         self.idle_since: float | None = time.monotonic()

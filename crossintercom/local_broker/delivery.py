@@ -145,7 +145,7 @@ class Delivery:
                 )
                 conn.write(p.Deliver(msg.with_flags(*flags), reply=reply))
                 if self.traffic is not None:
-                    fut.add_done_callback(self.traffic.acked(msg.id, session_id))
+                    fut.add_done_callback(self.traffic.acked(msg, session_id))
             waits.append((item.seq, fut))
         self._spawn(self._await_backlog(waits))
 

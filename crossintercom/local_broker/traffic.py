@@ -39,6 +39,8 @@ class Traffic:
         self._chars = 0
         self._seq = itertools.count(1)
         self._ids: dict[str, int] = {}  # message id -> events holding its message
+        # The relay's archive hand-off, which records what it is given here as well.
+        self.archive_copy: Callable[[Message, list[Receipt]], None] | None = None
 
     # --- recording ------------------------------------------------------------------------------
 
@@ -75,13 +77,19 @@ class Traffic:
             msg,
         )
 
-    def acked(self, msg_id: str, recipient: str) -> Callable[[asyncio.Future[str | None]], None]:
+    def acked(self, msg: Message, recipient: str) -> Callable[[asyncio.Future[str | None]], None]:
         """A done-callback for a queued message's push: ``delivered`` once its session saved
-        it (a failed push leaves it queued, which the log already says)."""
+        it (a failed push leaves it queued, which the log already says). Passed on through
+        ``archive_copy`` too, so the archive's ``queued`` turns ``delivered`` (docs/web.md)."""
 
         def done(fut: asyncio.Future[str | None]) -> None:
-            if not fut.cancelled() and fut.exception() is None and fut.result() is None:
-                self.receipts([Receipt(msg_id, Outcome.DELIVERED, recipient)])
+            if fut.cancelled() or fut.exception() is not None or fut.result() is not None:
+                return
+            receipt = Receipt(msg.id, Outcome.DELIVERED, recipient, host=self.registry.host)
+            if self.archive_copy is not None:
+                self.archive_copy(msg, [receipt])  # recorded here as it passes (``message``)
+            else:
+                self.receipts([receipt])
 
         return done
 

@@ -34,10 +34,12 @@ from starlette.staticfiles import StaticFiles
 from crossintercom.errors import CrossintercomError, UsageError
 from crossintercom.models import SearchQuery, parse_since, search_terms
 from crossintercom.web.auth import COOKIE, CSRF_HEADER, Guard
-from crossintercom.web.overseer import Overseer
+from crossintercom.web.feedstore import KINDS, STATES, Filters
+from crossintercom.web.overseer import FIRST_PAGE, Overseer
 
 HERE = Path(__file__).parent
 SAFE_METHODS = frozenset({"GET", "HEAD"})
+FILTERS = ("host", "session", "thread", "state", "kind")
 # Security headers on every answer: no framing, no sniffing, scripts only from this server.
 HEADERS = {
     "Content-Security-Policy": (
@@ -114,14 +116,17 @@ def build_app(overseer: Overseer, guard: Guard, *, manage_lifecycle: bool = True
         return run
 
     async def page(request: Request) -> Response:
+        first = overseer.page(None, FIRST_PAGE, Filters())
+        boot = {"feed": first["messages"], "before": first["before"], "roster": overseer.roster}
         html = _templates.get_template("index.html").render(
             me=overseer.name,
             host=overseer.settings.host_id,
             csrf=guard.csrf,
             roster=overseer.roster,
-            feed=list(overseer.feed)[-100:],
             archive=overseer.archive_on,
-            data=json.dumps({"feed": list(overseer.feed)[-100:], "roster": overseer.roster}),
+            states=STATES,
+            kinds=KINDS,
+            data=json.dumps(boot),
         )
         return HTMLResponse(html)
 
@@ -150,7 +155,15 @@ def build_app(overseer: Overseer, guard: Guard, *, manage_lifecycle: bool = True
 
     @api
     async def feed(request: Request) -> Response:
-        return JSONResponse(list(overseer.feed))
+        """A page of the feed, newest first, older than ``before`` (a cursor from the last
+        page), filtered by host, session, thread, state, kind."""
+        args = request.query_params
+        try:
+            limit = min(max(int(args.get("limit") or FIRST_PAGE), 1), 500)
+        except ValueError:
+            raise UsageError("limit must be a number") from None
+        filters = Filters(**{k: args.get(k) or None for k in FILTERS})
+        return JSONResponse(overseer.page(args.get("before") or None, limit, filters))
 
     @api
     async def thread(request: Request) -> Response:
