@@ -73,6 +73,8 @@ class GuardMiddleware(BaseHTTPMiddleware):
         guard = self.guard
         if not guard.host_ok(request.headers.get("host")):
             return _refuse(421, "unknown_host", "this server does not answer to that host name")
+        if request.url.path == "/healthz":
+            return PlainTextResponse("ok")  # for monitors: says nothing but that it runs
         given = request.query_params.get("token")
         if given is not None and request.method in SAFE_METHODS:
             if not guard.token_ok(given):
@@ -117,7 +119,12 @@ def build_app(overseer: Overseer, guard: Guard, *, manage_lifecycle: bool = True
 
     async def page(request: Request) -> Response:
         first = overseer.page(None, FIRST_PAGE, Filters())
-        boot = {"feed": first["messages"], "before": first["before"], "roster": overseer.roster}
+        boot = {
+            "feed": first["messages"],
+            "before": first["before"],
+            "roster": overseer.roster,
+            "attention": overseer.attention,
+        }
         html = _templates.get_template("index.html").render(
             me=overseer.name,
             host=overseer.settings.host_id,
@@ -164,6 +171,17 @@ def build_app(overseer: Overseer, guard: Guard, *, manage_lifecycle: bool = True
             raise UsageError("limit must be a number") from None
         filters = Filters(**{k: args.get(k) or None for k in FILTERS})
         return JSONResponse(overseer.page(args.get("before") or None, limit, filters))
+
+    async def message_page(request: Request) -> Response:
+        """One message on its own page: text, attachments, flags, every receipt."""
+        m = overseer.message(request.path_params["message_id"])
+        if m is None:
+            return _refuse(404, "not_found", "this page does not hold that message")
+        return HTMLResponse(_templates.get_template("message.html").render(m=m))
+
+    @api
+    async def attention(request: Request) -> Response:
+        return JSONResponse(overseer.attention)
 
     @api
     async def thread(request: Request) -> Response:
@@ -214,10 +232,11 @@ def build_app(overseer: Overseer, guard: Guard, *, manage_lifecycle: bool = True
         Route("/api/roster", roster),
         Route("/api/feed", feed),
         Route("/api/thread/{thread_id}", thread),
+        Route("/api/attention", attention),
+        Route("/message/{message_id}", message_page),
         Route("/api/pending", pending),
         Route("/api/search", search),
         Route("/api/compose", compose, methods=["POST"]),
-        Route("/healthz", lambda _r: PlainTextResponse("ok")),
         Route("/api/health", health),
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
     ]

@@ -14,9 +14,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Final
 
-# The attachment that makes a message an escalation (docs/agents.md#escalations); the web layer
-# does not import the agents' package, so the name is repeated here.
-ESCALATION_ATTACHMENT: Final = "crossintercom-escalation.json"
+from crossintercom.web.escalations import ESCALATION_ATTACHMENT, escalation_of
+
 KEEP: Final = 20_000
 # How far along a receipt is: a later source never takes a recipient back.
 _RANK: Final = {
@@ -170,6 +169,8 @@ class FeedStore:
             else:
                 recipients.append(r)
         out = {**m, "recipients": recipients, "cursor": cursor_of(m)}
+        if m.get("kind") == "escalation":
+            out["escalation"] = escalation_of(m)
         target = self.names.get(m.get("to") or "")
         if target is not None:
             out["to"] = f"{target[0]}@{target[1]}"

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import uuid
 from collections.abc import AsyncIterator
 from typing import Any, Literal
 
@@ -32,7 +33,7 @@ from crossintercom.storage import (
     open_archive,
     open_store,
 )
-from crossintercom.web import sources
+from crossintercom.web import attention, sources
 from crossintercom.web.feedstore import FeedStore, Filters
 from crossintercom.web.sources import Item, message_json, receipt
 
@@ -65,6 +66,8 @@ class Overseer:
         self._inboxes = sources.InboxReader(settings.inbox_dir, settings.host_id)
         self._subscribers: set[asyncio.Queue[tuple[str, Any]]] = set()
         self._tasks: list[asyncio.Task[None]] = []
+        self.ask_timeouts: dict[str, float] = {}
+        self.attention: list[dict[str, Any]] = []
         self.roster: dict[str, Any] = {"hosts": [], "sessions": [], "warnings": []}
 
     # --- lifecycle ------------------------------------------------------------------------------
@@ -77,6 +80,7 @@ class Overseer:
         await self._refresh_archive_state()
         await self._poll_feed()
         await self._refresh_roster()
+        self._refresh_attention()
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._feed_loop()), loop.create_task(self._mail_loop())]
 
@@ -94,15 +98,27 @@ class Overseer:
     # --- the live feed --------------------------------------------------------------------------
 
     async def subscribe(self) -> AsyncIterator[tuple[str, Any]]:
-        """Events for one page: ``message`` (a message object) and ``roster``."""
+        """Events for one page: ``message`` (a message object), ``roster``, ``attention``."""
         queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue(1000)
         self._subscribers.add(queue)
         try:
             yield "roster", self.roster
+            yield "attention", self.attention
             while True:
-                yield await queue.get()
+                kind, data = await queue.get()
+                yield kind, data
+                if kind == "bye":
+                    return
         finally:
             self._subscribers.discard(queue)
+
+    def closing(self) -> None:
+        """The server stops: every page's event stream says so and ends."""
+        for queue in list(self._subscribers):
+            if queue.full():
+                with contextlib.suppress(asyncio.QueueEmpty):
+                    queue.get_nowait()  # a stalled page loses one event, not the goodbye
+            queue.put_nowait(("bye", None))
 
     def _publish(self, kind: str, data: Any) -> None:
         for queue in list(self._subscribers):
@@ -114,6 +130,10 @@ class Overseer:
             merged = self.feed.merge(mid, message, receipts)
             if merged is not None:
                 self._publish("message", self.feed.view(merged))
+
+    def message(self, mid: str) -> dict[str, Any] | None:
+        m = self.feed.get(mid)
+        return self.feed.view(m) if m is not None else None
 
     def page(self, before: str | None, limit: int, filters: Filters) -> dict[str, Any]:
         items, more = self.feed.page(before, limit, filters)
@@ -130,6 +150,7 @@ class Overseer:
                     next_roster = loop.time() + ROSTER_EVERY_S
                     await self._refresh_archive_state()
                     await self._refresh_roster()
+                self._refresh_attention()
             except (CrossintercomError, OSError) as exc:
                 log.warning("overseer refresh failed: %s", exc)
 
@@ -170,6 +191,20 @@ class Overseer:
                 self._cursor = max(self._cursor, rows[-1].seq)
             items += sources.from_archive(rows)
         return items
+
+    def _refresh_attention(self) -> None:
+        found = attention.attention(
+            [self.feed.view(m) for m in self.feed.newest(attention.SCAN)],
+            self.roster,
+            self.identity.id,
+            self.ask_timeouts,
+        )
+        # Ages move on every poll; the page computes them itself, so only the rest counts.
+        if _settled(found) != _settled(self.attention):
+            self.attention = found
+            self._publish("attention", found)
+        else:
+            self.attention = found
 
     # --- hosts and sessions ---------------------------------------------------------------------
 
@@ -268,8 +303,10 @@ class Overseer:
         elif not to:
             raise UsageError("a send needs a target ('to')")
         elif mode == "ask":
+            mid = str(uuid.uuid4())
+            self.ask_timeouts[mid] = timeout  # shown with the ask while it waits
             result = await self.client.ask(
-                to, text, timeout=timeout, subject=subject, thread_id=thread_id
+                to, text, timeout=timeout, subject=subject, thread_id=thread_id, message_id=mid
             )
         else:
             result = await self.client.send(to, text, subject=subject, thread_id=thread_id)
@@ -278,6 +315,10 @@ class Overseer:
             out["reply"] = result.reply.to_dict() if result.reply is not None else None
         out["exit_code"] = _exit_code(result, mode)
         return out
+
+
+def _settled(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{k: v for k, v in e.items() if k != "age_s"} for e in entries]
 
 
 def _exit_code(result: SendResult, mode: Mode) -> int:

@@ -5,6 +5,7 @@
 import { el, getJSON, postJSON, who } from "./util.js";
 import { addMessage, addOlder, hooks, known, messageItem, resetFeed, view } from "./feed.js";
 import { drawFlow, pulse } from "./flow.js";
+import { attentionHooks, renderAttention } from "./attention.js";
 
 const boot = JSON.parse(document.getElementById("boot").dataset.boot);
 const MARK_START = "\u00ab", MARK_END = "\u00bb";
@@ -47,6 +48,7 @@ async function showThread(id, from) {
   box.focus();
 }
 hooks.thread = showThread;
+attentionHooks.thread = showThread;
 
 // --- replying: the form is filled from the message answered, and only from it -----------------
 
@@ -61,6 +63,9 @@ function replyTo(m) {
   f.message.focus();
 }
 hooks.reply = replyTo;
+attentionHooks.reply = replyTo;
+attentionHooks.answered = () => loadPending();
+hooks.me = boot.roster.me ? boot.roster.me.id : null;
 hooks.changed = (m, isNew) => { drawFlow(roster, known); if (isNew) pulse(roster, m); };
 
 // --- history: older pages from the server, filters ----------------------------------------------
@@ -156,13 +161,38 @@ async function compose(form) {
   loadPending();
 }
 
+// The event stream: EventSource reconnects by itself after a stream ends or the network
+// fails, but not after a refusal. A refusal (401) means the server restarted with a new token:
+// the page says so at once instead of showing frozen data as live.
+let down = false;
 function connect() {
   const live = document.getElementById("live");
   const source = new EventSource("/events");
-  source.addEventListener("open", () => { live.textContent = "live"; live.className = "badge on"; });
-  source.addEventListener("error", () => { live.textContent = "reconnecting…"; live.className = "badge off"; });
+  source.addEventListener("open", () => {
+    live.textContent = "live"; live.className = "badge on";
+    document.getElementById("reload").hidden = true;
+    if (down) { down = false; applyFilters(); }  // what arrived meanwhile
+  });
+  source.addEventListener("error", () => {
+    down = true;
+    live.textContent = "reconnecting…"; live.className = "badge off";
+    if (source.readyState === EventSource.CLOSED) setTimeout(() => recover(), 1000);
+  });
+  source.addEventListener("bye", () => { live.textContent = "server stopped: reconnecting…"; live.className = "badge off"; });
   source.addEventListener("message", (e) => addMessage(JSON.parse(e.data)));
   source.addEventListener("roster", (e) => renderRoster(JSON.parse(e.data)));
+  source.addEventListener("attention", (e) => renderAttention(JSON.parse(e.data)));
+}
+
+async function recover() {
+  let status = 0;
+  try { status = (await fetch("/api/roster", { credentials: "same-origin" })).status; } catch { status = 0; }
+  if (status === 401) {
+    document.getElementById("reload").hidden = false;
+    document.getElementById("live").textContent = "token changed";
+    return;
+  }
+  if (status === 200) connect(); else setTimeout(() => recover(), 2000);
 }
 
 document.getElementById("search-form").addEventListener("submit", (e) => { e.preventDefault(); search(e.target); });
@@ -174,4 +204,7 @@ document.getElementById("thread-close").addEventListener("click", () => { docume
 resetFeed(boot.feed);
 document.getElementById("older").hidden = !older;
 renderRoster(roster);
+renderAttention(boot.attention || []);
+// A thread link from another page (a message's own page) opens the thread here.
+if (location.hash.startsWith("#thread=")) showThread(decodeURIComponent(location.hash.slice(8)), null);
 connect();

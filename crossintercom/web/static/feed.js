@@ -2,11 +2,12 @@
 // arrive in, bounded (older ones are paged in on request, never kept growing).
 
 import { el, when, who } from "./util.js";
+import { escalationView } from "./attention.js";
 
 export const LIVE_KEEP = 300;
 const LONG = 600;  // characters shown before a message is collapsed
 export const known = new Map();  // message id -> the newest copy the page got
-export const hooks = { thread: () => {}, reply: () => {}, changed: () => {} };
+export const hooks = { thread: () => {}, reply: () => {}, changed: () => {}, me: null };
 
 function receiptText(r) {
   const code = r.code ? ` (${r.code})` : "";
@@ -37,13 +38,17 @@ export function messageItem(m) {
     });
     body.push(more);
   }
+  if (m.escalation) {
+    const mine = (m.recipients || []).some((r) => r.session_id === hooks.me);
+    body.push(escalationView(m.escalation, m.id, mine));
+  }
   if ((m.attachments || []).length) {
     body.push(el("div", { class: "attachments" }, ...m.attachments.map((a) => el("span", { class: "attachment" }, `${a.kind}: ${a.name}`))));
   }
   const receipts = el("div", { class: "receipts" });
   for (const r of m.recipients || []) receipts.append(el("span", { class: `receipt ${r.outcome}` }, receiptText(r)));
   body.push(receipts);
-  if (m.expects_reply) {
+  if (m.expects_reply && !m.escalation) {
     const answer = el("button", { type: "button", class: "answer" }, "reply");
     answer.addEventListener("click", () => hooks.reply(m));
     body.push(answer);
