@@ -150,9 +150,11 @@ def secure_tree(settings: Settings) -> None:
                 secure_file(settings, entry)
 
 
-# Files only their owner may read, also in a group runtime dir: the web page's access token.
+# Files only their owner may read, also in a group runtime dir: the web page's access token and
+# the key it is derived from (kept, so a restarted page keeps its token; docs/web.md).
 WEB_TOKEN_FILE = "web.token"
-PRIVATE_FILES = frozenset({WEB_TOKEN_FILE})
+WEB_KEY_FILE = "web.key"
+PRIVATE_FILES = frozenset({WEB_TOKEN_FILE, WEB_KEY_FILE})
 # A file of the runtime dir is opened only if it is this: never through a symlink, never a
 # hard link to a file elsewhere, never another user's file outside the runtime group.
 _NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK

@@ -27,6 +27,10 @@ class Queries:
     async def pending(self) -> list[Message]:
         return expect(await self.request(p.Pending(0)), p.PendingList).messages
 
+    async def traffic(self, after: int = 0, limit: int = 1000) -> p.TrafficLog:
+        """This host's recent traffic as its broker saw it pass (docs/web.md)."""
+        return expect(await self.request(p.Traffic(0, after, limit)), p.TrafficLog)
+
     async def join(self, group: str) -> list[str]:
         return expect(await self.request(p.Join(0, group)), p.Ok).groups or []
 

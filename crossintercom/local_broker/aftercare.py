@@ -49,6 +49,8 @@ class Aftercare:
         """Receipts for messages' senders: shown here, or carried to their hosts together."""
         remote: list[p.ReceiptFor] = []
         local: list[tuple[str, Receipt]] = []
+        if self.relay.traffic is not None:
+            self.relay.traffic.receipts(r for _, r in receipts)
         for sender, receipt in receipts:
             if sender.host == self.host:
                 local.append((sender.id, receipt))

@@ -34,9 +34,11 @@ from crossintercom.local_broker.registry import Registry
 from crossintercom.local_broker.relay_link import RelayLink
 from crossintercom.local_broker.sending import Operations
 from crossintercom.local_broker.state import BrokerState
+from crossintercom.local_broker.traffic import Traffic
 from crossintercom.models import (
     Message,
     Outcome,
+    Peer,
     Receipt,
     SendResult,
     SessionInfo,
@@ -65,6 +67,9 @@ class Broker:
         self.aftercare = Aftercare(self.host, self.registry, state, self.delivery, self.relay)
         self.registration = Registration(self.host, self.registry, state, self.delivery, self.relay)
         self.handover = Handover(self.registry, state, self.delivery, self.ops.limiter)
+        self.traffic = Traffic(self.registry)
+        self.relay.traffic = self.delivery.traffic = self.traffic
+        self.traffic.archive_copy = self.relay.archive
         self._tasks: set[asyncio.Task[Any]] = set()
         self._stop = asyncio.Event()
         self.idle_since: float | None = time.monotonic()
@@ -217,15 +222,20 @@ class Broker:
 
     async def _on_send(self, conn: Conn, f: p.Send) -> None:
         self.ops.commits.busy += 1  # counted from its arrival: see GroupCommit
-        self.spawn(self._answer(conn, f.request_id, f.message.id, self.ops.send(conn, f.message)))
+        self.spawn(self._answer(conn, f.request_id, f.message, self.ops.send(conn, f.message)))
 
     async def _on_reply(self, conn: Conn, f: p.Reply) -> None:
         self.ops.commits.busy += 1
-        self.spawn(self._answer(conn, f.request_id, f.message.id, self.ops.reply(conn, f.message)))
+        self.spawn(self._answer(conn, f.request_id, f.message, self.ops.reply(conn, f.message)))
 
     async def _answer(
-        self, conn: Conn, request_id: int, message_id: str, work: Coroutine[Any, Any, SendResult]
+        self,
+        conn: Conn,
+        request_id: int,
+        body: p.OutgoingBody,
+        work: Coroutine[Any, Any, SendResult],
     ) -> None:
+        message_id = body.id
         try:
             result = await work
         except Refusal as r:
@@ -236,6 +246,16 @@ class Broker:
         finally:
             self.ops.commits.busy -= 1
         conn.write(p.Result.of(request_id, result))
+        if result.outcome in _WENT_NOWHERE:
+            self._went_nowhere(conn, body, result)
+
+    def _went_nowhere(self, conn: Conn, body: p.OutgoingBody, result: SendResult) -> None:
+        """A refused send is traffic too: the overseer page shows it with its code."""
+        sid = conn.session_id
+        live = self.registry.live.get(sid) if sid is not None else None
+        if sid is not None:
+            name = live.info.display_name if live is not None else None
+            self.traffic.refused(Peer(sid, name, self.host), body, result)
 
     async def _on_ack(self, conn: Conn, f: p.Ack) -> None:
         fut = conn.acks.pop(f.id, None)
@@ -283,13 +303,16 @@ class Broker:
         self.relay.archive_enabled = f.enabled
 
     async def _on_remote_receipt(self, conn: Conn, f: p.RemoteReceipt) -> None:
-        self.delivery.notify_senders(
-            [
-                (r.sender, Receipt(r.id, r.outcome, r.recipient, r.code, r.message, r.host))
-                for r in f.receipts
-                if r.sender
-            ]
-        )
+        receipts = [
+            (r.sender, Receipt(r.id, r.outcome, r.recipient, r.code, r.message, r.host))
+            for r in f.receipts
+            if r.sender
+        ]
+        self.traffic.receipts(r for _, r in receipts)
+        self.delivery.notify_senders(receipts)
+
+    async def _on_traffic(self, conn: Conn, f: p.Traffic) -> None:
+        conn.write(self.traffic.read(f.request_id, f.after, f.limit))
 
     # --- housekeeping ---------------------------------------------------------------------------
 
@@ -350,4 +373,9 @@ class Broker:
         p.RemoteReceipt: _on_remote_receipt,
         p.RosterRefreshed: _on_roster_refreshed,
         p.ArchiveState: _on_archive_state,
+        p.Traffic: _on_traffic,
     }
+
+
+# Outcomes of a send that reached no one: the traffic log keeps them with their code.
+_WENT_NOWHERE = frozenset({Outcome.REFUSED, Outcome.NOT_SENT, Outcome.UNKNOWN})

@@ -19,6 +19,7 @@ from crossintercom.local_broker import outcomes
 from crossintercom.local_broker.conn import Conn
 from crossintercom.local_broker.registry import Registry
 from crossintercom.local_broker.state import BrokerState
+from crossintercom.local_broker.traffic import Traffic
 from crossintercom.models import Message, Outcome, Receipt
 
 log = logging.getLogger(__name__)
@@ -42,6 +43,7 @@ class Delivery:
         # ask id -> the connection waiting on it (the one-shot `ask`, or the listener).
         self.ask_waiters: dict[str, Conn] = {}
         self._acked_receipts: list[tuple[str, str, str]] = []
+        self.traffic: Traffic | None = None  # told when a queued message reaches its session
 
     def forget_conn(self, conn: Conn) -> None:
         for ask_id in [a for a, c in self.ask_waiters.items() if c is conn]:
@@ -144,6 +146,8 @@ class Delivery:
                     msg.reply_to is not None and self.state.ask_owner(msg.reply_to) == session_id
                 )
                 conn.write(p.Deliver(msg.with_flags(*flags), reply=reply))
+                if self.traffic is not None:
+                    fut.add_done_callback(self.traffic.acked(msg, session_id))
             waits.append((item.seq, fut))
         self._spawn(self._await_backlog(waits))
 

@@ -20,6 +20,7 @@ from crossintercom.errors import Code, ProtocolError
 from crossintercom.local_broker.conn import Conn
 from crossintercom.local_broker.registry import Registry
 from crossintercom.local_broker.resolve import Target
+from crossintercom.local_broker.traffic import Traffic
 from crossintercom.models import Message, Outcome, Receipt
 
 ROSTER_REFRESH_WAIT_S: Final = 2.0
@@ -45,6 +46,8 @@ class RelayLink:
         self._deadlines: dict[int, float] = {}
         self._sweep: asyncio.TimerHandle | None = None
         self._refreshes: dict[int, asyncio.Future[None]] = {}
+        # Every message this host handles passes ``archive``: the overseer's log sees it there.
+        self.traffic: Traffic | None = None
 
     @property
     def connected(self) -> bool:
@@ -165,6 +168,8 @@ class RelayLink:
     def archive(self, msg: Message, receipts: list[Receipt]) -> None:
         """Hand the relay a copy for the archive: a buffered write, never awaited, so neither a
         slow relay nor a slow archive reaches the sender (docs/archive.md)."""
+        if self.traffic is not None:
+            self.traffic.message(msg, receipts)
         if self.conn is None or not self.archive_enabled:
             return
         if any(r.outcome in _ARCHIVED_OUTCOMES for r in receipts):

@@ -26,6 +26,9 @@ from crossintercom.protocol.broker_frames import (
     Result,
     Sessions,
     StatusReport,
+    TrafficEvent,
+    TrafficLog,
+    TrafficReceipt,
 )
 from crossintercom.protocol.client_frames import (
     ANONYMOUS_TYPES,
@@ -53,6 +56,7 @@ from crossintercom.protocol.client_frames import (
     Shown,
     ShownItem,
     Status,
+    Traffic,
 )
 from crossintercom.protocol.codec import (
     CLIENT_TYPES,
@@ -167,6 +171,10 @@ __all__ = [
     "StatusReport",
     "ToBroker",
     "ToRelayFrame",
+    "Traffic",
+    "TrafficEvent",
+    "TrafficLog",
+    "TrafficReceipt",
     "decode_broker_frame",
     "decode_client_frame",
     "encode",

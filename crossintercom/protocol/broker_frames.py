@@ -168,6 +168,39 @@ class Pong(msgspec.Struct, tag="pong", frozen=True):
     pid: int
 
 
+class TrafficReceipt(msgspec.Struct, frozen=True, omit_defaults=True):
+    """One recipient's outcome as the broker saw it pass, with the name it knew then."""
+
+    outcome: Outcome
+    recipient: str | None = None
+    name: str | None = None
+    host: str | None = None
+    code: str | None = None
+    message: str | None = None
+
+
+class TrafficEvent(msgspec.Struct, frozen=True, omit_defaults=True):
+    """A message this host sent, received or refused (``message`` set), or later receipts
+    for one (``message`` absent). ``at``: the broker's clock, Unix seconds."""
+
+    seq: int
+    at: float
+    id: str
+    receipts: list[TrafficReceipt] = []
+    message: Message | None = None
+
+
+class TrafficLog(msgspec.Struct, tag="traffic", frozen=True):
+    """The answer to ``traffic``: events after the asked one, oldest first. ``first`` is the
+    oldest event still held (older ones were dropped from the bounded log); ``last`` the newest
+    so far, to ask after next time."""
+
+    request_id: RequestId
+    events: list[TrafficEvent]
+    first: int
+    last: int
+
+
 BrokerFrame = (
     Error
     | Registered
@@ -182,4 +215,5 @@ BrokerFrame = (
     | Ok
     | Pong
     | Forgotten
+    | TrafficLog
 )

@@ -163,6 +163,15 @@ class InboxFault(msgspec.Struct, tag="inbox_fault", frozen=True):
     faults: Annotated[list[InboxFaultItem], msgspec.Meta(max_length=2)]
 
 
+class Traffic(msgspec.Struct, tag="traffic", frozen=True):
+    """What this host's sessions sent and received lately, after the event ``after`` (the
+    broker's bounded in-memory log; the overseer page reads it, docs/web.md)."""
+
+    request_id: RequestId
+    after: Annotated[int, msgspec.Meta(ge=0)] = 0
+    limit: Annotated[int, msgspec.Meta(ge=1, le=5000)] = 1000
+
+
 ClientFrame = (
     Register
     | Send
@@ -181,6 +190,7 @@ ClientFrame = (
     | SetWake
     | Forget
     | InboxFault
+    | Traffic
 )
 
 # Frames a connection may send before it registers: queries that need no identity

@@ -34,10 +34,12 @@ from starlette.staticfiles import StaticFiles
 from crossintercom.errors import Code, CrossintercomError, UsageError
 from crossintercom.models import SearchQuery, parse_since, search_terms
 from crossintercom.web.auth import COOKIE, CSRF_HEADER, Guard
-from crossintercom.web.overseer import Overseer
+from crossintercom.web.feedstore import KINDS, STATES, Filters
+from crossintercom.web.overseer import FIRST_PAGE, Overseer
 
 HERE = Path(__file__).parent
 SAFE_METHODS = frozenset({"GET", "HEAD"})
+FILTERS = ("host", "session", "thread", "state", "kind")
 # Security headers on every answer: no framing, no sniffing, scripts only from this server.
 HEADERS = {
     "Content-Security-Policy": (
@@ -71,6 +73,8 @@ class GuardMiddleware(BaseHTTPMiddleware):
         guard = self.guard
         if not guard.host_ok(request.headers.get("host")):
             return _refuse(421, Code.UNKNOWN_HOST, "this server does not answer to that host name")
+        if request.url.path == "/healthz":
+            return PlainTextResponse("ok")  # for monitors: says nothing but that it runs
         given = request.query_params.get("token")
         if given is not None and request.method in SAFE_METHODS:
             if not guard.token_ok(given):
@@ -114,14 +118,22 @@ def build_app(overseer: Overseer, guard: Guard, *, manage_lifecycle: bool = True
         return run
 
     async def page(request: Request) -> Response:
+        first = overseer.page(None, FIRST_PAGE, Filters())
+        boot = {
+            "feed": first["messages"],
+            "before": first["before"],
+            "roster": overseer.roster,
+            "attention": overseer.attention,
+        }
         html = _templates.get_template("index.html").render(
             me=overseer.name,
             host=overseer.settings.host_id,
             csrf=guard.csrf,
             roster=overseer.roster,
-            feed=list(overseer.feed)[-100:],
             archive=overseer.archive_on,
-            data=json.dumps({"feed": list(overseer.feed)[-100:], "roster": overseer.roster}),
+            states=STATES,
+            kinds=KINDS,
+            data=json.dumps(boot),
         )
         return HTMLResponse(html)
 
@@ -150,7 +162,26 @@ def build_app(overseer: Overseer, guard: Guard, *, manage_lifecycle: bool = True
 
     @api
     async def feed(request: Request) -> Response:
-        return JSONResponse(list(overseer.feed))
+        """A page of the feed, newest first, older than ``before`` (a cursor from the last
+        page), filtered by host, session, thread, state, kind."""
+        args = request.query_params
+        try:
+            limit = min(max(int(args.get("limit") or FIRST_PAGE), 1), 500)
+        except ValueError:
+            raise UsageError("limit must be a number") from None
+        filters = Filters(**{k: args.get(k) or None for k in FILTERS})
+        return JSONResponse(overseer.page(args.get("before") or None, limit, filters))
+
+    async def message_page(request: Request) -> Response:
+        """One message on its own page: text, attachments, flags, every receipt."""
+        m = overseer.message(request.path_params["message_id"])
+        if m is None:
+            return _refuse(404, "not_found", "this page does not hold that message")
+        return HTMLResponse(_templates.get_template("message.html").render(m=m))
+
+    @api
+    async def attention(request: Request) -> Response:
+        return JSONResponse(overseer.attention)
 
     @api
     async def thread(request: Request) -> Response:
@@ -201,10 +232,11 @@ def build_app(overseer: Overseer, guard: Guard, *, manage_lifecycle: bool = True
         Route("/api/roster", roster),
         Route("/api/feed", feed),
         Route("/api/thread/{thread_id}", thread),
+        Route("/api/attention", attention),
+        Route("/message/{message_id}", message_page),
         Route("/api/pending", pending),
         Route("/api/search", search),
         Route("/api/compose", compose, methods=["POST"]),
-        Route("/healthz", lambda _r: PlainTextResponse("ok")),
         Route("/api/health", health),
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
     ]

@@ -2,7 +2,9 @@
 
 - Every request carries the access token: the ``ci_token`` cookie (set when the page is first
   opened with ``?token=``), or ``Authorization: Bearer``. The token is printed at start and
-  written to ``web.token`` (0600) in the runtime dir; it is compared in constant time.
+  written to ``web.token`` (0600) in the runtime dir; it is compared in constant time. It and
+  the CSRF token are derived from ``web.key`` (0600, kept across runs), so a restarted page
+  keeps both and open tabs carry on; deleting the key gives new ones.
 - The cookie is ``HttpOnly`` and ``SameSite=Strict``, so another site cannot ride on it; on top,
   every state-changing request must send the page's CSRF token in ``X-CSRF-Token`` and, when the
   browser says where it comes from (``Origin``), come from this page's own origin.
@@ -12,12 +14,17 @@
 
 from __future__ import annotations
 
+import base64
+import contextlib
+import hashlib
 import hmac
+import os
 import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from crossintercom.runtime import WEB_TOKEN_FILE, replace_file
+from crossintercom.errors import CrossintercomError
+from crossintercom.runtime import WEB_KEY_FILE, WEB_TOKEN_FILE, open_file, replace_file
 
 COOKIE = "ci_token"
 CSRF_HEADER = "x-csrf-token"
@@ -29,6 +36,10 @@ class Guard:
     token: str = field(default_factory=lambda: secrets.token_urlsafe(32))
     csrf: str = field(default_factory=lambda: secrets.token_urlsafe(32))
     hosts: frozenset[str] = frozenset()
+
+    @classmethod
+    def from_key(cls, key: bytes, hosts: frozenset[str]) -> Guard:
+        return cls(token=_derive(key, b"token"), csrf=_derive(key, b"csrf"), hosts=hosts)
 
     def token_ok(self, candidate: str | None) -> bool:
         return candidate is not None and hmac.compare_digest(candidate, self.token)
@@ -66,3 +77,31 @@ def write_token_file(directory: Path, token: str) -> Path:
     path = directory / TOKEN_FILE
     replace_file(path, (token + "\n").encode(), 0o600)
     return path
+
+
+def _derive(key: bytes, what: bytes) -> str:
+    digest = hmac.new(key, b"crossintercom overseer page " + what, hashlib.sha256).digest()
+    return base64.urlsafe_b64encode(digest).decode().rstrip("=")
+
+
+def load_key(directory: Path) -> bytes:
+    """The page's key from ``web.key``, made (32 random bytes, 0600) when it is missing or not
+    a plain private file of this user's: then the page gets a new token."""
+    path = directory / WEB_KEY_FILE
+    try:
+        fd = open_file(path, os.O_RDONLY)
+    except (OSError, CrossintercomError):
+        fd = None
+    if fd is not None:
+        try:
+            private = os.fstat(fd).st_mode & 0o077 == 0
+            raw = os.read(fd, 200).strip()
+        finally:
+            os.close(fd)
+        with contextlib.suppress(ValueError):
+            key = bytes.fromhex(raw.decode())
+            if private and len(key) == 32:
+                return key
+    key = secrets.token_bytes(32)
+    replace_file(path, key.hex().encode() + b"\n", 0o600)
+    return key

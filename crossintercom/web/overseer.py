@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections import deque
+import uuid
 from collections.abc import AsyncIterator
 from typing import Any, Literal
 
@@ -25,10 +25,9 @@ from crossintercom.client import AsyncClient, Identity
 from crossintercom.config import Settings
 from crossintercom.errors import CrossintercomError, InboxUnavailable, StoreError, UsageError
 from crossintercom.exits import result_exit_code
-from crossintercom.inbox import Inbox, session_ids, trouble
-from crossintercom.models import Message, SearchQuery, SendResult
+from crossintercom.inbox import trouble
+from crossintercom.models import SearchQuery, SendResult
 from crossintercom.storage import (
-    ArchivedMessage,
     ArchiveStore,
     LeaseTracker,
     MailboxStore,
@@ -37,21 +36,21 @@ from crossintercom.storage import (
 )
 from crossintercom.storage.connection import connection_url
 from crossintercom.storage.poolers import require_own_session
+from crossintercom.web import attention, sources
+from crossintercom.web.feedstore import FeedStore, Filters
+from crossintercom.web.sources import Item, message_json, receipt
 
 log = logging.getLogger(__name__)
 
 FEED_POLL_S = 0.5
 ROSTER_EVERY_S = 2.0
-FEED_KEEP = 500
+# What a fresh page is given at once; older ones it pages back to (``/api/feed?before=``).
+FIRST_PAGE = 100
+ARCHIVE_BATCH = 1000
 # The archive feed re-reads this far below its cursor: sequence values commit out of order.
 FEED_OVERLAP = 500
 
 Mode = Literal["send", "ask", "reply"]
-
-
-def message_json(msg: Message, recipients: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    """The CLI's message object, with what the page knows of its recipients (receipts)."""
-    return {**msg.to_dict(), "recipients": recipients or []}
 
 
 class Overseer:
@@ -64,12 +63,14 @@ class Overseer:
         self.archive: ArchiveStore | None = None
         self.archive_on = False
         self.leases = LeaseTracker(settings.lease_s, heartbeat_s=settings.heartbeat_s)
-        self.feed: deque[dict[str, Any]] = deque(maxlen=FEED_KEEP)
-        self._seen: set[str] = set()
+        self.feed = FeedStore()
         self._cursor = 0
-        self._inbox_seq: dict[str, int] = {}
+        self._traffic_after = 0
+        self._inboxes = sources.InboxReader(settings.inbox_dir, settings.host_id)
         self._subscribers: set[asyncio.Queue[tuple[str, Any]]] = set()
         self._tasks: list[asyncio.Task[None]] = []
+        self.ask_timeouts: dict[str, float] = {}
+        self.attention: list[dict[str, Any]] = []
         self.roster: dict[str, Any] = {"hosts": [], "sessions": [], "warnings": []}
 
     # --- lifecycle ------------------------------------------------------------------------------
@@ -85,6 +86,7 @@ class Overseer:
         await self._refresh_archive_state()
         await self._poll_feed()
         await self._refresh_roster()
+        self._refresh_attention()
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._feed_loop()), loop.create_task(self._mail_loop())]
 
@@ -103,33 +105,46 @@ class Overseer:
     # --- the live feed --------------------------------------------------------------------------
 
     async def subscribe(self) -> AsyncIterator[tuple[str, Any]]:
-        """Events for one page: ``message`` (a message object) and ``roster``."""
+        """Events for one page: ``message`` (a message object), ``roster``, ``attention``."""
         queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue(1000)
         self._subscribers.add(queue)
         try:
             yield "roster", self.roster
+            yield "attention", self.attention
             while True:
-                yield await queue.get()
+                kind, data = await queue.get()
+                yield kind, data
+                if kind == "bye":
+                    return
         finally:
             self._subscribers.discard(queue)
+
+    def closing(self) -> None:
+        """The server stops: every page's event stream says so and ends."""
+        for queue in list(self._subscribers):
+            if queue.full():
+                with contextlib.suppress(asyncio.QueueEmpty):
+                    queue.get_nowait()  # a stalled page loses one event, not the goodbye
+            queue.put_nowait(("bye", None))
 
     def _publish(self, kind: str, data: Any) -> None:
         for queue in list(self._subscribers):
             with contextlib.suppress(asyncio.QueueFull):  # a stalled page misses events only
                 queue.put_nowait((kind, data))
 
-    def _add(self, item: dict[str, Any]) -> None:
-        mid = item["id"]
-        if mid in self._seen:
-            # Known already: the newer copy may carry better receipts.
-            for i, old in enumerate(self.feed):
-                if old["id"] == mid and old != item:
-                    self.feed[i] = item
-                    self._publish("message", item)
-            return
-        self._seen.add(mid)
-        self.feed.append(item)
-        self._publish("message", item)
+    def _merge(self, items: list[Item]) -> None:
+        for mid, message, receipts in items:
+            merged = self.feed.merge(mid, message, receipts)
+            if merged is not None:
+                self._publish("message", self.feed.view(merged))
+
+    def message(self, mid: str) -> dict[str, Any] | None:
+        m = self.feed.get(mid)
+        return self.feed.view(m) if m is not None else None
+
+    def page(self, before: str | None, limit: int, filters: Filters) -> dict[str, Any]:
+        items, more = self.feed.page(before, limit, filters)
+        return {"messages": [self.feed.view(m) for m in items], "before": more}
 
     async def _feed_loop(self) -> None:
         loop = asyncio.get_running_loop()
@@ -142,6 +157,7 @@ class Overseer:
                     next_roster = loop.time() + ROSTER_EVERY_S
                     await self._refresh_archive_state()
                     await self._refresh_roster()
+                self._refresh_attention()
             except (CrossintercomError, OSError) as exc:
                 log.warning("overseer refresh failed: %s", exc)
 
@@ -150,7 +166,8 @@ class Overseer:
         while True:
             got = await self.client.incoming.get()
             if got.message is not None:
-                self._add(message_json(got.message))
+                mine = receipt("delivered", self.identity.id, self.settings.host_id, self.name)
+                self._merge([(got.message.id, message_json(got.message), [mine])])
 
     async def _refresh_archive_state(self) -> None:
         if self.archive is None:
@@ -163,49 +180,38 @@ class Overseer:
         self.archive_on = state.enabled
 
     async def _poll_feed(self) -> None:
-        items = await asyncio.to_thread(self._read_new)
-        for item in items:
-            self._add(item)
+        """The broker's traffic log (this host), then the inboxes (mail from before the broker
+        started), then the archive when it is on (every host)."""
+        log_ = await self.client.traffic(self._traffic_after)
+        if log_.last < self._traffic_after:
+            self._traffic_after = 0  # the broker restarted: its log starts again
+        else:
+            self._traffic_after = max(self._traffic_after, log_.last)
+        self._merge(sources.from_traffic(log_.events))
+        self._merge(await asyncio.to_thread(self._read_new))
 
-    def _read_new(self) -> list[dict[str, Any]]:
+    def _read_new(self) -> list[Item]:
+        items = self._inboxes.read()
         if self.archive is not None and self.archive_on:
-            rows = self.archive.feed(max(0, self._cursor - FEED_OVERLAP), limit=FEED_KEEP * 2)
+            rows = self.archive.feed(max(0, self._cursor - FEED_OVERLAP), limit=ARCHIVE_BATCH)
             if rows:
                 self._cursor = max(self._cursor, rows[-1].seq)
-            return [
-                message_json(r.message, _recipients(r))
-                for r in rows
-                if r.message.id not in self._seen or r.recipients
-            ]
-        return self._read_inboxes()
+            items += sources.from_archive(rows)
+        return items
 
-    def _read_inboxes(self) -> list[dict[str, Any]]:
-        """Without the archive: what sessions on this host received."""
-        out: list[dict[str, Any]] = []
-        directory = self.settings.inbox_dir
-        for sid in session_ids(directory):
-            try:
-                box = Inbox.view(directory, sid)
-            except Exception:
-                continue
-            try:
-                for entry in box.messages_after(self._inbox_seq.get(sid, 0)):
-                    self._inbox_seq[sid] = entry.seq
-                    with contextlib.suppress(ValueError):
-                        msg = Message.from_dict(entry.body)
-                        recipient = {
-                            "session_id": sid,
-                            "host": self.settings.host_id,
-                            "name": None,
-                            "outcome": "shown" if entry.shown else "delivered",
-                            "code": None,
-                        }
-                        out.append(message_json(msg, [recipient]))
-            except Exception as exc:
-                log.debug("inbox %s unreadable: %s", sid, exc)
-            finally:
-                box.close()
-        return out
+    def _refresh_attention(self) -> None:
+        found = attention.attention(
+            [self.feed.view(m) for m in self.feed.newest(attention.SCAN)],
+            self.roster,
+            self.identity.id,
+            self.ask_timeouts,
+        )
+        # Ages move on every poll; the page computes them itself, so only the rest counts.
+        if _settled(found) != _settled(self.attention):
+            self.attention = found
+            self._publish("attention", found)
+        else:
+            self.attention = found
 
     # --- hosts and sessions ---------------------------------------------------------------------
 
@@ -245,6 +251,8 @@ class Overseer:
             hosts.setdefault(
                 s.host, {"host": s.host, "generation": None, "heartbeat": None, "lease": "unknown"}
             )
+        for s in sessions:
+            self.feed.names[s.id] = (s.display_name, s.host)
         roster = {
             "hosts": sorted(hosts.values(), key=lambda h: str(h["host"])),
             "sessions": [s.to_dict() for s in sessions if s.purpose == "agent"],
@@ -261,18 +269,21 @@ class Overseer:
     async def thread(self, thread_id: str) -> list[dict[str, Any]]:
         """The thread from the archive, with what the page saw that is not archived yet (mail
         for the human session arrives before its copy is written)."""
-        found: dict[str, dict[str, Any]] = {
-            m["id"]: m for m in self.feed if (m.get("thread_id") or m["id"]) == thread_id
-        }
         if self.archive is not None and self.archive_on:
             rows = await asyncio.to_thread(self.archive.thread, thread_id)
-            found.update((r.message.id, message_json(r.message, _recipients(r))) for r in rows)
-        return sorted(found.values(), key=lambda m: str(m.get("sent_at")))
+            self._merge(sources.from_archive(rows))
+        return [self.feed.view(m) for m in self.feed.thread(thread_id)]
 
     async def search(self, query: SearchQuery) -> dict[str, Any]:
-        archive = self.archive if self.archive_on else None
-        result = await asyncio.to_thread(history.search, self.settings, query, archive)
-        return {"source": result.source, "hits": [h.to_json() for h in result.hits]}
+        """The archive when it is on, and this host's inboxes always: mail received before the
+        archive was turned on is found too."""
+        inbox = await asyncio.to_thread(history.search, self.settings, query, None)
+        if not self.archive_on or self.archive is None:
+            return {"source": "inbox", "hits": [h.to_json() for h in inbox.hits]}
+        archived = await asyncio.to_thread(history.search, self.settings, query, self.archive)
+        hits = {h.message.id: h for h in inbox.hits} | {h.message.id: h for h in archived.hits}
+        ranked = sorted(hits.values(), key=lambda h: -h.score)[: query.limit]
+        return {"source": "archive", "hits": [h.to_json() for h in ranked]}
 
     async def pending(self) -> list[dict[str, Any]]:
         return [m.to_dict() for m in await self.client.pending()]
@@ -299,8 +310,10 @@ class Overseer:
         elif not to:
             raise UsageError("a send needs a target ('to')")
         elif mode == "ask":
+            mid = str(uuid.uuid4())
+            self.ask_timeouts[mid] = timeout  # shown with the ask while it waits
             result = await self.client.ask(
-                to, text, timeout=timeout, subject=subject, thread_id=thread_id
+                to, text, timeout=timeout, subject=subject, thread_id=thread_id, message_id=mid
             )
         else:
             result = await self.client.send(to, text, subject=subject, thread_id=thread_id)
@@ -311,19 +324,5 @@ class Overseer:
         return out
 
 
-def _host_without_row(host: str, lease: str) -> dict[str, Any]:
-    """A host the store has no row for (no store, or its relay never ran)."""
-    return {"host": host, "generation": None, "heartbeat": None, "lease": lease}
-
-
-def _recipients(row: ArchivedMessage) -> list[dict[str, Any]]:
-    return [
-        {
-            "session_id": x.session_id,
-            "host": x.host_id,
-            "name": x.name,
-            "outcome": x.outcome,
-            "code": x.code,
-        }
-        for x in row.recipients
-    ]
+def _settled(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{k: v for k, v in e.items() if k != "age_s"} for e in entries]

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import signal
 import socket
 from collections.abc import Callable
+from types import FrameType
 
 import uvicorn
 
@@ -13,7 +15,7 @@ from crossintercom.config import Settings
 from crossintercom.errors import UsageError
 from crossintercom.runtime import ensure_runtime_dir
 from crossintercom.web.app import build_app
-from crossintercom.web.auth import Guard, allowed_hosts, write_token_file
+from crossintercom.web.auth import Guard, allowed_hosts, load_key, write_token_file
 from crossintercom.web.overseer import Overseer
 
 DEFAULT_LISTEN = "127.0.0.1:8765"
@@ -58,7 +60,7 @@ def run_web(
     sock = bind(host, port)
     port = sock.getsockname()[1]
     url_host = f"[{host}]" if ":" in host else host
-    guard = Guard(hosts=allowed_hosts(url_host, port))
+    guard = Guard.from_key(load_key(settings.home), allowed_hosts(url_host, port))
     token_file = write_token_file(settings.home, guard.token)
     info = {
         "url": f"http://{url_host}:{port}/?token={guard.token}",
@@ -67,11 +69,20 @@ def run_web(
         "as": f"{as_name}@{settings.host_id}",
         "loopback": "yes" if is_loopback(host) else "no",
     }
+    # SIGTERM stops the page as Ctrl-C does: uvicorn re-raises the signal it caught once it
+    # has shut down, and this handler turns that into the same unwinding, so the token file
+    # goes and the human session is closed (docs/web.md).
+    previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         asyncio.run(_serve(settings, sock, guard, as_name, lambda: announce(info)))
     finally:
+        signal.signal(signal.SIGTERM, previous)
         sock.close()
         token_file.unlink(missing_ok=True)
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
 
 
 async def _serve(
@@ -94,6 +105,19 @@ async def _serve(
             timeout_graceful_shutdown=2,
             access_log=False,
         )
-        await uvicorn.Server(config).serve(sockets=[sock])
+        await _Server(config, overseer.closing).serve(sockets=[sock])
     finally:
         await overseer.stop()
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server that, told to exit, first ends the pages' event streams: otherwise it
+    waits for them (they never end by themselves) and cancels them with errors logged."""
+
+    def __init__(self, config: uvicorn.Config, closing: Callable[[], None]) -> None:
+        super().__init__(config)
+        self._closing = closing
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        asyncio.get_running_loop().call_soon_threadsafe(self._closing)
+        super().handle_exit(sig, frame)

@@ -86,6 +86,7 @@ SAMPLES: list[Any] = [
     p.SetWake(request_id=14, wake="asks"),
     p.Forget(request_id=15, session=sid()),
     p.InboxFault(faults=[p.InboxFaultItem(op="read", since=1.5, error="disk I/O error")]),
+    p.Traffic(request_id=17, after=3, limit=50),
     p.RemoteRoster(sessions=[SessionInfo(id="x", host="h2")], request_id=12),
     p.Inbound(
         request_id=13, message=Message(id="m", sender=Peer("s", None, "h2")), recipient=sid()
@@ -117,6 +118,18 @@ def test_every_frame_type_round_trips(frame: Any) -> None:
     body = wire[4:]
     assert msgspec.json.decode(body)["type"] == type(frame).__struct_config__.tag
     assert p.decode_client_frame(body) == frame
+
+
+def test_a_traffic_log_round_trips() -> None:
+    event = p.TrafficEvent(
+        1,
+        1.5,
+        "m",
+        [p.TrafficReceipt(Outcome.SHOWN, recipient="r", name="bob", host="h2")],
+        Message(id="m", sender=Peer("s", None, "h2")),
+    )
+    log = p.TrafficLog(request_id=17, events=[event, p.TrafficEvent(2, 2.5, "m")], first=1, last=2)
+    assert p.decode_broker_frame(p.encode(log)[4:]) == log
 
 
 def test_error_frame_shape() -> None:

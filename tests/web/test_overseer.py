@@ -79,7 +79,8 @@ def test_the_page_shows_both_hosts_live_messages_compose_and_escapes_text(
     assert item.query_selector(".text").inner_text() == "hello from A"
     assert item.query_selector(".subject").inner_text() == "standup"
     assert item.query_selector(".from").inner_text() == "alice@A"
-    page.wait_for_selector(f'#feed li[data-id="{sent["id"]}"] .receipt.delivered')
+    # bob's listener showed it: the receipt moves on to ``shown`` (a listener reports it).
+    page.wait_for_selector(f'#feed li[data-id="{sent["id"]}"] .receipt.shown')
     assert page.evaluate("window.__sameDocument") is True  # no reload
     # The flow picture has both hosts and an edge from A to B.
     page.wait_for_selector('#flow g.node[data-host="A"]')

@@ -1,51 +1,16 @@
-// The overseer page's own script: live updates over server-sent events, search, compose and
-// the flow picture. Every piece of text from a message is set with textContent, never as
-// markup, so nothing an agent writes can run here.
-"use strict";
+// The overseer page's own script: live updates over server-sent events, the feed and its
+// history, threads, search, compose and the roster. Every piece of text from a message is set
+// as text, never as markup, so nothing an agent writes can run here (docs/web.md).
 
-const csrf = document.querySelector('meta[name="csrf-token"]').content;
+import { el, getJSON, postJSON, who } from "./util.js";
+import { addMessage, addOlder, hooks, known, messageItem, resetFeed, view } from "./feed.js";
+import { drawFlow, pulse } from "./flow.js";
+import { attentionHooks, renderAttention } from "./attention.js";
+
 const boot = JSON.parse(document.getElementById("boot").dataset.boot);
 const MARK_START = "\u00ab", MARK_END = "\u00bb";
-const feed = new Map();  // message id -> message object
 let roster = boot.roster;
-
-function el(tag, attrs, ...children) {
-  const node = document.createElement(tag);
-  for (const [k, v] of Object.entries(attrs || {})) {
-    if (k === "class") node.className = v; else if (k.startsWith("data-")) node.setAttribute(k, v); else node[k] = v;
-  }
-  for (const c of children) node.append(c instanceof Node ? c : document.createTextNode(String(c ?? "")));
-  return node;
-}
-
-function who(p) { return `${p.name || p.id}@${p.host}`; }
-
-function messageItem(m) {
-  const thread = m.thread_id || m.id;
-  const link = el("a", { href: "#", class: "thread", "data-thread": thread }, "thread");
-  link.addEventListener("click", (e) => { e.preventDefault(); showThread(thread); });
-  const head = el("div", { class: "head" },
-    el("span", { class: "when" }, m.sent_at), " ",
-    el("span", { class: "from" }, who(m.from)), " → ", el("span", { class: "to" }, m.to), " ");
-  if (m.subject) head.append(el("span", { class: "subject" }, m.subject), " ");
-  head.append(link);
-  const receipts = el("div", { class: "receipts" });
-  for (const r of m.recipients || []) {
-    receipts.append(el("span", { class: `receipt ${r.outcome}` }, `${r.name || r.session_id}@${r.host}: ${r.outcome}`));
-  }
-  return el("li", { class: "msg", "data-id": m.id }, head, el("div", { class: "text" }, m.message), receipts);
-}
-
-function addMessage(m, animate) {
-  const list = document.getElementById("feed");
-  const item = messageItem(m);
-  const old = list.querySelector(`li[data-id="${CSS.escape(m.id)}"]`);
-  const known = feed.has(m.id);
-  feed.set(m.id, m);
-  if (old) old.replaceWith(item); else list.prepend(item);
-  drawFlow();  // a later copy may name more recipients (hosts)
-  if (!known && animate) pulse(m);
-}
+let older = boot.before;  // the cursor of the next older page, or null
 
 function renderRoster(r) {
   roster = r;
@@ -57,6 +22,9 @@ function renderRoster(r) {
   sessions.replaceChildren(...r.sessions.map((s) => el("tr", { class: "session", "data-name": s.alias, "data-host": s.host },
     el("td", {}, s.alias), el("td", {}, s.host), el("td", { class: s.online ? "online" : "offline" }, s.online ? "online" : "offline"),
     el("td", {}, s.status || ""), el("td", {}, (s.groups || []).join(", ")), el("td", {}, s.cwd || ""), el("td", {}, s.model || ""))));
+  // The recipient picker: every session the roster knows, by name@host.
+  document.getElementById("recipients").replaceChildren(
+    ...r.sessions.map((s) => el("option", { value: `${s.alias}@${s.host}` })));
   // The host's degraded states (a full disk, a failing inbox): shown until they clear.
   const warnings = document.getElementById("warnings");
   warnings.replaceChildren(...(r.warnings || []).map((w) => el("p", {}, w)));
@@ -64,124 +32,70 @@ function renderRoster(r) {
   const badge = document.getElementById("archive-state");
   badge.className = `badge ${r.archive ? "on" : "off"}`;
   badge.textContent = r.archive ? "archive on" : "archive off (this host only)";
-  drawFlow();
+  drawFlow(roster, known);
   loadPending();
 }
 
-// --- the flow picture: hosts on a circle, an edge per direction with its message count ---------
+// --- threads open in place, under the message they were opened from ---------------------------
 
-const SVG = "http://www.w3.org/2000/svg";
-function svg(tag, attrs, text) {
-  const node = document.createElementNS(SVG, tag);
-  for (const [k, v] of Object.entries(attrs || {})) node.setAttribute(k, v);
-  if (text !== undefined) node.textContent = text;
-  return node;
-}
-
-function positions() {
-  const names = roster.hosts.map((h) => h.host);
-  const pos = new Map();
-  names.forEach((n, i) => {
-    const a = (2 * Math.PI * i) / Math.max(names.length, 1) - Math.PI / 2;
-    pos.set(n, [180 + 110 * Math.cos(a), 130 + 75 * Math.sin(a)]);
-  });
-  return pos;
-}
-
-function edges() {
-  const counts = new Map();
-  for (const m of feed.values()) {
-    const targets = new Set((m.recipients || []).map((r) => r.host));
-    if (targets.size === 0) targets.add(m.from.host);
-    for (const t of targets) {
-      const key = `${m.from.host}\u0000${t}`;
-      counts.set(key, (counts.get(key) || 0) + 1);
-    }
-  }
-  return counts;
-}
-
-function drawFlow() {
-  const box = document.getElementById("flow");
-  const pos = positions();
-  const defs = svg("defs");
-  const arrow = svg("marker", { id: "arrow", viewBox: "0 0 10 10", refX: 10, refY: 5, markerWidth: 6, markerHeight: 6, orient: "auto-start-reverse" });
-  arrow.append(svg("path", { d: "M 0 0 L 10 5 L 0 10 z", fill: "#64748b" }));
-  defs.append(arrow);
-  box.replaceChildren(defs);
-  for (const [key, n] of edges()) {
-    const [from, to] = key.split("\u0000");
-    const a = pos.get(from), b = pos.get(to);
-    if (!a || !b) continue;
-    if (from === to) {
-      // Same-host messages: a loop on the outer side of the host.
-      const ux = a[0] - 180, uy = a[1] - 130, ul = Math.hypot(ux, uy) || 1;
-      const lx = a[0] + (ux / ul) * 34, ly = a[1] + (uy / ul) * 34;
-      box.append(svg("circle", { cx: lx, cy: ly, r: 12, fill: "none", stroke: "#94a3b8", "data-edge": `${from}->${to}` }));
-      box.append(svg("text", { class: "count", x: lx + 14, y: ly + 4 }, String(n)));
-      continue;
-    }
-    // Two directions side by side: each line a little to its own left, arrow at its end.
-    const dx = b[0] - a[0], dy = b[1] - a[1], len = Math.hypot(dx, dy) || 1;
-    const ox = (-dy / len) * 7, oy = (dx / len) * 7;
-    const ux = dx / len, uy = dy / len, r = 28;
-    box.append(svg("line", {
-      x1: a[0] + ox + ux * r, y1: a[1] + oy + uy * r, x2: b[0] + ox - ux * r, y2: b[1] + oy - uy * r,
-      "stroke-width": Math.min(1 + Math.log2(n + 1), 6), "marker-end": "url(#arrow)", "data-edge": `${from}->${to}`,
-    }));
-    box.append(svg("text", { class: "count", x: (a[0] + b[0]) / 2 + ox * 2.2 - 4, y: (a[1] + b[1]) / 2 + oy * 2.2 + 4 }, String(n)));
-  }
-  for (const [name, [x, y]] of pos) {
-    const g = svg("g", { class: "node", "data-host": name });
-    g.append(svg("circle", { cx: x, cy: y, r: 26 }), svg("text", { x, y: y + 3 }, name.length > 12 ? name.slice(0, 11) + "…" : name));
-    g.append(svg("title", {}, name));
-    box.append(g);
-  }
-}
-
-function pulse(m) {
-  const pos = positions();
-  const a = pos.get(m.from.host);
-  const targets = (m.recipients || []).map((r) => r.host);
-  for (const t of targets.length ? targets : [m.from.host]) {
-    const b = pos.get(t);
-    if (!a || !b) continue;
-    const dot = svg("circle", { class: "pulse", r: 5, cx: a[0], cy: a[1] });
-    document.getElementById("flow").append(dot);
-    const start = performance.now();
-    const step = (now) => {
-      const f = Math.min((now - start) / 800, 1);
-      dot.setAttribute("cx", a[0] + (b[0] - a[0]) * f);
-      dot.setAttribute("cy", a[1] + (b[1] - a[1]) * f);
-      if (f < 1) requestAnimationFrame(step); else dot.remove();
-    };
-    requestAnimationFrame(step);
-  }
-}
-
-// --- requests ---------------------------------------------------------------------------------
-
-async function getJSON(url) {
-  const r = await fetch(url, { credentials: "same-origin" });
-  return r.json();
-}
-
-async function postJSON(url, body) {
-  const r = await fetch(url, {
-    method: "POST", credentials: "same-origin",
-    headers: { "Content-Type": "application/json", "X-CSRF-Token": csrf },
-    body: JSON.stringify(body),
-  });
-  return r.json();
-}
-
-async function showThread(id) {
-  const section = document.getElementById("thread-section");
-  document.getElementById("thread-id").textContent = id;
+async function showThread(id, from) {
   const items = await getJSON(`/api/thread/${encodeURIComponent(id)}`);
+  const box = document.getElementById("thread-section");
+  document.getElementById("thread-id").textContent = id;
   document.getElementById("thread").replaceChildren(...(Array.isArray(items) ? items : []).map(messageItem));
-  section.hidden = false;
+  if (from) from.after(box); else document.getElementById("feed-pane").prepend(box);
+  box.hidden = false;
+  box.focus();
 }
+hooks.thread = showThread;
+attentionHooks.thread = showThread;
+
+// --- replying: the form is filled from the message answered, and only from it -----------------
+
+function replyTo(m) {
+  const f = document.getElementById("compose-form");
+  f.mode.value = "reply";
+  f.reply_to.value = m.id;
+  f.to.value = who(m.from);
+  f.subject.value = m.subject || "";
+  f.thread_id.value = m.thread_id || m.id;
+  document.getElementById("compose-section").scrollIntoView({ block: "nearest" });
+  f.message.focus();
+}
+hooks.reply = replyTo;
+attentionHooks.reply = replyTo;
+attentionHooks.answered = () => loadPending();
+hooks.me = boot.roster.me ? boot.roster.me.id : null;
+hooks.changed = (m, isNew) => { drawFlow(roster, known); if (isNew) pulse(roster, m); };
+
+// --- history: older pages from the server, filters ----------------------------------------------
+
+function filterParams() {
+  const params = new URLSearchParams();
+  for (const [k, v] of new FormData(document.getElementById("filter-form"))) if (v) params.set(k, v);
+  return params;
+}
+
+async function loadOlder() {
+  if (!older) return;
+  const params = filterParams();
+  params.set("before", older);
+  const page = await getJSON(`/api/feed?${params}`);
+  addOlder(page.messages || []);
+  older = page.before;
+  document.getElementById("older").hidden = !older;
+}
+
+async function applyFilters() {
+  const params = filterParams();
+  view.filters = Object.fromEntries(params);
+  const page = await getJSON(`/api/feed?${params}`);
+  resetFeed(page.messages || []);
+  older = page.before;
+  document.getElementById("older").hidden = !older;
+}
+
+// --- search -------------------------------------------------------------------------------------
 
 function highlighted(snippet) {
   // Split on the marks and wrap matches in <mark> as elements: the text stays text.
@@ -209,7 +123,7 @@ async function search(form) {
     return;
   }
   document.getElementById("search-source").textContent =
-    `${answer.hits.length} match(es) in ${answer.source === "archive" ? "the archive" : "this host's inboxes"}`;
+    `${answer.hits.length} match(es) in ${answer.source === "archive" ? "the archive and this host's inboxes" : "this host's inboxes"}`;
   list.replaceChildren(...answer.hits.map((h) => {
     const item = messageItem(h);
     item.className = "msg hit";
@@ -218,15 +132,14 @@ async function search(form) {
   }));
 }
 
+// --- the human session's own asks waiting, and compose --------------------------------------------
+
 async function loadPending() {
   const asks = await getJSON("/api/pending");
   const list = document.getElementById("pending");
   list.replaceChildren(...(Array.isArray(asks) ? asks : []).map((m) => {
     const answer = el("button", { type: "button" }, "reply");
-    answer.addEventListener("click", () => {
-      const f = document.getElementById("compose-form");
-      f.mode.value = "reply"; f.reply_to.value = m.id; f.message.focus();
-    });
+    answer.addEventListener("click", () => replyTo(m));
     return el("li", { "data-id": m.id }, `${who(m.from)}: `, el("span", { class: "text" }, m.message), " ", answer);
   }));
 }
@@ -237,23 +150,61 @@ async function compose(form) {
   out.textContent = `${body.mode}…`;
   const answer = await postJSON("/api/compose", body);
   out.textContent = JSON.stringify(answer, null, 2);
-  if (!answer.error) form.message.value = "";
+  if (!answer.error) {
+    form.message.value = "";
+    if (body.mode === "reply") {
+      // A reply answers one message: the next one starts from an empty form.
+      form.mode.value = "send";
+      for (const name of ["reply_to", "thread_id", "subject", "to"]) form[name].value = "";
+    }
+  }
   loadPending();
 }
 
+// The event stream: EventSource reconnects by itself after a stream ends or the network
+// fails, but not after a refusal. A refusal (401) means the server restarted with a new token:
+// the page says so at once instead of showing frozen data as live.
+let down = false;
 function connect() {
   const live = document.getElementById("live");
   const source = new EventSource("/events");
-  source.addEventListener("open", () => { live.textContent = "live"; live.className = "badge on"; });
-  source.addEventListener("error", () => { live.textContent = "reconnecting…"; live.className = "badge off"; });
-  source.addEventListener("message", (e) => addMessage(JSON.parse(e.data), true));
+  source.addEventListener("open", () => {
+    live.textContent = "live"; live.className = "badge on";
+    document.getElementById("reload").hidden = true;
+    if (down) { down = false; applyFilters(); }  // what arrived meanwhile
+  });
+  source.addEventListener("error", () => {
+    down = true;
+    live.textContent = "reconnecting…"; live.className = "badge off";
+    if (source.readyState === EventSource.CLOSED) setTimeout(() => recover(), 1000);
+  });
+  source.addEventListener("bye", () => { live.textContent = "server stopped: reconnecting…"; live.className = "badge off"; });
+  source.addEventListener("message", (e) => addMessage(JSON.parse(e.data)));
   source.addEventListener("roster", (e) => renderRoster(JSON.parse(e.data)));
+  source.addEventListener("attention", (e) => renderAttention(JSON.parse(e.data)));
+}
+
+async function recover() {
+  let status = 0;
+  try { status = (await fetch("/api/roster", { credentials: "same-origin" })).status; } catch { status = 0; }
+  if (status === 401) {
+    document.getElementById("reload").hidden = false;
+    document.getElementById("live").textContent = "token changed";
+    return;
+  }
+  if (status === 200) connect(); else setTimeout(() => recover(), 2000);
 }
 
 document.getElementById("search-form").addEventListener("submit", (e) => { e.preventDefault(); search(e.target); });
 document.getElementById("compose-form").addEventListener("submit", (e) => { e.preventDefault(); compose(e.target); });
+document.getElementById("filter-form").addEventListener("submit", (e) => { e.preventDefault(); applyFilters(); });
+document.getElementById("filter-form").addEventListener("reset", () => setTimeout(applyFilters, 0));
+document.getElementById("older").addEventListener("click", loadOlder);
 document.getElementById("thread-close").addEventListener("click", () => { document.getElementById("thread-section").hidden = true; });
-for (const m of boot.feed) feed.set(m.id, m);
-document.getElementById("feed").replaceChildren(...[...feed.values()].reverse().map(messageItem));
+resetFeed(boot.feed);
+document.getElementById("older").hidden = !older;
 renderRoster(roster);
+renderAttention(boot.attention || []);
+// A thread link from another page (a message's own page) opens the thread here.
+if (location.hash.startsWith("#thread=")) showThread(decodeURIComponent(location.hash.slice(8)), null);
 connect();

@@ -1,0 +1,112 @@
+// Messages as list items, and the live feed: newest first, in time order whatever order they
+// arrive in, bounded (older ones are paged in on request, never kept growing).
+
+import { el, when, who } from "./util.js";
+import { escalationView } from "./attention.js";
+
+export const LIVE_KEEP = 300;
+const LONG = 600;  // characters shown before a message is collapsed
+export const known = new Map();  // message id -> the newest copy the page got
+export const hooks = { thread: () => {}, reply: () => {}, changed: () => {}, me: null };
+
+function receiptText(r) {
+  const code = r.code ? ` (${r.code})` : "";
+  if (!r.session_id) return `${r.outcome}${code}`;  // went nowhere: no recipient was tried
+  return `${r.name || r.session_id}@${r.host || "?"}: ${r.outcome}${code}`;
+}
+
+export function messageItem(m) {
+  const thread = m.thread_id || m.id;
+  const link = el("a", { href: `#thread=${encodeURIComponent(thread)}`, class: "thread", "data-thread": thread }, "thread");
+  link.addEventListener("click", (e) => { e.preventDefault(); hooks.thread(thread, e.target.closest("li")); });
+  const perma = el("a", { href: `/message/${encodeURIComponent(m.id)}`, class: "perma", title: "this message on its own page" }, "open");
+  const head = el("div", { class: "head" },
+    when(m.sent_at), " ",
+    el("span", { class: "from" }, who(m.from)), " → ", el("span", { class: "to" }, m.to), " ");
+  if (m.kind && m.kind !== "message") head.append(el("span", { class: `kind ${m.kind}` }, m.kind), " ");
+  if (m.subject) head.append(el("span", { class: "subject" }, m.subject), " ");
+  head.append(link, " ", perma);
+  const text = el("div", { class: "text" }, m.message);
+  const body = [head, text];
+  if ((m.message || "").length > LONG) {
+    text.classList.add("collapsed");
+    const more = el("button", { type: "button", class: "expand", "aria-expanded": "false" }, "show all");
+    more.addEventListener("click", () => {
+      const open = text.classList.toggle("collapsed") === false;
+      more.textContent = open ? "show less" : "show all";
+      more.setAttribute("aria-expanded", String(open));
+    });
+    body.push(more);
+  }
+  if (m.escalation) {
+    const mine = (m.recipients || []).some((r) => r.session_id === hooks.me);
+    body.push(escalationView(m.escalation, m.id, mine));
+  }
+  if ((m.attachments || []).length) {
+    body.push(el("div", { class: "attachments" }, ...m.attachments.map((a) => el("span", { class: "attachment" }, `${a.kind}: ${a.name}`))));
+  }
+  const receipts = el("div", { class: "receipts" });
+  for (const r of m.recipients || []) receipts.append(el("span", { class: `receipt ${r.outcome}` }, receiptText(r)));
+  body.push(receipts);
+  if (m.expects_reply && !m.escalation) {
+    const answer = el("button", { type: "button", class: "answer" }, "reply");
+    answer.addEventListener("click", () => hooks.reply(m));
+    body.push(answer);
+  }
+  return el("li", { class: `msg ${m.kind || "message"}`, "data-id": m.id, "data-key": m.cursor || "" }, ...body);
+}
+
+// Insert keeping newest first by the server's sort key (sent time, then id).
+function place(list, item) {
+  const key = item.dataset.key;
+  for (const other of list.children) {
+    if ((other.dataset.key || "") < key) { list.insertBefore(item, other); return; }
+  }
+  list.append(item);
+}
+
+export function addMessage(m) {
+  const list = document.getElementById("feed");
+  const item = messageItem(m);
+  const old = list.querySelector(`li[data-id="${CSS.escape(m.id)}"]`);
+  const isNew = !known.has(m.id);
+  known.set(m.id, m);
+  if (old) old.replaceWith(item); else if (matchesView(m)) place(list, item);
+  // The live tab stays bounded: the oldest items go (paged back in on request).
+  while (list.children.length > LIVE_KEEP + extra.count) list.lastElementChild.remove();
+  hooks.changed(m, isNew);
+}
+
+// Messages the user paged in on purpose stay, on top of the live bound.
+const extra = { count: 0 };
+export function addOlder(items) {
+  const list = document.getElementById("feed");
+  for (const m of items) {
+    if (list.querySelector(`li[data-id="${CSS.escape(m.id)}"]`)) continue;
+    known.set(m.id, m);
+    list.append(messageItem(m));
+    extra.count += 1;
+  }
+}
+export function resetFeed(items) {
+  extra.count = 0;
+  const list = document.getElementById("feed");
+  list.replaceChildren(...items.map(messageItem));
+  for (const m of items) known.set(m.id, m);
+}
+
+// The filters in force (set by the page): a live message shows only if it passes them.
+export const view = { filters: {} };
+function matchesView(m) {
+  const f = view.filters;
+  const rs = m.recipients || [];
+  if (f.thread && (m.thread_id || m.id) !== f.thread) return false;
+  if (f.kind && m.kind !== f.kind) return false;
+  if (f.state && !rs.some((r) => r.outcome === f.state)) return false;
+  if (f.host && m.from.host !== f.host && !rs.some((r) => r.host === f.host)) return false;
+  if (f.session) {
+    const names = [m.from.id, m.from.name, m.to, ...rs.map((r) => r.name), ...rs.map((r) => r.session_id)];
+    if (!names.includes(f.session)) return false;
+  }
+  return true;
+}

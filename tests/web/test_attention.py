@@ -1,0 +1,146 @@
+"""The attention view at the top of the page (docs/web.md, "Attention"), on two simulated hosts
+with the archive off: an ask between two agents waits there with its age until it is answered;
+a decision and an interview sent to the overseer are rendered as such and answered from the
+page (the `escalate` commands get the answers); a progress update shows its percentage; an ask
+to the overseer is answered from its entry; a refusal shows its code; a session offline with
+mail waiting is listed; the tab title carries the count; each entry links to its message page,
+which shows attachments, flags and receipts; hostile text stays text throughout.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from tests.conftest import background_cli
+from tests.relay.conftest import Cluster, wait_for
+from tests.web.conftest import WebServer, start_web
+
+HOSTILE = '<img src=x onerror="window.__pwned = 1">'
+
+
+def entry(page: Any, kind: str, mid: str, timeout: float = 30_000) -> Any:
+    return page.wait_for_selector(
+        f'#attention-list li[data-kind="{kind}"][data-id="{mid}"]', timeout=timeout
+    )
+
+
+def gone(page: Any, kind: str, mid: str) -> None:
+    page.wait_for_selector(
+        f'#attention-list li[data-kind="{kind}"][data-id="{mid}"]', state="detached"
+    )
+
+
+def test_the_attention_view_lists_and_answers(
+    sqlite_cluster: Cluster, browser: Any, web_servers: list[WebServer]
+) -> None:
+    a, b = sqlite_cluster.up("A", "B")
+    alice = a.listen("alice")
+    b.listen("bob")
+    b.listen("dora").stop()
+    b.wait_sees("alice", "A")
+    web = start_web(b, "--as", "boss")
+    web_servers.append(web)
+    a.wait_sees("boss", "B")
+    page = browser.new_page(bypass_csp=True)
+    page.goto(web.url)
+    page.wait_for_selector("#live.on")
+    assert page.is_visible("#attention-empty")
+
+    # An ask between two agents (bob on B asks alice on A): waiting, with its age.
+    with background_cli(
+        b.env, "ask", "--as", "bob", "--to", "alice@A", "--timeout", "120", "--json", "ship it?"
+    ) as ask:
+        got = alice.next_message()
+        item = entry(page, "ask", got["id"])
+        assert "waiting" in item.inner_text() and "ship it?" in item.inner_text()
+        assert item.query_selector("button.answer") is None  # not the overseer's to answer
+        wait_for(lambda: page.title().startswith("("), 20, "a count in the tab title")
+        a.cli_json("reply", "--as", "alice", "--reply-to", got["id"], "shipped")
+        out, err = ask.communicate(timeout=60)
+        assert ask.returncode == 0, (out, err)
+    gone(page, "ask", got["id"])
+
+    # A decision for the overseer, with a hostile option: rendered as a decision and
+    # answered with one click; the escalate command gets the answer.
+    with background_cli(
+        a.env, "escalate", "decision", "--as", "alice", "--to", "boss@B", "--option", "go",
+        "--option", HOSTILE, "--timeout", "120", "--json", f"deploy now? {HOSTILE}",
+    ) as decision:  # fmt: skip
+        item = page.wait_for_selector(
+            '#attention-list li[data-kind="escalation"] .escalation.need_decision', timeout=30_000
+        )
+        title = item.query_selector(".title").inner_text()
+        assert title == f"deploy now? {HOSTILE}"
+        choices = item.query_selector_all("button.choice")
+        assert [c.inner_text() for c in choices] == ["go", HOSTILE]
+        choices[0].click()
+        out, err = decision.communicate(timeout=60)
+    assert decision.returncode == 0, (out, err)
+    answer = json.loads(out)["answer"]
+    assert answer["valid"] is True and answer["responses"] == [{"id": "decision", "value": "go"}]
+
+    # An interview: a single, a multi and a text question, answered in the form.
+    questions = [
+        {"id": "env", "type": "single", "question": "which env?", "options": ["prod", "stage"]},
+        {"id": "checks", "type": "multi", "question": "checks?", "options": ["lint", "tests"]},
+        {"id": "note", "type": "text", "question": "anything else?"},
+    ]
+    with background_cli(
+        a.env, "escalate", "interview", "--as", "alice", "--to", "boss@B", "--title", "rollout",
+        "--timeout", "120", "--json", json.dumps(questions),
+    ) as interview:  # fmt: skip
+        form = page.wait_for_selector(
+            '#attention-list li[data-kind="escalation"] .interview_request form', timeout=30_000
+        )
+        form.query_selector('select[data-qid="env"]').select_option("stage")
+        form.query_selector('fieldset[data-qid="checks"] input[value="tests"]').check()
+        form.query_selector('textarea[data-qid="note"]').fill("after lunch")
+        form.query_selector('button[type="submit"]').click()
+        out, err = interview.communicate(timeout=60)
+    assert interview.returncode == 0, (out, err)
+    responses = {r["id"]: r["value"] for r in json.loads(out)["answer"]["responses"]}
+    assert responses == {"env": "stage", "checks": ["tests"], "note": "after lunch"}
+
+    # A progress update is shown as progress, in the feed too.
+    progress = a.cli_json(
+        "escalate", "progress", "--as", "alice", "--to", "boss@B", "--percent", "40", "halfway"
+    )
+    pid = progress["sent"]["id"] if "sent" in progress else progress["id"]
+    item = entry(page, "escalation", pid)
+    assert item.query_selector("progress").get_attribute("value") == "40"
+    page.wait_for_selector(f'#feed li[data-id="{pid}"] .escalation.progress_update')
+
+    # An ask to the overseer: answered from its entry through the compose form.
+    with background_cli(
+        a.env, "ask", "--as", "alice", "--to", "boss@B", "--timeout", "120", "--json", "lunch?"
+    ) as ask:
+        item = page.wait_for_selector(
+            '#attention-list li[data-kind="ask"] button.answer', timeout=30_000
+        )
+        item.click()
+        assert page.input_value('#compose-form [name="mode"]') == "reply"
+        assert page.input_value('#compose-form [name="to"]') == "alice@A"
+        page.fill('#compose-form [name="message"]', "yes")
+        page.click('#compose-form button[type="submit"]')
+        out, err = ask.communicate(timeout=60)
+    assert ask.returncode == 0 and json.loads(out)["reply"]["message"] == "yes", (out, err)
+
+    # A refusal with its code, and dora offline with mail waiting.
+    refused = b.cli_json("send", "--as", "bob", "--to", "nobody", "lost", expect_rc=3)["error"]
+    item = entry(page, "refused", refused["id"])
+    assert refused["code"] in item.inner_text()
+    queued = b.cli_json("send", "--as", "bob", "--to", "dora", "later")
+    assert queued["outcome"] == "queued"
+    entry(page, "offline", b.session_id("dora"))
+    assert page.title().startswith("(")
+
+    # Each entry links to the message's own page: text, flags, receipts, attachments.
+    href = entry(page, "refused", refused["id"]).query_selector("a.perma").get_attribute("href")
+    page.goto(web.base + href)
+    assert page.inner_text("#message .to") == "nobody"
+    assert "refused" in page.inner_text("#receipts")
+    page.goto(web.base + f"/message/{pid}")
+    assert "crossintercom-escalation.json" in page.inner_text(".attachment-full figcaption")
+    assert page.evaluate("window.__pwned") is None
+    page.close()

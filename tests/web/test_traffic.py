@@ -1,0 +1,167 @@
+"""The page's feed is this host's whole traffic (docs/web.md, "Where the feed comes from"):
+with the archive off, on three simulated hosts, the page on B shows what B's sessions sent to
+other hosts and received from them, a refused send with its code, the overseer's own compose,
+a group message's receipts merged per recipient, a queued message turning ``delivered`` once
+its session is back, all in time order and by name, never a session id; hostile text in a
+subject stays text. With the archive on, on five hosts, the page shows traffic between two
+other hosts, and search finds mail received before the archive was turned on.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from tests.relay.conftest import Cluster, Host, wait_for
+from tests.web.conftest import WebServer, start_web
+
+HOSTILE = '<img src=x onerror="window.__pwned = 1"><script>window.__pwned = 2</script>'
+
+
+def open_page(browser: Any, web: WebServer) -> Any:
+    page = browser.new_page(bypass_csp=True)  # escaping alone is what keeps text inert here
+    page.goto(web.url)
+    page.wait_for_selector("#live.on")
+    return page
+
+
+def item(page: Any, mid: str) -> Any:
+    return page.wait_for_selector(f'#feed li[data-id="{mid}"]')
+
+
+def receipts(page: Any, mid: str) -> list[str]:
+    found: list[str] = page.eval_on_selector_all(
+        f'#feed li[data-id="{mid}"] .receipt', "els => els.map(e => e.textContent)"
+    )
+    return found
+
+
+def has_receipt_of(page: Any, mid: str, who: str) -> bool:
+    return any(r.startswith(f"{who}: ") for r in receipts(page, mid))
+
+
+def wait_receipt(page: Any, mid: str, text: str) -> None:
+    """Until ``mid`` shows the receipt ``text`` (with or without a code after it)."""
+
+    def shown() -> bool:
+        return any(r == text or r.startswith(f"{text} (") for r in receipts(page, mid))
+
+    wait_for(shown, 30, f"{text!r} on {mid}")
+
+
+def test_without_the_archive_the_page_shows_this_hosts_whole_traffic(
+    sqlite_cluster: Cluster, browser: Any, web_servers: list[WebServer]
+) -> None:
+    a, b, c = sqlite_cluster.up("A", "B", "C")
+    a.listen("alice")
+    bob = b.listen("bob")
+    c.listen("carol")
+    b.listen("dora").stop()  # durable, offline: her mail is queued
+    for name, host in (("alice", "A"), ("carol", "C")):
+        b.wait_sees(name, host)
+    web = start_web(b, "--as", "boss")
+    web_servers.append(web)
+    page = open_page(browser, web)
+
+    # Outbound from B to A (the old page never showed it), with a hostile subject.
+    out = b.cli_json("send", "--as", "bob", "--to", "alice@A", "--subject", HOSTILE, "to A")
+    row = item(page, out["id"])
+    assert row.query_selector(".subject").inner_text() == HOSTILE
+    assert row.query_selector(".from").inner_text() == "bob@B"
+    wait_for(lambda: any(r.startswith("alice@A: ") for r in receipts(page, out["id"])), 30, "A")
+    # Inbound from A.
+    back = a.cli_json("send", "--as", "alice", "--to", "bob@B", "back to B")
+    bob.next_message()
+    wait_receipt(page, back["id"], "bob@B: shown")
+    # A refusal, with its code.
+    refused = b.cli_json("send", "--as", "bob", "--to", "nobody", "lost", expect_rc=3)["error"]
+    row = item(page, refused["id"])
+    assert "refusal" in row.get_attribute("class")
+    assert receipts(page, refused["id"]) == [f"refused ({refused['code']})"]
+    # Queued for dora on this host; a group message with a receipt per recipient.
+    queued = b.cli_json("send", "--as", "bob", "--to", "dora", "wait for me")
+    assert queued["outcome"] == "queued"
+    wait_receipt(page, queued["id"], "dora@B: queued")
+    group = b.cli_json("send", "--as", "bob", "--to", "group:default", "everyone")
+    everyone = ("alice@A", "carol@C", "dora@B")
+    wait_for(
+        lambda: all(has_receipt_of(page, group["id"], w) for w in everyone), 30, "group receipts"
+    )
+    # The overseer's own compose to another host.
+    page.fill('#compose-form [name="to"]', "carol@C")
+    page.fill('#compose-form [name="message"]', "from the page")
+    page.click('#compose-form button[type="submit"]')
+    page.wait_for_function("document.getElementById('compose-result').textContent.includes('id')")
+    composed = json.loads(page.inner_text("#compose-result"))
+    wait_for(
+        lambda: any(r.startswith("carol@C: ") for r in receipts(page, composed["id"])), 30, "C"
+    )
+    item(page, composed["id"])
+
+    # dora comes back: the queued message turns delivered (or on to shown) without a reload.
+    b.listen("dora")
+    wait_for(
+        lambda: any(
+            r in receipts(page, queued["id"]) for r in ("dora@B: delivered", "dora@B: shown")
+        ),
+        30,
+        "the queued message delivered",
+    )
+    # Time order, newest first; names, never session ids; nothing hostile ran.
+    keys = page.eval_on_selector_all("#feed li", "els => els.map(e => e.dataset.key)")
+    assert keys == sorted(keys, reverse=True)
+    text = page.inner_text("#feed")
+    for sim, name in ((a, "alice"), (b, "bob"), (c, "carol"), (b, "dora")):
+        assert sim.session_id(name) not in text, name
+    assert page.evaluate("window.__pwned") is None
+    page.close()
+
+
+def five_hosts_with_archive(cluster: Cluster) -> list[Host]:
+    hosts = [cluster.host(h, relay=False) for h in "ABCDE"]
+    for h in hosts:
+        h.start_relay(wait=False)
+    for h in hosts:
+        h.wait_relay()
+    return hosts
+
+
+def test_with_the_archive_the_page_shows_every_hosts_traffic(
+    sqlite_cluster: Cluster, browser: Any, web_servers: list[WebServer]
+) -> None:
+    a, b, _c, d, e = five_hosts_with_archive(sqlite_cluster)
+    bob = b.listen("bob")
+    # Received before the archive was on: found by search all the same.
+    early = b.cli_json("send", "--as", "zed", "--to", "bob", "a quokka before the archive")
+    bob.next_message()
+    assert a.cli_json("archive", "on")["enabled"] is True
+    d.listen("dan")
+    e.listen("eve")
+    e.listen("erin").stop()
+    d.wait_sees("eve", "E")
+    web = start_web(b, "--as", "boss")
+    web_servers.append(web)
+    page = open_page(browser, web)
+    page.wait_for_selector("#archive-state.on")
+
+    # Between two other hosts: D to E, on the page on B.
+    far = d.cli_json("send", "--as", "dan", "--to", "eve@E", "from D to E")
+    item(page, far["id"])
+    wait_for(lambda: any(r.startswith("eve@E: ") for r in receipts(page, far["id"])), 30, "E")
+    # Queued for a session on E, then delivered when she is back: the archive learns it.
+    d.wait_sees("erin", "E", online=False)
+    later = d.cli_json("send", "--as", "dan", "--to", "erin@E", "when you are back")
+    assert later["outcome"] == "queued", later
+    item(page, later["id"])
+    wait_receipt(page, later["id"], "erin@E: queued")
+    e.listen("erin")
+    wait_receipt(page, later["id"], "erin@E: delivered")
+    # On this host, shown arrives.
+    here = a.cli_json("send", "--as", "ann", "--to", "bob@B", "to bob")
+    bob.next_message()
+    wait_receipt(page, here["id"], "bob@B: shown")
+
+    page.fill('#search-form [name="q"]', "quokka")
+    page.click('#search-form button[type="submit"]')
+    page.wait_for_selector(f'#results li[data-id="{early["id"]}"] mark')
+    page.close()
