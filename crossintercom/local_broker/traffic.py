@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable
 from typing import Final
 
 from crossintercom import protocol as p
+from crossintercom.local_broker.outcomes import AckResult
 from crossintercom.local_broker.registry import Registry
 from crossintercom.models import Message, Outcome, Peer, Receipt, SendResult
 
@@ -77,12 +78,12 @@ class Traffic:
             msg,
         )
 
-    def acked(self, msg: Message, recipient: str) -> Callable[[asyncio.Future[str | None]], None]:
+    def acked(self, msg: Message, recipient: str) -> Callable[[asyncio.Future[AckResult]], None]:
         """A done-callback for a queued message's push: ``delivered`` once its session saved
         it (a failed push leaves it queued, which the log already says). Passed on through
         ``archive_copy`` too, so the archive's ``queued`` turns ``delivered`` (docs/web.md)."""
 
-        def done(fut: asyncio.Future[str | None]) -> None:
+        def done(fut: asyncio.Future[AckResult]) -> None:
             if fut.cancelled() or fut.exception() is not None or fut.result() is not None:
                 return
             receipt = Receipt(msg.id, Outcome.DELIVERED, recipient, host=self.registry.host)
