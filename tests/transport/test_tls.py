@@ -154,9 +154,10 @@ def test_a_wrong_ca_no_client_certificate_or_an_open_key_is_refused_in_one_line(
     half = run_cli(env, "db", "current", "--store", nocert, "--store-ssl-cert", str(f.client_cert))
     _refused(half.stdout, half.stderr, "store_ssl_key")
 
-    # A relay with the wrong CA stops at start with the same line, instead of retrying.
-    relay_env = {**env, **_tls_env(server, ca=f.wrong_ca), "CROSSINTERCOM_STORE": nocert}
-    relay = run_cli(relay_env, "relay", timeout=60)
+    # A relay with the wrong CA (its options) stops at start with the same line, instead of
+    # retrying.
+    relay_env = {**env, "CROSSINTERCOM_STORE": nocert}
+    relay = run_cli(relay_env, "relay", *wrong_ca, timeout=60)
     assert relay.returncode != 0
     _refused(relay.stdout, relay.stderr, "certificate verify failed")
     assert not relay_connected(settings_for(relay_env))
