@@ -35,8 +35,9 @@ _TLS_REFUSALS = (
     "requires a valid client certificate",
     "certificate authentication failed",
     "private key file",
-    "could not read certificate",
+    "certificate file",
     "could not load",
+    "does not support ssl",
 )
 
 

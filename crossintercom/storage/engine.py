@@ -230,7 +230,9 @@ def one_line(exc: BaseException) -> str:
 def pg_hint(reason: str) -> str:
     """What a person should check, from libpq's reason."""
     lowered = reason.lower()
-    if any(words in lowered for words in ("certificate", "ssl error", "does not support ssl")):
+    if "does not support ssl" in lowered:
+        return "the server offers no TLS: set ssl = on there (docs/operations.md, TLS)"
+    if "certificate" in lowered or "ssl error" in lowered:
         return (
             "check the store's TLS files (store_ssl_root_cert, store_ssl_cert, store_ssl_key) "
             "and that the server's certificate names the host in the store URL"

@@ -41,7 +41,8 @@ def require_own_session(url: str) -> None:
             first = _pid(a)
             with b.transaction():
                 held = _pid(b)
-                again = _pid(a)
+                # Shared already: A asks no more (in a pool of one server it would wait on B).
+                again = first if held == first else _pid(a)
     except psycopg.Error as exc:
         if "pooling mode" in str(exc):  # PgBouncer's statement mode refuses the BEGIN
             raise _refusal(parsed.masked, "statement") from None

@@ -22,7 +22,7 @@ from crossintercom.tools.pgcluster import free_port
 from tests.pgharness import _unprivileged_user, pg_unavailable
 
 PGBOUNCER = "/usr/sbin/pgbouncer"
-Mode = Literal["session", "transaction"]
+Mode = Literal["session", "transaction", "statement"]
 
 
 def pgbouncer_binary() -> str:

@@ -1,7 +1,8 @@
 """Through a real PgBouncer (docs/operations.md, "Poolers"). In session mode `db upgrade`
 migrates, two hosts' relays exchange mail, each relay's listener stays LISTENing through the
-pooler and a NOTIFY sent through it wakes crossintercom's waiter. In transaction mode the relay,
-`db upgrade` and the overseer page refuse to start, in one line that names the fix."""
+pooler and a NOTIFY sent through it wakes crossintercom's waiter. In transaction and statement
+mode the relay, `db upgrade` and the overseer page refuse to start, in one line that names the
+fix."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from sqlalchemy.engine import make_url
 from crossintercom.storage.wakeup import PostgresWaiter, channel_name
 from tests.conftest import make_env, run_cli, wait_for
 from tests.relay.conftest import Cluster
-from tests.transport.pooler import PgBouncer
+from tests.transport.pooler import Mode, PgBouncer
 
 pytestmark = pytest.mark.pg
 
@@ -79,8 +80,11 @@ def test_session_mode_upgrades_relays_mail_and_wake_ups(
         pooler.stop()
 
 
-def test_transaction_mode_is_refused_at_start_with_the_fix(pg_url: str, runtime_home: Path) -> None:
-    pooler = PgBouncer(pg_url, "transaction").start(pg_url)
+@pytest.mark.parametrize("mode", ["transaction", "statement"])
+def test_transaction_and_statement_mode_are_refused_at_start_with_the_fix(
+    pg_url: str, runtime_home: Path, mode: Mode
+) -> None:
+    pooler = PgBouncer(pg_url, mode).start(pg_url)
     try:
         pooled = pooler.url_for(pg_url)
         env = {**make_env(runtime_home, "T"), "CROSSINTERCOM_STORE": pooled}
@@ -89,7 +93,7 @@ def test_transaction_mode_is_refused_at_start_with_the_fix(pg_url: str, runtime_
             assert out.returncode != 0, (args, out.stdout, out.stderr)
             assert "Traceback" not in out.stderr
             [line] = [ln for ln in out.stderr.splitlines() if ln.strip()]
-            assert "transaction mode" in line and "pool_mode = session" in line, line
+            assert f"{mode} mode" in line and "pool_mode = session" in line, line
             assert "Poolers" in line
     finally:
         pooler.stop()
