@@ -78,10 +78,8 @@ def weakest(outcomes: list[Outcome]) -> Outcome:
 
 
 class State(StrEnum):
-    """Where a shared-store row is: a delivery's state, and ``shown`` of a receipt row.
-
-    Not an outcome (what its sender is told: ``outcome_for_state``) and not a code (why: the
-    row's reason, a ``Code``). The storage layer's ``DeliveryState`` names the same words."""
+    """A shared-store delivery row's state (``shown``: a receipt row's). Not an outcome (what
+    its sender is told: ``outcome_for_state``) nor a code (why: the row's reason)."""
 
     QUEUED = "queued"
     DELIVERED = "delivered"
@@ -93,10 +91,9 @@ class State(StrEnum):
 def outcome_for_state(state: str, code: str | None) -> tuple[Outcome, str | None, str | None]:
     """What a store row's delivery state means to its sender: (outcome, code, message).
 
-    The one mapping from the shared store's states (``State``) to outcomes. A row acknowledged
-    with code ``Code.HOST_QUEUED`` was taken into the recipient host's durable queue (its
-    session is away): still ``queued`` for the sender. An expiry keeps its code when it has one
-    (``forgotten``).
+    The one mapping from ``State`` to outcomes. A row acknowledged with ``Code.HOST_QUEUED`` was
+    taken into the recipient host's durable queue (its session is away): still ``queued`` for
+    the sender. An expiry keeps its code when it has one (``forgotten``).
     """
     if state == State.SHOWN:
         return Outcome.SHOWN, None, None

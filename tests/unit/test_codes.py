@@ -107,12 +107,13 @@ def _bare_codes(tree: ast.Module, positions: dict[str, set[int]]) -> Iterator[as
         for c in ast.walk(n.value)
     }
     tags = {id(k.value) for n in ast.walk(tree) if isinstance(n, ast.ClassDef) for k in n.keywords}
+    not_codes = docstrings | keys | tags | slots
     for node in ast.walk(tree):
         # A code's own word, wherever it stands (not as a key, a docstring or a frame's tag).
         if (
             isinstance(node, ast.Constant)
             and node.value in CODE_WORDS
-            and id(node) not in docstrings | keys | tags | slots
+            and id(node) not in not_codes
         ):
             yield node
         # Any string in a code's place: a code not in the list, or a shared word.
