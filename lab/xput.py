@@ -9,7 +9,8 @@ The throughput phase sends ``--total`` messages from ``--senders`` ``AsyncClient
 messages from gamma, starts the relay again and times it until every inbox holds them. With
 ``--profile DIR`` each phase runs ``py-spy record -f raw`` on both relays, both brokers, the
 listeners and this process while it runs, and writes each profile's top frames beside it.
-Prints one JSON object.
+On PostgreSQL it also reports what the server counted per message over the throughput phase
+(commits, row writes, index scans: how well the path batches). Prints one JSON object.
 """
 
 from __future__ import annotations

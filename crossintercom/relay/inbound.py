@@ -119,11 +119,14 @@ class Inbound:
                 self.poke(Wake(wake.deliveries, wake.receipts))
 
     async def _fetch_all(self) -> None:
-        # The last batch's ack is not waited for here: the loop goes back to its wake-ups while
-        # it runs, so the next rows are read and handed over meanwhile (the throughput phase's
-        # lock-step, docs/performance.md, "Cross-host throughput: the cycle").
-        while await self._fetch_once():
-            pass
+        # The last batch's ack is waited for before the loop looks for more: going back to the
+        # wake-ups while it runs made smaller batches and measured worse (docs/performance.md,
+        # "Cross-host throughput: the cycle").
+        try:
+            while await self._fetch_once():
+                pass
+        finally:
+            await self._acked()
 
     async def _acked(self) -> None:
         """Wait for the ack under way, if any (its failure raises here: the rows it named stay
@@ -131,15 +134,6 @@ class Inbound:
         task, self._acking = self._acking, None
         if task is not None:
             await task
-
-    def _ack_done(self, task: asyncio.Future[int]) -> None:
-        """A failed ack is told now, and its rows read again (they stay queued; the inbox holds
-        each once); the next read also raises it (``_acked``)."""
-        if task.cancelled() or task.exception() is None:
-            return
-        log.warning("ack failed; its rows stay queued", extra={"error": repr(task.exception())})
-        if not self.relay.stopping.is_set():
-            self.poke(Wake(deliveries=True))
 
     async def _fetch_once(self) -> bool:
         """Hand one batch of inbound rows to the broker; True if a full batch was moved."""
@@ -183,7 +177,6 @@ class Inbound:
             self._acking = asyncio.ensure_future(
                 relay.store.ack(relay.host, relay.generation, acks)
             )
-            self._acking.add_done_callback(self._ack_done)
         return len(rows) == INBOUND_BATCH and len(acks) == len(rows)
 
     async def _hand_over(self, rows: list[InboundRow], fresh_until: float) -> list[Ack]:
