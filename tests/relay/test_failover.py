@@ -137,12 +137,16 @@ def test_failover_with_synchronous_replication_loses_and_duplicates_nothing() ->
         a, b = hosts
         upgraded = a.cli("db", "upgrade", "--store", url)
         assert upgraded.returncode == 0, upgraded.stderr
-        b.stop_relay()
-        b.start_relay()
+        assert a.cli_json("archive", "on", "--retention", "30d")["enabled"] is True
+        for h in hosts:
+            h.stop_relay()
+            h.start_relay()
         a.wait_sees(SINK, "B")
-        sent = a.cli_json("send", "--as", "late", "--to", f"{SINK}@B", "after the rejoin")
+        sent = a.cli_json("send", "--as", "late", "--to", f"{SINK}@B", "the narwhal rejoined")
         assert sent["outcome"] in ("delivered", "queued")
         wait_for(lambda: b.inbox(SINK)[sent["id"]] == 1, 60, "mail through the new primary")
+        wait_for(lambda: bool(a.cli_json("search", "narwhal")), 60, "the archive to have it")
+        assert [h["id"] for h in a.cli_json("search", "narwhal")] == [sent["id"]]
 
 
 def test_failover_with_asynchronous_replication_reports_what_it_lost() -> None:
