@@ -159,9 +159,9 @@ def tally(state: ChaosState, report: ChaosReport) -> None:
 
 
 def _loss_window(state: ChaosState, lost_ids: list[str]) -> float | None:
-    """How long before the old primary stopped (the promotion's end: it is stopped right
-    after) the earliest message a pg_failover lost was sent."""
-    ends = [e["t"] + e["promote_s"] for e in state.fault_log if e["fault"] == "pg_failover"]
+    """How long before the old primary stopped the earliest message a pg_failover lost was
+    sent."""
+    ends = [e["t"] + e["old_stopped_s"] for e in state.fault_log if e["fault"] == "pg_failover"]
     lost = set(lost_ids)
     windows = [
         min(end for end in ends if end >= s.t) - s.t
