@@ -14,7 +14,7 @@ import contextlib
 import signal
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -78,7 +78,7 @@ def replicated(*, synchronous: bool) -> Iterator[tuple[ReplicatedPostgres, str]]
         yield pair, url
 
 
-def _run_failover(pair: ReplicatedPostgres, hosts: list[Host]) -> tuple[Traffic, float]:
+def run_failover(fail_over: Callable[[], object], hosts: list[Host]) -> tuple[Traffic, float]:
     """Traffic, the failover once mail flows, then traffic until mail flows again; returns the
     traffic (stopped) and how long after the promotion the first message got through."""
     for h in hosts:
@@ -92,7 +92,7 @@ def _run_failover(pair: ReplicatedPostgres, hosts: list[Host]) -> tuple[Traffic,
         wait_for(lambda: len(traffic.acknowledged()) >= 20, 60, "mail before the failover")
         traffic.failed_over.set()
         started = time.monotonic()
-        pair.fail_over()
+        fail_over()
         # Mail flows again: acknowledged after the failover, and in its recipient's inbox.
         first_through: list[float] = []
 
@@ -114,15 +114,15 @@ def _run_failover(pair: ReplicatedPostgres, hosts: list[Host]) -> tuple[Traffic,
     return traffic, first_through[0]
 
 
-def _drained(traffic: Traffic) -> bool:
+def drained(traffic: Traffic) -> bool:
     return not tally(traffic).lost
 
 
 def test_failover_with_synchronous_replication_loses_and_duplicates_nothing() -> None:
     with replicated(synchronous=True) as (pair, url), Cluster(url) as cluster:
         hosts = cluster.up("A", "B")
-        traffic, flowing_after = _run_failover(pair, hosts)
-        wait_for(lambda: _drained(traffic), 60, "every acknowledged message to arrive")
+        traffic, flowing_after = run_failover(pair.fail_over, hosts)
+        wait_for(lambda: drained(traffic), 60, "every acknowledged message to arrive")
         result = tally(traffic)
         print(f"sync failover: {result.outcomes}, mail again after {flowing_after:.2f} s")
         assert result.acknowledged >= 40
@@ -152,10 +152,10 @@ def test_failover_with_synchronous_replication_loses_and_duplicates_nothing() ->
 def test_failover_with_asynchronous_replication_reports_what_it_lost() -> None:
     with replicated(synchronous=False) as (pair, url), Cluster(url) as cluster:
         hosts = cluster.up("A", "B")
-        traffic, flowing_after = _run_failover(pair, hosts)
+        traffic, flowing_after = run_failover(pair.fail_over, hosts)
         # What can still arrive does; what the old primary took with it never will.
         with contextlib.suppress(Exception):
-            wait_for(lambda: _drained(traffic), 20, "acknowledged messages to arrive")
+            wait_for(lambda: drained(traffic), 20, "acknowledged messages to arrive")
         result = tally(traffic)
         print(
             f"async failover: {result.outcomes}, lost {len(result.lost)} of "

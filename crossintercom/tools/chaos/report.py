@@ -55,8 +55,8 @@ class ChaosReport:
     codes: dict[str, int] = field(default_factory=dict)
     lost_ids: list[str] = field(default_factory=list)
     duplicated_ids: list[str] = field(default_factory=list)
-    # pg_failover: of the messages lost, the longest time from being sent to the end of the
-    # promotion after it (asynchronous replication's window; None when nothing was lost).
+    # pg_failover: of the messages lost, the longest time from being sent to the old
+    # primary's stop after it (asynchronous replication's window; None: nothing was lost).
     failover_loss_window_s: float | None = None
     drain_s: float = 0.0
     elapsed_s: float = 0.0
