@@ -1,7 +1,7 @@
 """The failover test's traffic through a pg_auto_failover formation (a monitor and two nodes,
 started here) and `pg_autoctl perform failover`: nothing lost, duplicated or phantom, and mail
-flows again. Skipped when pg_auto_failover is not installed (it is optional, unlike the
-PostgreSQL server binaries the other failover tests need)."""
+flows again. Skipped when pg_auto_failover is not installed, failed instead under
+CROSSINTERCOM_REQUIRE_PG=1 (CI installs it: .ci/run)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import pytest
 
 from crossintercom.storage import migrate
 from crossintercom.storage.urls import parse_store_url
+from tests.pgharness import pg_unavailable
 from tests.relay import autofailover
 from tests.relay.conftest import Cluster, wait_for
 from tests.relay.failover import tally
@@ -21,7 +22,7 @@ pytestmark = pytest.mark.pg
 def test_failover_through_pg_auto_failover_loses_and_duplicates_nothing() -> None:
     why = autofailover.available()
     if why is not None:
-        pytest.skip(why)
+        pg_unavailable(why)
     with autofailover.Formation() as formation:
         admin = parse_store_url(formation.url("postgres")).libpq_conninfo()
         with psycopg.connect(admin, autocommit=True) as conn:
