@@ -64,8 +64,10 @@ def test_relay_db_upgrade_and_search_through_a_host_list_whose_first_host_is_dow
         assert (hit["id"], hit["source"]) == (sent["id"], "archive")
         for host in (a, b):
             assert SECRET not in host.relay_log()
-        checked = a.cli("db", "check", "--store", url)
-        assert SECRET not in checked.stdout + checked.stderr
+        doctor = a.cli("db", "doctor", "--store", url)
+        assert doctor.returncode == 0, doctor.stderr
+        assert SECRET not in doctor.stdout + doctor.stderr
+        assert "***" in doctor.stdout and "127.0.0.1" in doctor.stdout
 
 
 @contextlib.contextmanager
