@@ -97,6 +97,7 @@ class ReplicatedPostgres:
         self.primary = _Node(NODE_NAMES[0])
         self.standby: _Node | None = None
         self.failovers = 0
+        self.stopped_after_s = 0.0  # the last fail_over: from its start to the old primary's stop
         self.rewind_error: str | None = None  # why the last rejoin took a fresh base backup
         self._stopped: _Node | None = None  # the old primary, between fail_over and rejoin
 
@@ -165,6 +166,8 @@ class ReplicatedPostgres:
         took = time.monotonic() - started
         with contextlib.suppress(RuntimeError):
             old.halt(stop_mode)
+        # Until here the old primary took writes: what it had not streamed is lost (async).
+        self.stopped_after_s = time.monotonic() - started
         self.primary, self.standby = new, None
         self._stopped = old
         self.failovers += 1

@@ -11,18 +11,23 @@ availability").
 from __future__ import annotations
 
 import contextlib
+import signal
 import time
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
 from crossintercom.storage import migrate
+from crossintercom.testhooks import FAULTS_ENV
 from crossintercom.tools.pgcluster import free_port, pg_bin
 from crossintercom.tools.pgreplica import ReplicatedPostgres
 from tests.pgharness import PgServer, pg_unavailable
 from tests.relay.conftest import Cluster, Host, wait_for
 from tests.relay.failover import SINK, Traffic, tally
+from tests.relay.test_fencing import _stopped
+from tests.relay.test_relay_faults import ACKED, report, stream
 
 pytestmark = pytest.mark.pg
 
@@ -59,8 +64,10 @@ def test_relay_db_upgrade_and_search_through_a_host_list_whose_first_host_is_dow
         assert (hit["id"], hit["source"]) == (sent["id"], "archive")
         for host in (a, b):
             assert SECRET not in host.relay_log()
-        checked = a.cli("db", "check", "--store", url)
-        assert SECRET not in checked.stdout + checked.stderr
+        doctor = a.cli("db", "doctor", "--store", url)
+        assert doctor.returncode == 0, doctor.stderr
+        assert SECRET not in doctor.stdout + doctor.stderr
+        assert "***" in doctor.stdout and "127.0.0.1" in doctor.stdout
 
 
 @contextlib.contextmanager
@@ -73,7 +80,7 @@ def replicated(*, synchronous: bool) -> Iterator[tuple[ReplicatedPostgres, str]]
         yield pair, url
 
 
-def _run_failover(pair: ReplicatedPostgres, hosts: list[Host]) -> tuple[Traffic, float]:
+def run_failover(fail_over: Callable[[], object], hosts: list[Host]) -> tuple[Traffic, float]:
     """Traffic, the failover once mail flows, then traffic until mail flows again; returns the
     traffic (stopped) and how long after the promotion the first message got through."""
     for h in hosts:
@@ -87,7 +94,7 @@ def _run_failover(pair: ReplicatedPostgres, hosts: list[Host]) -> tuple[Traffic,
         wait_for(lambda: len(traffic.acknowledged()) >= 20, 60, "mail before the failover")
         traffic.failed_over.set()
         started = time.monotonic()
-        pair.fail_over()
+        fail_over()
         # Mail flows again: acknowledged after the failover, and in its recipient's inbox.
         first_through: list[float] = []
 
@@ -109,15 +116,15 @@ def _run_failover(pair: ReplicatedPostgres, hosts: list[Host]) -> tuple[Traffic,
     return traffic, first_through[0]
 
 
-def _drained(traffic: Traffic) -> bool:
+def drained(traffic: Traffic) -> bool:
     return not tally(traffic).lost
 
 
 def test_failover_with_synchronous_replication_loses_and_duplicates_nothing() -> None:
     with replicated(synchronous=True) as (pair, url), Cluster(url) as cluster:
         hosts = cluster.up("A", "B")
-        traffic, flowing_after = _run_failover(pair, hosts)
-        wait_for(lambda: _drained(traffic), 60, "every acknowledged message to arrive")
+        traffic, flowing_after = run_failover(pair.fail_over, hosts)
+        wait_for(lambda: drained(traffic), 60, "every acknowledged message to arrive")
         result = tally(traffic)
         print(f"sync failover: {result.outcomes}, mail again after {flowing_after:.2f} s")
         assert result.acknowledged >= 40
@@ -132,21 +139,25 @@ def test_failover_with_synchronous_replication_loses_and_duplicates_nothing() ->
         a, b = hosts
         upgraded = a.cli("db", "upgrade", "--store", url)
         assert upgraded.returncode == 0, upgraded.stderr
-        b.stop_relay()
-        b.start_relay()
+        assert a.cli_json("archive", "on", "--retention", "30d")["enabled"] is True
+        for h in hosts:
+            h.stop_relay()
+            h.start_relay()
         a.wait_sees(SINK, "B")
-        sent = a.cli_json("send", "--as", "late", "--to", f"{SINK}@B", "after the rejoin")
+        sent = a.cli_json("send", "--as", "late", "--to", f"{SINK}@B", "the narwhal rejoined")
         assert sent["outcome"] in ("delivered", "queued")
         wait_for(lambda: b.inbox(SINK)[sent["id"]] == 1, 60, "mail through the new primary")
+        wait_for(lambda: bool(a.cli_json("search", "narwhal")), 60, "the archive to have it")
+        assert [h["id"] for h in a.cli_json("search", "narwhal")] == [sent["id"]]
 
 
 def test_failover_with_asynchronous_replication_reports_what_it_lost() -> None:
     with replicated(synchronous=False) as (pair, url), Cluster(url) as cluster:
         hosts = cluster.up("A", "B")
-        traffic, flowing_after = _run_failover(pair, hosts)
+        traffic, flowing_after = run_failover(pair.fail_over, hosts)
         # What can still arrive does; what the old primary took with it never will.
         with contextlib.suppress(Exception):
-            wait_for(lambda: _drained(traffic), 20, "acknowledged messages to arrive")
+            wait_for(lambda: drained(traffic), 20, "acknowledged messages to arrive")
         result = tally(traffic)
         print(
             f"async failover: {result.outcomes}, lost {len(result.lost)} of "
@@ -179,3 +190,41 @@ def test_db_doctor_and_status_say_whether_acknowledgements_survive_a_failover() 
         assert pair.standby is not None
         pair.standby.halt()
         wait_for(lambda: doctor()["replication"]["mode"] == "none", 30, "no standby")
+
+
+def test_a_relay_frozen_across_the_failover_is_fenced_by_the_new_primary() -> None:
+    """The fence is in the store's rows, so it moves with the promotion: a relay frozen (a
+    paused VM, a partition) before the failover, whose host id another machine took over on
+    the new primary, writes nothing when it wakes; every message arrives once."""
+    with replicated(synchronous=True) as (pair, url), Cluster(url) as cluster:
+        a = cluster.host("A", remote_ack_wait_s=1)
+        old = cluster.host("B", relay=False, dirname="B1", lease_s=3)
+        old.env[FAULTS_ENV] = "stop:relay_after_fetch"  # frozen after reading its first rows
+        old.start_relay()
+        stale = old.relay
+        assert stale is not None
+        worker_old = old.listen("worker")
+        a.wait_sees("worker", "B")
+        planner = a.client("planner")
+        in_flight = planner.send("worker@B", "read, then frozen")
+        assert in_flight.outcome.value == "queued", in_flight
+        wait_for(lambda: _stopped(stale.pid), 30, "the old relay to freeze after its read")
+
+        pair.fail_over()
+        new = cluster.host("B", dirname="B2", lease_s=3)
+        worker_new = new.listen("worker")
+        wait_for(lambda: in_flight.id in new.inbox("worker"), 60, "the new relay to deliver it")
+        more = stream(planner, "worker@B", 10, "after")
+        acked = {i for i, o in more.items() if o in ACKED} | {in_flight.id}
+        wait_for(lambda: acked <= set(new.inbox("worker")), 60, "everything on the new machine")
+
+        stale.send_signal(signal.SIGCONT)
+        assert stale.wait(60) != 0
+        log = old.relay_log()
+        assert "took over" in log, log[-2000:]
+        assert old.inbox("worker") == Counter()
+        assert worker_old.message_ids() == Counter()
+        both: Counter[str] = Counter(new.inbox("worker"))
+        lost, dups = report("failover_fence", {**more, in_flight.id: "queued"}, acked, both)
+        assert (lost, dups) == (0, 0)
+        assert all(c == 1 for c in worker_new.message_ids().values())

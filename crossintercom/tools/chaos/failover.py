@@ -50,6 +50,7 @@ def fail_over(state: ChaosState, replica: ReplicatedPostgres) -> dict[str, Any] 
     return {
         "host": "all",
         "promote_s": round(promote_s, 2),
+        "old_stopped_s": round(replica.stopped_after_s, 3),
         "flows_again_s": flows_again(state, since),
         "synchronous": replica.synchronous,
         "failover": replica.failovers,  # which one: its rejoin is noted in this entry

@@ -55,8 +55,8 @@ class ChaosReport:
     codes: dict[str, int] = field(default_factory=dict)
     lost_ids: list[str] = field(default_factory=list)
     duplicated_ids: list[str] = field(default_factory=list)
-    # pg_failover: of the messages lost, the longest time from being sent to the failover
-    # after it (asynchronous replication's window; None when nothing was lost to one).
+    # pg_failover: of the messages lost, the longest time from being sent to the old
+    # primary's stop after it (asynchronous replication's window; None: nothing was lost).
     failover_loss_window_s: float | None = None
     drain_s: float = 0.0
     elapsed_s: float = 0.0
@@ -159,13 +159,14 @@ def tally(state: ChaosState, report: ChaosReport) -> None:
 
 
 def _loss_window(state: ChaosState, lost_ids: list[str]) -> float | None:
-    """How long before a pg_failover the earliest message it lost was sent."""
-    failovers = [e["t"] for e in state.fault_log if e["fault"] == "pg_failover"]
-    lost = {s.id: s.t for s in state.sent if s.id in set(lost_ids)}
+    """How long before the old primary stopped the earliest message a pg_failover lost was
+    sent."""
+    ends = [e["t"] + e["old_stopped_s"] for e in state.fault_log if e["fault"] == "pg_failover"]
+    lost = set(lost_ids)
     windows = [
-        min(t for t in failovers if t >= sent) - sent
-        for sent in lost.values()
-        if any(t >= sent for t in failovers)
+        min(end for end in ends if end >= s.t) - s.t
+        for s in state.sent
+        if s.id in lost and any(end >= s.t for end in ends)
     ]
     return round(max(windows), 3) if windows else None
 
@@ -250,7 +251,8 @@ def render(report: ChaosReport) -> None:
         )
     if report.failover_loss_window_s is not None:
         console.print(
-            f"  lost to a failover: sent up to {report.failover_loss_window_s:g} s before it"
+            "  lost to a failover: sent up to "
+            f"{report.failover_loss_window_s:g} s before the old primary stopped"
         )
     if report.quarantine_reasons:
         console.print(f"  quarantine reasons: {report.quarantine_reasons}")
