@@ -7,7 +7,7 @@ import { escalationView } from "./attention.js";
 export const LIVE_KEEP = 300;
 const LONG = 600;  // characters shown before a message is collapsed
 export const known = new Map();  // message id -> the newest copy the page got
-export const hooks = { thread: () => {}, reply: () => {}, changed: () => {}, me: null };
+export const hooks = { thread: () => {}, reply: () => {}, changed: () => {}, trimmed: () => {}, me: null };
 
 function receiptText(r) {
   const code = r.code ? ` (${r.code})` : "";
@@ -73,7 +73,9 @@ export function addMessage(m) {
   known.set(m.id, m);
   if (old) old.replaceWith(item); else if (matchesView(m)) place(list, item);
   // The live tab stays bounded: the oldest items go (paged back in on request).
-  while (list.children.length > LIVE_KEEP + extra.count) list.lastElementChild.remove();
+  let trimmed = false;
+  while (list.children.length > LIVE_KEEP + extra.count) { list.lastElementChild.remove(); trimmed = true; }
+  if (trimmed) hooks.trimmed(list.lastElementChild.dataset.key);
   hooks.changed(m, isNew);
 }
 
