@@ -71,20 +71,21 @@ def test_a_burst_stays_bounded_and_older_pages_walk_back_through_it(
     burst = mine + [erin.send("alice@A", f"burst {k}").id for k in range(half)]
     other = b.client("dave").send("bob", "not carol's").id
     page.wait_for_selector(f'#feed li[data-id="{other}"]', timeout=60_000)
-    wait_for(
-        lambda: page.locator("#feed > li").count() == LIVE_KEEP, 30, "the live tab to be bounded"
-    )
+
+    def rows() -> int:
+        n: int = page.locator("#feed > li").count()
+        return n
+
+    wait_for(lambda: rows() == LIVE_KEEP, 30, "the live tab to be bounded")
+
     # Older pages bring back everything, each message once.
-    while page.is_visible("#older"):
-        shown = page.locator("#feed > li").count()
+    def older_page() -> None:
+        before = rows()
         page.click("#older")
-        wait_for(
-            lambda shown=shown: (
-                page.locator("#feed > li").count() > shown or not page.is_visible("#older")
-            ),
-            30,
-            "an older page",
-        )
+        wait_for(lambda: rows() > before or not page.is_visible("#older"), 30, "an older page")
+
+    while page.is_visible("#older"):
+        older_page()
     ids = page.eval_on_selector_all("#feed > li", "els => els.map(e => e.dataset.id)")
     assert len(ids) == len(set(ids))
     assert set(burst) <= set(ids)
