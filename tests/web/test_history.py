@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from tests.relay.conftest import Cluster, Host, wait_for
-from tests.web.conftest import WebServer, start_web
+from tests.relay.conftest import Cluster, wait_for
+from tests.web.conftest import WebServer, hosts_for, start_web
 from tests.web.test_overseer import request
 
 LIVE_KEEP = 300  # static/feed.js
@@ -36,17 +36,6 @@ def walk(web: WebServer, query: str, limit: int = 70) -> list[str]:
         if not page["before"]:
             return ids
         before = page["before"]
-
-
-def hosts_for(cluster: Cluster, n: int, archive: bool) -> list[Host]:
-    hosts = [cluster.host(h, relay=False) for h in "ABCDE"[:n]]
-    if archive:
-        assert hosts[0].cli_json("archive", "on")["enabled"] is True
-    for h in hosts:
-        h.start_relay(wait=False)
-    for h in hosts:
-        h.wait_relay()
-    return hosts
 
 
 @pytest.mark.parametrize(("n", "archive"), [(2, False), (5, True)])
