@@ -116,6 +116,15 @@ def start_web(host: Host, *args: str, timeout: float = 30) -> WebServer:
     raise AssertionError(f"web did not start: {err}")
 
 
+def open_page(browser: Any, web: WebServer, **options: Any) -> Any:
+    """A new tab on the page, once its event stream is live. The CSP is bypassed only so that
+    tests can evaluate script; escaping alone keeps text inert (checked in each test)."""
+    page = browser.new_page(bypass_csp=True, **options)
+    page.goto(web.url)
+    page.wait_for_selector("#live.on")
+    return page
+
+
 def hosts_for(cluster: Cluster, n: int, archive: bool) -> list[Host]:
     """``n`` simulated hosts (A, B, …) over the cluster's store, the archive on or off before
     their relays start."""

@@ -14,7 +14,7 @@ from typing import Any
 
 from tests.conftest import background_cli
 from tests.relay.conftest import Cluster, wait_for
-from tests.web.conftest import WebServer, start_web
+from tests.web.conftest import WebServer, open_page, start_web
 
 HOSTILE = '<img src=x onerror="window.__pwned = 1">'
 
@@ -42,9 +42,7 @@ def test_the_attention_view_lists_and_answers(
     web = start_web(b, "--as", "boss")
     web_servers.append(web)
     a.wait_sees("boss", "B")
-    page = browser.new_page(bypass_csp=True)
-    page.goto(web.url)
-    page.wait_for_selector("#live.on")
+    page = open_page(browser, web)
     assert page.is_visible("#attention-empty")
 
     # An ask between two agents (bob on B asks alice on A): waiting, with its age.

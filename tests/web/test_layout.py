@@ -15,7 +15,7 @@ import pytest
 
 from tests.conftest import background_cli
 from tests.relay.conftest import Cluster
-from tests.web.conftest import WebServer, hosts_for, start_web
+from tests.web.conftest import WebServer, hosts_for, open_page, start_web
 
 OVERFLOW = "document.scrollingElement.scrollWidth > document.scrollingElement.clientWidth"
 # 20 hosts in a ring, each sending to the next (more each time) and back, drawn by the page's
@@ -80,9 +80,7 @@ def test_no_sideways_overflow_at_desktop_and_phone_width(
     for k in range(40):
         carol.send("alice@A", f"message {k} " + "words " * 30)
     for width, height in ((1280, 800), (390, 844)):
-        page = browser.new_page(viewport={"width": width, "height": height}, bypass_csp=True)
-        page.goto(web.url)
-        page.wait_for_selector("#live.on")
+        page = open_page(browser, web, viewport={"width": width, "height": height})
         item = page.wait_for_selector(f'#feed li[data-id="{long["id"]}"]')
         # The first Tab reaches the skip link; it takes the keyboard to the messages.
         page.keyboard.press("Tab")
@@ -115,9 +113,7 @@ def test_threads_open_in_place_and_the_reply_form_follows_the_message(
     web = start_web(b, "--as", "boss")
     web_servers.append(web)
     a.wait_sees("boss", "B")
-    page = browser.new_page(bypass_csp=True)
-    page.goto(web.url)
-    page.wait_for_selector("#live.on")
+    page = open_page(browser, web)
     asks = [
         ("alice", "first", "release today?"),
         ("ann", "second", "which branch?"),
@@ -160,9 +156,7 @@ def test_the_flow_picture_keeps_twenty_hosts_apart(
     [b] = sqlite_cluster.up("B")
     web = start_web(b)
     web_servers.append(web)
-    page = browser.new_page(bypass_csp=True)
-    page.goto(web.url)
-    page.wait_for_selector("#live.on")
+    page = open_page(browser, web)
     # The page's own drawing code, given 20 hosts in a ring with counts both ways.
     page.evaluate(RING)
     overlaps = page.evaluate(OVERLAPS)
