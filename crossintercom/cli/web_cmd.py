@@ -30,8 +30,16 @@ DEFAULT_AS = "overseer"
     metavar="NAME",
     help="The human session the page sends, asks and replies as (durable, on this host).",
 )
+@click.option(
+    "--queued-after",
+    type=click.FloatRange(0),
+    default=60.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="List mail in the attention view once it has been queued this long.",
+)
 @json_option
-def web(listen: str, as_name: str, as_json: bool) -> None:
+def web(listen: str, as_name: str, queued_after: float, as_json: bool) -> None:
     """Serve a local page for a human overseer: hosts, sessions, live messages, threads,
     receipts, search and compose. Every request needs the token printed at start."""
     try:
@@ -51,7 +59,7 @@ def web(listen: str, as_name: str, as_json: bool) -> None:
         if info["loopback"] != "yes":
             click.echo("  warning: listening beyond loopback, over plain HTTP", err=True)
 
-    run_web(cfg, listen, as_name, announce)
+    run_web(cfg, listen, as_name, announce, queued_after=queued_after)
 
 
 COMMANDS = (web,)

@@ -13,8 +13,6 @@ from typing import Any, Final
 
 from crossintercom.web.escalations import escalation_of
 
-# Mail queued longer than this is listed (a session that is away for a while).
-QUEUED_AFTER_S: Final = 60.0
 # Refusals and expiries are listed for this long after they happened.
 RECENT_S: Final = 3600.0
 # How many of the newest messages are looked at; older ones are history.
@@ -51,10 +49,13 @@ def attention(
     roster: Mapping[str, Any],
     me: str,
     timeouts: Mapping[str, float],
+    *,
+    queued_after: float = 60.0,
     now: float | None = None,
 ) -> list[dict[str, Any]]:
     """Every entry, most urgent kinds first, oldest first within a kind. ``me``: the human
-    session's id (what it may answer); ``timeouts``: the page's own asks' timeouts."""
+    session's id (what it may answer); ``timeouts``: the page's own asks' timeouts;
+    ``queued_after``: how long mail is queued before it is listed (``web --queued-after``)."""
     now = time.time() if now is None else now
     items = list(messages)
     answered = {m.get("reply_to") for m in items if m.get("reply_to")}
@@ -78,7 +79,7 @@ def attention(
             if outcome == "queued":
                 sid = r.get("session_id") or ""
                 waiting_for[sid] = waiting_for.get(sid, 0) + 1
-                if age >= QUEUED_AFTER_S:
+                if age >= queued_after:
                     queued.append(_entry("queued", m, now, recipient=r))
             elif outcome in _FAILED and age <= RECENT_S:
                 failed.append(_entry(str(outcome), m, now, recipient=r, code=r.get("code")))

@@ -54,7 +54,7 @@ Mode = Literal["send", "ask", "reply"]
 
 
 class Overseer:
-    def __init__(self, settings: Settings, as_name: str) -> None:
+    def __init__(self, settings: Settings, as_name: str, *, queued_after: float = 60.0) -> None:
         self.settings = settings
         self.name = as_name
         self.identity = Identity.named(settings, as_name, status="overseer (web)")
@@ -70,6 +70,7 @@ class Overseer:
         self._subscribers: set[asyncio.Queue[tuple[str, Any]]] = set()
         self._tasks: list[asyncio.Task[None]] = []
         self.ask_timeouts: dict[str, float] = {}
+        self.queued_after = queued_after
         self.attention: list[dict[str, Any]] = []
         self.roster: dict[str, Any] = {"hosts": [], "sessions": [], "warnings": []}
 
@@ -205,6 +206,7 @@ class Overseer:
             self.roster,
             self.identity.id,
             self.ask_timeouts,
+            queued_after=self.queued_after,
         )
         # Ages move on every poll; the page computes them itself, so only the rest counts.
         if _settled(found) != _settled(self.attention):

@@ -53,7 +53,12 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 def run_web(
-    settings: Settings, listen: str, as_name: str, announce: Callable[[dict[str, str]], None]
+    settings: Settings,
+    listen: str,
+    as_name: str,
+    announce: Callable[[dict[str, str]], None],
+    *,
+    queued_after: float = 60.0,
 ) -> None:
     host, port = parse_listen(listen)
     ensure_runtime_dir(settings)
@@ -74,7 +79,8 @@ def run_web(
     # goes and the human session is closed (docs/web.md).
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
-        asyncio.run(_serve(settings, sock, guard, as_name, lambda: announce(info)))
+        make = lambda: Overseer(settings, as_name, queued_after=queued_after)  # noqa: E731
+        asyncio.run(_serve(make, sock, guard, lambda: announce(info)))
     finally:
         signal.signal(signal.SIGTERM, previous)
         sock.close()
@@ -86,15 +92,12 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
 
 
 async def _serve(
-    settings: Settings,
-    sock: socket.socket,
-    guard: Guard,
-    as_name: str,
-    announce: Callable[[], None],
+    make: Callable[[], Overseer], sock: socket.socket, guard: Guard, announce: Callable[[], None]
 ) -> None:
     """Register the human session first, so a refusal (the name is in use, no broker) is a
-    clear error and not a server that starts and dies; then announce and serve."""
-    overseer = Overseer(settings, as_name)
+    clear error and not a server that starts and dies; then announce and serve. The overseer
+    is made here, inside the event loop that runs it."""
+    overseer = make()
     try:
         await overseer.start()
         announce()

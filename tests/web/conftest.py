@@ -116,6 +116,28 @@ def start_web(host: Host, *args: str, timeout: float = 30) -> WebServer:
     raise AssertionError(f"web did not start: {err}")
 
 
+def open_page(browser: Any, web: WebServer, **options: Any) -> Any:
+    """A new tab on the page, once its event stream is live. The CSP is bypassed only so that
+    tests can evaluate script; escaping alone keeps text inert (checked in each test)."""
+    page = browser.new_page(bypass_csp=True, **options)
+    page.goto(web.url)
+    page.wait_for_selector("#live.on")
+    return page
+
+
+def hosts_for(cluster: Cluster, n: int, archive: bool) -> list[Host]:
+    """``n`` simulated hosts (A, B, …) over the cluster's store, the archive on or off before
+    their relays start."""
+    hosts = [cluster.host(h, relay=False) for h in "ABCDEFGH"[:n]]
+    if archive:
+        assert hosts[0].cli_json("archive", "on")["enabled"] is True
+    for h in hosts:
+        h.start_relay(wait=False)
+    for h in hosts:
+        h.wait_relay()
+    return hosts
+
+
 @pytest.fixture
 def web_servers() -> Iterator[list[WebServer]]:
     started: list[WebServer] = []

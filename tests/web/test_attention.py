@@ -4,7 +4,8 @@ a decision and an interview sent to the overseer are rendered as such and answer
 page (the `escalate` commands get the answers); a progress update shows its percentage; an ask
 to the overseer is answered from its entry; a refusal shows its code; a session offline with
 mail waiting is listed; the tab title carries the count; each entry links to its message page,
-which shows attachments, flags and receipts; hostile text stays text throughout.
+which shows attachments, flags and receipts; hostile text stays text throughout (on five hosts
+with the archive on too). A host whose relay stops is listed as lapsed until it is back.
 """
 
 from __future__ import annotations
@@ -12,9 +13,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
+
 from tests.conftest import background_cli
 from tests.relay.conftest import Cluster, wait_for
-from tests.web.conftest import WebServer, start_web
+from tests.web.conftest import WebServer, hosts_for, open_page, start_web
 
 HOSTILE = '<img src=x onerror="window.__pwned = 1">'
 
@@ -31,20 +34,19 @@ def gone(page: Any, kind: str, mid: str) -> None:
     )
 
 
+@pytest.mark.parametrize(("n", "archive"), [(2, False), (5, True)])
 def test_the_attention_view_lists_and_answers(
-    sqlite_cluster: Cluster, browser: Any, web_servers: list[WebServer]
+    sqlite_cluster: Cluster, browser: Any, web_servers: list[WebServer], n: int, archive: bool
 ) -> None:
-    a, b = sqlite_cluster.up("A", "B")
+    a, b = hosts_for(sqlite_cluster, n, archive)[:2]
     alice = a.listen("alice")
     b.listen("bob")
     b.listen("dora").stop()
     b.wait_sees("alice", "A")
-    web = start_web(b, "--as", "boss")
+    web = start_web(b, "--as", "boss", "--queued-after", "1")
     web_servers.append(web)
     a.wait_sees("boss", "B")
-    page = browser.new_page(bypass_csp=True)
-    page.goto(web.url)
-    page.wait_for_selector("#live.on")
+    page = open_page(browser, web)
     assert page.is_visible("#attention-empty")
 
     # An ask between two agents (bob on B asks alice on A): waiting, with its age.
@@ -133,6 +135,7 @@ def test_the_attention_view_lists_and_answers(
     queued = b.cli_json("send", "--as", "bob", "--to", "dora", "later")
     assert queued["outcome"] == "queued"
     entry(page, "offline", b.session_id("dora"))
+    assert "queued for dora@B" in entry(page, "queued", queued["id"]).inner_text()
     assert page.title().startswith("(")
 
     # Each entry links to the message's own page: text, flags, receipts, attachments.
@@ -143,4 +146,22 @@ def test_the_attention_view_lists_and_answers(
     page.goto(web.base + f"/message/{pid}")
     assert "crossintercom-escalation.json" in page.inner_text(".attachment-full figcaption")
     assert page.evaluate("window.__pwned") is None
+    page.close()
+
+
+def test_a_lapsed_host_is_listed_until_its_relay_is_back(
+    sqlite_cluster: Cluster, browser: Any, web_servers: list[WebServer]
+) -> None:
+    quick = {"lease_s": 2.0}
+    a, b = sqlite_cluster.up("A", "B", A=quick, B=quick)
+    web = start_web(b, "--as", "boss")
+    web_servers.append(web)
+    page = open_page(browser, web)
+    page.wait_for_selector('#hosts tr[data-host="A"] .lease.held')
+    a.kill_relay()
+    item = entry(page, "lapsed", "A")
+    assert "A" in item.inner_text()
+    assert page.title().startswith("(")
+    a.start_relay()
+    gone(page, "lapsed", "A")
     page.close()

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.relay.conftest import Cluster, wait_for
-from tests.web.conftest import WebServer, start_web
+from tests.web.conftest import WebServer, open_page, start_web
 
 
 def free_port() -> int:
@@ -36,9 +36,7 @@ def test_sigterm_cleans_up_and_a_restart_keeps_the_open_tab_working(
     assert token_file.exists()
     with urllib.request.urlopen(web.base + "/healthz", timeout=10) as resp:  # no token
         assert resp.read() == b"ok"
-    page = browser.new_page()
-    page.goto(web.url)
-    page.wait_for_selector("#live.on")
+    page = open_page(browser, web)
     page.evaluate("window.__sameDocument = true")
 
     # SIGTERM, with the page open: a clean stop, the token file gone, no error logged.

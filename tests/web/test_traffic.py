@@ -12,17 +12,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from tests.relay.conftest import Cluster, Host, wait_for
-from tests.web.conftest import WebServer, start_web
+from tests.relay.conftest import Cluster, wait_for
+from tests.web.conftest import WebServer, hosts_for, open_page, start_web
 
 HOSTILE = '<img src=x onerror="window.__pwned = 1"><script>window.__pwned = 2</script>'
-
-
-def open_page(browser: Any, web: WebServer) -> Any:
-    page = browser.new_page(bypass_csp=True)  # escaping alone is what keeps text inert here
-    page.goto(web.url)
-    page.wait_for_selector("#live.on")
-    return page
 
 
 def item(page: Any, mid: str) -> Any:
@@ -117,19 +110,10 @@ def test_without_the_archive_the_page_shows_this_hosts_whole_traffic(
     page.close()
 
 
-def five_hosts_with_archive(cluster: Cluster) -> list[Host]:
-    hosts = [cluster.host(h, relay=False) for h in "ABCDE"]
-    for h in hosts:
-        h.start_relay(wait=False)
-    for h in hosts:
-        h.wait_relay()
-    return hosts
-
-
 def test_with_the_archive_the_page_shows_every_hosts_traffic(
     sqlite_cluster: Cluster, browser: Any, web_servers: list[WebServer]
 ) -> None:
-    a, b, _c, d, e = five_hosts_with_archive(sqlite_cluster)
+    a, b, _c, d, e = hosts_for(sqlite_cluster, 5, archive=False)  # turned on below
     bob = b.listen("bob")
     # Received before the archive was on: found by search all the same.
     early = b.cli_json("send", "--as", "zed", "--to", "bob", "a quokka before the archive")

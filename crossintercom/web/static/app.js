@@ -70,6 +70,9 @@ hooks.changed = (m, isNew) => { drawFlow(roster, known); if (isNew) pulse(roster
 
 // --- history: older pages from the server, filters ----------------------------------------------
 
+// The live tab dropped its oldest items: "older" pages on from the oldest one still shown.
+hooks.trimmed = (key) => { older = key; document.getElementById("older").hidden = false; };
+
 function filterParams() {
   const params = new URLSearchParams();
   for (const [k, v] of new FormData(document.getElementById("filter-form"))) if (v) params.set(k, v);

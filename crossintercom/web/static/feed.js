@@ -7,7 +7,7 @@ import { escalationView } from "./attention.js";
 export const LIVE_KEEP = 300;
 const LONG = 600;  // characters shown before a message is collapsed
 export const known = new Map();  // message id -> the newest copy the page got
-export const hooks = { thread: () => {}, reply: () => {}, changed: () => {}, me: null };
+export const hooks = { thread: () => {}, reply: () => {}, changed: () => {}, trimmed: () => {}, me: null };
 
 function receiptText(r) {
   const code = r.code ? ` (${r.code})` : "";
@@ -60,7 +60,7 @@ export function messageItem(m) {
 function place(list, item) {
   const key = item.dataset.key;
   for (const other of list.children) {
-    if ((other.dataset.key || "") < key) { list.insertBefore(item, other); return; }
+    if (other.tagName === "LI" && (other.dataset.key || "") < key) { list.insertBefore(item, other); return; }
   }
   list.append(item);
 }
@@ -68,12 +68,18 @@ function place(list, item) {
 export function addMessage(m) {
   const list = document.getElementById("feed");
   const item = messageItem(m);
-  const old = list.querySelector(`li[data-id="${CSS.escape(m.id)}"]`);
+  const old = list.querySelector(`:scope > li[data-id="${CSS.escape(m.id)}"]`);
   const isNew = !known.has(m.id);
   known.set(m.id, m);
   if (old) old.replaceWith(item); else if (matchesView(m)) place(list, item);
   // The live tab stays bounded: the oldest items go (paged back in on request).
-  while (list.children.length > LIVE_KEEP + extra.count) list.lastElementChild.remove();
+  let trimmed = false;
+  while (list.querySelectorAll(":scope > li").length > LIVE_KEEP + extra.count) {
+    const last = list.lastElementChild;
+    if (last.tagName !== "LI") { parkThread(); continue; }  // an open thread under the last one
+    last.remove(); trimmed = true;
+  }
+  if (trimmed) hooks.trimmed(list.querySelector(":scope > li:last-of-type").dataset.key);
   hooks.changed(m, isNew);
 }
 
@@ -82,14 +88,23 @@ const extra = { count: 0 };
 export function addOlder(items) {
   const list = document.getElementById("feed");
   for (const m of items) {
-    if (list.querySelector(`li[data-id="${CSS.escape(m.id)}"]`)) continue;
+    if (list.querySelector(`:scope > li[data-id="${CSS.escape(m.id)}"]`)) continue;
     known.set(m.id, m);
     list.append(messageItem(m));
     extra.count += 1;
   }
 }
+// A thread opens inside the feed, under its message; before the feed's items are replaced or
+// dropped it goes back above the feed, closed.
+export function parkThread() {
+  const box = document.getElementById("thread-section");
+  const list = document.getElementById("feed");
+  if (list.contains(box)) { box.hidden = true; list.before(box); }
+}
+
 export function resetFeed(items) {
   extra.count = 0;
+  parkThread();
   const list = document.getElementById("feed");
   list.replaceChildren(...items.map(messageItem));
   for (const m of items) known.set(m.id, m);
