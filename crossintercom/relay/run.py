@@ -12,6 +12,7 @@ import tenacity
 
 from crossintercom.config import ENV_STORE, Settings
 from crossintercom.errors import StoreUnavailable
+from crossintercom.relay import syncguard
 from crossintercom.relay.service import Relay, RelayError, RelayInUse
 from crossintercom.runtime import LockHeld, ensure_runtime_dir, hold_pid_lock
 from crossintercom.storage import ArchiveStore, MailboxStore, mask_url, open_archive, open_store
@@ -31,20 +32,28 @@ def hold_relay_lock(settings: Settings) -> int:
         ) from None
 
 
-def run_relay(settings: Settings, *, polling_observer: bool = False) -> None:
-    """`crossintercom relay`: run until SIGTERM/SIGINT; raises a clear error when it cannot."""
+def run_relay(
+    settings: Settings, *, polling_observer: bool = False, require_sync: bool = False
+) -> None:
+    """`crossintercom relay`: run until SIGTERM/SIGINT; raises a clear error when it cannot.
+    ``require_sync``: only while the store replicates synchronously (relay/syncguard.py)."""
     if not settings.store_url:
         raise RelayError(f"no store configured: pass --store URL or set {ENV_STORE}")
     ensure_runtime_dir(settings)
     lock_fd = hold_relay_lock(settings)
     try:
         url = with_password_file(settings.store_url, settings.store_password_file)
+        if require_sync:
+            syncguard.check_at_start(url)
         store = _open_store_patiently(url, polling_observer, settings.host_id)
+        failed: list[str] = []
         try:
             archive = open_archive(settings.store_url, host_id=settings.host_id)
-            asyncio.run(_serve(settings, store, archive))
+            asyncio.run(_serve(settings, store, archive, url if require_sync else None, failed))
         finally:
             store.close()
+        if failed:
+            raise RelayError(failed[0])
     finally:
         os.close(lock_fd)
 
@@ -67,9 +76,22 @@ def _open_store_patiently(url: str, polling_observer: bool, host_id: str) -> Mai
     return store
 
 
-async def _serve(settings: Settings, store: MailboxStore, archive: ArchiveStore) -> None:
+async def _serve(
+    settings: Settings,
+    store: MailboxStore,
+    archive: ArchiveStore,
+    sync_url: str | None,
+    failed: list[str],
+) -> None:
     relay = Relay(settings, store, archive)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, relay.stop)
-    await relay.run()
+    guard = None
+    if sync_url is not None:
+        guard = loop.create_task(syncguard.watch(sync_url, relay.stop, failed))
+    try:
+        await relay.run()
+    finally:
+        if guard is not None:
+            guard.cancel()
