@@ -105,7 +105,7 @@ def status(as_json: bool) -> None:
             "remote_sessions": st.remote_sessions,
             "warnings": st.warnings,
         }
-    if cfg.store_url:
+    if cfg.store_url and cfg.store_url.startswith("postgresql"):
         report["replication"] = _replication(cfg.store_url, cfg.store_password_file)
     if as_json:
         emit_json(report)

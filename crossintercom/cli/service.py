@@ -57,15 +57,27 @@ def broker(ctx: click.Context, reset_authority: bool) -> None:
     is_flag=True,
     help="Watch SQLite doorbells by polling (network filesystems without inotify).",
 )
+@click.option(
+    "--require-sync-replication",
+    "require_sync",
+    is_flag=True,
+    envvar="CROSSINTERCOM_REQUIRE_SYNC_REPLICATION",
+    help="Run only while the PostgreSQL store replicates synchronously: refuse to start, or "
+    "stop, otherwise, so nothing is acknowledged that a failover could lose.",
+)
 def relay(
-    store_url: str | None, password_file: str | None, polling_observer: bool, **tls: str | None
+    store_url: str | None,
+    password_file: str | None,
+    polling_observer: bool,
+    require_sync: bool,
+    **tls: str | None,
 ) -> None:
     """Bridge this host's broker to the shared store (run it as a service)."""
     from crossintercom.config import load_settings
     from crossintercom.relay.run import run_relay
 
     cfg = load_settings(None, store_url=store_url, store_password_file=password_file, **tls)
-    run_relay(cfg, polling_observer=polling_observer)
+    run_relay(cfg, polling_observer=polling_observer, require_sync=require_sync)
 
 
 @click.command()

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import faulthandler
 import logging
+import os
 import sys
 
 from crossintercom.config import load_settings
 from crossintercom.errors import CrossintercomError
 from crossintercom.local_broker.logcap import ExtraFormatter
 from crossintercom.relay.run import run_relay
+from crossintercom.relay.syncguard import ENV_REQUIRE_SYNC
 
 
 def main() -> int:
@@ -23,7 +25,8 @@ def main() -> int:
     for handler in logging.getLogger().handlers:
         handler.setFormatter(ExtraFormatter("%(levelname)s %(name)s: %(message)s"))
     try:
-        run_relay(load_settings())
+        require_sync = os.environ.get(ENV_REQUIRE_SYNC, "") in ("1", "true", "yes")
+        run_relay(load_settings(), require_sync=require_sync)
     except CrossintercomError as exc:
         print(f"error: {exc.message}", file=sys.stderr)
         return exc.exit_code

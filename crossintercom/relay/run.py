@@ -12,6 +12,7 @@ import tenacity
 
 from crossintercom.config import ENV_STORE, Settings
 from crossintercom.errors import StoreUnavailable
+from crossintercom.relay import syncguard
 from crossintercom.relay.service import Relay, RelayError, RelayInUse
 from crossintercom.runtime import LockHeld, ensure_runtime_dir, hold_pid_lock
 from crossintercom.storage import MailboxStore, mask_url, open_archive, open_store
@@ -32,14 +33,20 @@ def hold_relay_lock(settings: Settings) -> int:
         ) from None
 
 
-def run_relay(settings: Settings, *, polling_observer: bool = False) -> None:
-    """`crossintercom relay`: run until SIGTERM/SIGINT; raises a clear error when it cannot."""
+def run_relay(
+    settings: Settings, *, polling_observer: bool = False, require_sync: bool = False
+) -> None:
+    """`crossintercom relay`: run until SIGTERM/SIGINT; raises a clear error when it cannot.
+    ``require_sync``: only while the store replicates synchronously (relay/syncguard.py)."""
     if not settings.store_url:
         raise RelayError(f"no store configured: pass --store URL or set {ENV_STORE}")
     ensure_runtime_dir(settings)
     lock_fd = hold_relay_lock(settings)
     try:
-        asyncio.run(_serve(settings, polling_observer))
+        failed: list[str] = []
+        asyncio.run(_serve(settings, polling_observer, require_sync, failed))
+        if failed:
+            raise RelayError(failed[0])
     finally:
         os.close(lock_fd)
 
@@ -72,17 +79,27 @@ async def _open_store_patiently(url: str, polling_observer: bool, host_id: str) 
     return store
 
 
-async def _serve(settings: Settings, polling_observer: bool) -> None:
-    """The store is opened on this loop, the relay's: its operations run here and only here."""
+async def _serve(
+    settings: Settings, polling_observer: bool, require_sync: bool, failed: list[str]
+) -> None:
+    """The store is opened on this loop, the relay's: its operations run here and only here.
+    ``require_sync``: run only while the server replicates synchronously (``syncguard``)."""
     url = connection_url(settings)
     assert url is not None
+    if require_sync:
+        await asyncio.to_thread(syncguard.check_at_start, url)
     store = await _open_store_patiently(url, polling_observer, settings.host_id)
+    guard = None
     try:
         archive = open_archive(url, host_id=settings.host_id)
         relay = Relay(settings, store, archive)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, relay.stop)
+        if require_sync:
+            guard = loop.create_task(syncguard.watch(url, relay.stop, failed))
         await relay.run()
     finally:
+        if guard is not None:
+            guard.cancel()
         await store.aclose()

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from crossintercom.relay.syncguard import ENV_REQUIRE_SYNC
 from crossintercom.storage import migrate
 from crossintercom.testhooks import FAULTS_ENV
 from crossintercom.tools.pgcluster import free_port, pg_bin
@@ -228,3 +229,22 @@ def test_a_relay_frozen_across_the_failover_is_fenced_by_the_new_primary() -> No
         lost, dups = report("failover_fence", {**more, in_flight.id: "queued"}, acked, both)
         assert (lost, dups) == (0, 0)
         assert all(c == 1 for c in worker_new.message_ids().values())
+
+
+def test_a_relay_that_requires_synchronous_replication_stops_without_it() -> None:
+    with replicated(synchronous=True) as (pair, url), Cluster(url) as cluster:
+        a = cluster.host("A", relay=False)
+        a.env[ENV_REQUIRE_SYNC] = "1"
+        a.start_relay()  # synchronous: it runs
+
+        pair.primary.query("ALTER SYSTEM SET synchronous_standby_names = ''")
+        pair.primary.query("SELECT pg_reload_conf()")
+        relay = a.relay
+        assert relay is not None
+        assert relay.wait(60) != 0
+        assert "does not replicate synchronously (asynchronous" in a.relay_log()
+
+        refused = a.cli("relay", "--require-sync-replication")
+        assert refused.returncode != 0
+        assert "--require-sync-replication" in refused.stderr
+        assert "synchronous_standby_names" in refused.stderr
