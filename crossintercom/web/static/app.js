@@ -60,7 +60,8 @@ async function showThread(id, from) {
   const box = document.getElementById("thread-section");
   document.getElementById("thread-id").textContent = id;
   document.getElementById("thread").replaceChildren(...(Array.isArray(items) ? items : []).map(messageItem));
-  if (from) from.after(box); else document.getElementById("feed-pane").prepend(box);
+  if (from && !box.contains(from)) from.after(box);
+  else if (!from) document.getElementById("feed").before(box);
   box.hidden = false;
   box.focus();
 }
