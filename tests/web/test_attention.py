@@ -160,6 +160,7 @@ def test_a_lapsed_host_is_listed_until_its_relay_is_back(
     web_servers.append(web)
     page = open_page(browser, web)
     page.wait_for_selector('#hosts tr[data-host="A"] .lease.held')
+    assert page.inner_text('#hosts tr[data-host="A"] .beat').endswith("s ago")
     a.kill_relay()
     item = entry(page, "lapsed", "A")
     assert "A" in item.inner_text()

@@ -37,6 +37,7 @@ function renderRoster(r) {
   const hosts = document.getElementById("hosts");
   hosts.replaceChildren(...r.hosts.map((h) => el("tr", { "data-host": h.host },
     el("td", {}, h.host), el("td", { class: `lease ${h.lease}` }, h.lease),
+    el("td", { class: "beat" }, h.beat_at ? when(h.beat_at) : ""),
     el("td", {}, h.generation ?? ""), el("td", {}, r.sessions.filter((s) => s.host === h.host).length))));
   renderSessions(r);
   // The recipient picker: every session the roster knows, by name@host.
