@@ -16,8 +16,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 import uuid
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from typing import Any, Literal
 
 from crossintercom import history
@@ -71,6 +73,7 @@ class Overseer:
         self._tasks: list[asyncio.Task[None]] = []
         self.ask_timeouts: dict[str, float] = {}
         self.queued_after = queued_after
+        self._beats: dict[str, tuple[Any, float]] = {}
         self.attention: list[dict[str, Any]] = []
         self.roster: dict[str, Any] = {"hosts": [], "sessions": [], "warnings": []}
 
@@ -232,12 +235,18 @@ class Overseer:
                 log.warning("hosts unreadable: %s", exc.message)
                 rows = []
             self.leases.observe(rows)
+            now = time.time()
             for row in rows:
                 lease = "lapsed" if self.leases.lapsed(row.host_id) else "held"
+                # When this page last saw the host's counter move (its own clock).
+                beat = (row.generation, row.heartbeat)
+                if self._beats.get(row.host_id, (None, 0.0))[0] != beat:
+                    self._beats[row.host_id] = (beat, now)
                 hosts[row.host_id] = {
                     "host": row.host_id,
                     "generation": row.generation,
                     "heartbeat": row.heartbeat,
+                    "beat_at": _iso(self._beats[row.host_id][1]),
                     "lease": lease,
                 }
         hosts.setdefault(
@@ -324,6 +333,10 @@ class Overseer:
             out["reply"] = result.reply.to_dict() if result.reply is not None else None
         out["exit_code"] = result_exit_code(result, with_reply=mode == "ask")
         return out
+
+
+def _iso(t: float) -> str:
+    return datetime.fromtimestamp(t, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 def _settled(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:

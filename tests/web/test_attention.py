@@ -129,12 +129,13 @@ def test_the_attention_view_lists_and_answers(
     assert ask.returncode == 0 and json.loads(out)["reply"]["message"] == "yes", (out, err)
 
     # A refusal with its code, and dora offline with mail waiting.
-    refused = b.cli_json("send", "--as", "bob", "--to", "nobody", "lost", expect_rc=3)["error"]
+    refused = b.cli_json("send", "--as", "bob", "--to", "nobody", HOSTILE, expect_rc=3)["error"]
     item = entry(page, "refused", refused["id"])
     assert refused["code"] in item.inner_text()
     queued = b.cli_json("send", "--as", "bob", "--to", "dora", "later")
     assert queued["outcome"] == "queued"
     entry(page, "offline", b.session_id("dora"))
+    page.wait_for_selector('#sessions tr[data-name="dora"] td.queued:text-is("1")')
     assert "queued for dora@B" in entry(page, "queued", queued["id"]).inner_text()
     assert page.title().startswith("(")
 
@@ -142,6 +143,7 @@ def test_the_attention_view_lists_and_answers(
     href = entry(page, "refused", refused["id"]).query_selector("a.perma").get_attribute("href")
     page.goto(web.base + href)
     assert page.inner_text("#message .to") == "nobody"
+    assert page.inner_text("#text") == HOSTILE and page.query_selector("#text img") is None
     assert "refused" in page.inner_text("#receipts")
     page.goto(web.base + f"/message/{pid}")
     assert "crossintercom-escalation.json" in page.inner_text(".attachment-full figcaption")
@@ -158,6 +160,7 @@ def test_a_lapsed_host_is_listed_until_its_relay_is_back(
     web_servers.append(web)
     page = open_page(browser, web)
     page.wait_for_selector('#hosts tr[data-host="A"] .lease.held')
+    assert page.inner_text('#hosts tr[data-host="A"] .beat').endswith("s ago")
     a.kill_relay()
     item = entry(page, "lapsed", "A")
     assert "A" in item.inner_text()

@@ -2,7 +2,7 @@
 // history, threads, search, compose and the roster. Every piece of text from a message is set
 // as text, never as markup, so nothing an agent writes can run here (docs/web.md).
 
-import { el, getJSON, postJSON, who } from "./util.js";
+import { el, getJSON, postJSON, when, who } from "./util.js";
 import { addMessage, addOlder, hooks, known, messageItem, resetFeed, view } from "./feed.js";
 import { drawFlow, pulse } from "./flow.js";
 import { attentionHooks, renderAttention } from "./attention.js";
@@ -12,16 +12,34 @@ const MARK_START = "\u00ab", MARK_END = "\u00bb";
 let roster = boot.roster;
 let older = boot.before;  // the cursor of the next older page, or null
 
+function renderSessions(r) {
+  // What the page holds of each session: mail queued for it, and when it last sent.
+  const queued = new Map(), last = new Map();
+  for (const m of known.values()) {
+    if (!last.has(m.from.id) || last.get(m.from.id) < m.sent_at) last.set(m.from.id, m.sent_at);
+    for (const x of m.recipients || []) if (x.outcome === "queued") queued.set(x.session_id, (queued.get(x.session_id) || 0) + 1);
+  }
+  const sessions = document.getElementById("sessions");
+  sessions.replaceChildren(...r.sessions.map((s) => el("tr", { class: "session", "data-name": s.alias, "data-host": s.host },
+    el("td", {}, s.alias), el("td", {}, s.host), el("td", { class: s.online ? "online" : "offline" }, s.online ? "online" : "offline"),
+    el("td", { class: "queued" }, queued.get(s.id) || ""), el("td", {}, last.has(s.id) ? when(last.get(s.id)) : ""),
+    el("td", {}, s.status || ""), el("td", {}, (s.groups || []).join(", ")), el("td", {}, s.cwd || ""), el("td", {}, s.model || ""))));
+}
+
+// Sessions' queued counts move with the feed: redrawn at most once a second.
+let sessionsPending = null;
+function sessionsLater() {
+  if (!sessionsPending) sessionsPending = setTimeout(() => { sessionsPending = null; renderSessions(roster); }, 1000);
+}
+
 function renderRoster(r) {
   roster = r;
   const hosts = document.getElementById("hosts");
   hosts.replaceChildren(...r.hosts.map((h) => el("tr", { "data-host": h.host },
     el("td", {}, h.host), el("td", { class: `lease ${h.lease}` }, h.lease),
+    el("td", { class: "beat" }, h.beat_at ? when(h.beat_at) : ""),
     el("td", {}, h.generation ?? ""), el("td", {}, r.sessions.filter((s) => s.host === h.host).length))));
-  const sessions = document.getElementById("sessions");
-  sessions.replaceChildren(...r.sessions.map((s) => el("tr", { class: "session", "data-name": s.alias, "data-host": s.host },
-    el("td", {}, s.alias), el("td", {}, s.host), el("td", { class: s.online ? "online" : "offline" }, s.online ? "online" : "offline"),
-    el("td", {}, s.status || ""), el("td", {}, (s.groups || []).join(", ")), el("td", {}, s.cwd || ""), el("td", {}, s.model || ""))));
+  renderSessions(r);
   // The recipient picker: every session the roster knows, by name@host.
   document.getElementById("recipients").replaceChildren(
     ...r.sessions.map((s) => el("option", { value: `${s.alias}@${s.host}` })));
@@ -43,7 +61,8 @@ async function showThread(id, from) {
   const box = document.getElementById("thread-section");
   document.getElementById("thread-id").textContent = id;
   document.getElementById("thread").replaceChildren(...(Array.isArray(items) ? items : []).map(messageItem));
-  if (from) from.after(box); else document.getElementById("feed-pane").prepend(box);
+  if (from && !box.contains(from)) from.after(box);
+  else if (!from) document.getElementById("feed").before(box);
   box.hidden = false;
   box.focus();
 }
@@ -66,7 +85,7 @@ hooks.reply = replyTo;
 attentionHooks.reply = replyTo;
 attentionHooks.answered = () => loadPending();
 hooks.me = boot.roster.me ? boot.roster.me.id : null;
-hooks.changed = (m, isNew) => { drawFlow(roster, known); if (isNew) pulse(roster, m); };
+hooks.changed = (m, isNew) => { drawFlow(roster, known); sessionsLater(); if (isNew) pulse(roster, m); };
 
 // --- history: older pages from the server, filters ----------------------------------------------
 
