@@ -176,7 +176,7 @@ def build_app(overseer: Overseer, guard: Guard, *, manage_lifecycle: bool = True
         """One message on its own page: text, attachments, flags, every receipt."""
         m = overseer.message(request.path_params["message_id"])
         if m is None:
-            return _refuse(404, "not_found", "this page does not hold that message")
+            return _refuse(404, Code.NOT_FOUND, "this page does not hold that message")
         return HTMLResponse(_templates.get_template("message.html").render(m=m))
 
     @api
