@@ -19,6 +19,7 @@ from crossintercom.models import WakePolicy
 _WAKE_TEXT = {
     "every": "every new message wakes you",
     "asks": "only asks (messages waiting for your answer) wake you; other mail waits in your inbox",
+    "urgent": "only urgent mail wakes you; other mail waits in your inbox",
     "never": "nothing wakes you; read your inbox yourself",
 }
 
@@ -32,7 +33,10 @@ class SessionTools:
         self,
         policy: Annotated[
             WakePolicy,
-            Field(description="every: any message wakes you; asks: only asks; never: none."),
+            Field(
+                description="every: any message wakes you; asks: only asks; urgent: only "
+                "urgent mail; never: none."
+            ),
         ],
     ) -> CallToolResult:
         """Choose which new mail wakes you when idle (kept for this session)."""

@@ -2,7 +2,7 @@
 
 from crossintercom.client.aftercare import forget, report_shown, set_wake, shown_frame
 from crossintercom.client.aio import MAX_ASK_TIMEOUT_S, AsyncClient, Incoming
-from crossintercom.client.identity import AttachmentTooLarge, Identity, load_attachment
+from crossintercom.client.identity import AttachmentTooLarge, Identity, Marks, load_attachment
 from crossintercom.client.retries import OPERATION_DEADLINE_S, RECONNECT_WAITS_S, RETRY_WAITS_S
 from crossintercom.client.sync import Client, wait_until
 
@@ -16,6 +16,7 @@ __all__ = [
     "Client",
     "Identity",
     "Incoming",
+    "Marks",
     "forget",
     "load_attachment",
     "report_shown",

@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 import msgspec
 
-from crossintercom.models import Name, Peer, WakePolicy
+from crossintercom.models import Name, Peer, Priority, WakePolicy
 
 SessionId = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
 MessageId = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
@@ -47,6 +47,10 @@ class OutgoingBody(msgspec.Struct, frozen=True, omit_defaults=True):
     # Continue this thread (a root message's id); absent, the message starts its own, and a
     # reply takes its ask's.
     thread_id: MessageId | None = None
+    priority: Priority = "normal"
+    ack_required: bool = False
+    # The acknowledgement's deadline (ISO time), set by the client so a retry repeats it.
+    ack_by: str | None = None
 
 
 class Register(msgspec.Struct, tag="register", frozen=True):
