@@ -53,6 +53,8 @@ class Outcome(StrEnum):
     EXPIRED = "expired"
     # Receipts only, after ``delivered``: a surface showed it to the recipient's agent.
     SHOWN = "shown"
+    # Receipts only: the recipient acknowledged it (docs/delivery.md#acknowledgement).
+    ACKNOWLEDGED = "acknowledged"
 
     @property
     def strength(self) -> int:
@@ -61,6 +63,7 @@ class Outcome(StrEnum):
 
 
 _STRENGTH = {
+    Outcome.ACKNOWLEDGED: 7,
     Outcome.SHOWN: 6,
     Outcome.DELIVERED: 5,
     Outcome.QUEUED: 4,
@@ -93,6 +96,7 @@ class State(StrEnum):
     REFUSED = "refused"
     EXPIRED = "expired"
     SHOWN = "shown"
+    ACKNOWLEDGED = "acknowledged"
 
 
 def outcome_for_state(state: str, code: str | None) -> tuple[Outcome, str | None, str | None]:
@@ -105,6 +109,8 @@ def outcome_for_state(state: str, code: str | None) -> tuple[Outcome, str | None
     """
     if state == State.SHOWN:
         return Outcome.SHOWN, None, None
+    if state == State.ACKNOWLEDGED:
+        return Outcome.ACKNOWLEDGED, None, None
     if state == State.DELIVERED:
         if code == Code.HOST_QUEUED:
             return Outcome.QUEUED, Code.QUEUED_AT_HOST, None

@@ -4,16 +4,17 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Annotated
+from typing import Annotated, Any
 
 from mcp.types import CallToolResult
 from pydantic import Field
 
 from crossintercom.agents import mcp_results as res
+from crossintercom.agents.answered import check_one_line
 from crossintercom.agents.framing import one_line
 from crossintercom.agents.mcp_tools import guarded
 from crossintercom.agents.session import AgentSession
-from crossintercom.client import set_wake
+from crossintercom.client import acknowledge, awaiting_mine, sent_awaiting, set_wake
 from crossintercom.models import WakePolicy
 
 _WAKE_TEXT = {
@@ -65,14 +66,63 @@ class SessionTools:
             + (f"@{one_line(r['host'])}" if r.get("host") else "")
             + f": {one_line(r.get('outcome'))}"
             + (f" ({one_line(r['code'])})" if r.get("code") else "")
+            + (f": {one_line(r['message'])}" if r.get("message") else "")
             for r in found
         ]
         return res.ok("\n".join(lines) or "No receipts.", {"receipts": found})
+
+    @guarded
+    async def ack(
+        self,
+        message_ids: Annotated[list[str], Field(description="Ids of messages you received.")],
+        note: Annotated[
+            str | None, Field(description="One line for the sender.", max_length=1000)
+        ] = None,
+    ) -> CallToolResult:
+        """Acknowledge messages whose senders asked for it (handled; no reply needed). Each
+        sender gets an acknowledged receipt. A reply acknowledges its ask by itself."""
+        check_one_line("note", note)
+        done = acknowledge(self.session.client, message_ids, note)
+        return res.ok(f"Acknowledged {', '.join(done)}.", {"acknowledged": done})
+
+    @guarded
+    async def acks(
+        self,
+        sent: Annotated[
+            bool,
+            Field(description="false: what you must acknowledge; true: what you sent awaits."),
+        ] = False,
+    ) -> CallToolResult:
+        """Messages awaiting acknowledgement, with their ages (seconds) and whether overdue."""
+        if sent:
+            async with self.session.operation() as client:
+                rows = await sent_awaiting(client)
+        else:
+            rows = awaiting_mine(self.session.inbox)
+        lines = [
+            f"- {one_line(r['id'])} {_ack_line(r, sent)}, {r['age_s']:.0f}s ago"
+            + (" OVERDUE" if r["overdue"] else "")
+            for r in rows
+        ]
+        return res.ok("\n".join(lines) or "Nothing awaits acknowledgement.", {"acks": rows})
 
     def all(self) -> Mapping[str, tuple[Callable[..., Awaitable[CallToolResult]], bool]]:
         """Tool name -> (function, read-only)."""
         tools: dict[str, tuple[Callable[..., Awaitable[CallToolResult]], bool]] = {
             "set_wake": (self.set_wake, False),
             "receipts": (self.receipts, True),
+            "ack": (self.ack, False),
+            "acks": (self.acks, True),
         }
         return tools
+
+
+def _ack_line(r: Mapping[str, Any], sent: bool) -> str:
+    if not sent:
+        sender = r.get("from") or {}
+        who = one_line(sender.get("name") or sender.get("id"))
+        return f"from {who}@{one_line(sender.get('host'))}"
+    if r["acknowledged"]:
+        note = f" ({one_line(r['note'])})" if r.get("note") else ""
+        return f"to {one_line(r['to'])}: acknowledged by {one_line(r['acknowledged_by'])}{note}"
+    return f"to {one_line(r['to'])}: awaiting"

@@ -29,6 +29,7 @@ from crossintercom.client import (
     load_attachment,
     report_shown,
 )
+from crossintercom.client.acks import acknowledge_answered
 from crossintercom.config import Settings
 from crossintercom.inbox import Entry, Inbox
 from crossintercom.inbox_faults import steady_call
@@ -319,7 +320,13 @@ def reply(
         ask = answered(result, reply_to)
         if ask is not None:  # answered: no hook or monitor hands the ask over again
             show_ids(cfg, client, ident.id, [ask])
+            client.run(functools.partial(_acknowledge_answered, ask_id=ask))
     result_exit(result, as_json)
+
+
+async def _acknowledge_answered(client: AsyncClient, ask_id: str) -> bool:
+    """A reply acknowledges its ask when the asker asked for that (docs/delivery.md)."""
+    return acknowledge_answered(client, ask_id)
 
 
 COMMANDS = (listen, send, ask, reply, *inbox_cmd.COMMANDS)

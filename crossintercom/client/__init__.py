@@ -1,5 +1,6 @@
 """The Python API: ``AsyncClient`` for asyncio services, ``Client`` for scripts."""
 
+from crossintercom.client.acks import acknowledge, awaiting_mine, sent_awaiting
 from crossintercom.client.aftercare import forget, report_shown, set_wake, shown_frame
 from crossintercom.client.aio import MAX_ASK_TIMEOUT_S, AsyncClient, Incoming
 from crossintercom.client.identity import AttachmentTooLarge, Identity, Marks, load_attachment
@@ -17,9 +18,12 @@ __all__ = [
     "Identity",
     "Incoming",
     "Marks",
+    "acknowledge",
+    "awaiting_mine",
     "forget",
     "load_attachment",
     "report_shown",
+    "sent_awaiting",
     "set_wake",
     "shown_frame",
     "wait_until",

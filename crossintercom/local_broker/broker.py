@@ -21,7 +21,8 @@ from typing import Any
 from crossintercom import protocol as p
 from crossintercom.config import Settings
 from crossintercom.errors import Code, ProtocolError
-from crossintercom.local_broker import outcomes
+from crossintercom.local_broker import coord, outcomes
+from crossintercom.local_broker.acks import AckBook
 from crossintercom.local_broker.aftercare import Aftercare
 from crossintercom.local_broker.authority import AuthorityUnavailable, DedupAuthority
 from crossintercom.local_broker.conn import Conn
@@ -68,6 +69,7 @@ class Broker:
         self.registration = Registration(self.host, self.registry, state, self.delivery, self.relay)
         self.handover = Handover(self.registry, state, self.delivery, self.ops.limiter)
         self.traffic = Traffic(self.registry)
+        self.acks = self.aftercare.acks = AckBook(state, settings.retention_s)
         self.relay.traffic = self.delivery.traffic = self.traffic
         self.traffic.archive_copy = self.relay.archive
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -246,6 +248,8 @@ class Broker:
         finally:
             self.ops.commits.busy -= 1
         conn.write(p.Result.of(request_id, result))
+        if body.ack_required and result.outcome in _ARRIVING and conn.session_id is not None:
+            self.acks.expect(conn.session_id, body)
         if result.outcome in _WENT_NOWHERE:
             self._went_nowhere(conn, body, result)
 
@@ -309,6 +313,7 @@ class Broker:
             if r.sender
         ]
         self.traffic.receipts(r for _, r in receipts)
+        self.acks.note(r for _, r in receipts)
         self.delivery.notify_senders(receipts)
 
     async def _on_traffic(self, conn: Conn, f: p.Traffic) -> None:
@@ -379,3 +384,6 @@ class Broker:
 
 # Outcomes of a send that reached no one: the traffic log keeps them with their code.
 _WENT_NOWHERE = frozenset({Outcome.REFUSED, Outcome.NOT_SENT, Outcome.UNKNOWN})
+# Outcomes after which an acknowledgement may come.
+_ARRIVING = frozenset({Outcome.DELIVERED, Outcome.QUEUED, Outcome.SHOWN})
+Broker._handlers.update(coord.HANDLERS)

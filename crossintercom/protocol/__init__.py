@@ -8,6 +8,8 @@ and yields a typed value; encoding a struct yields the documented JSON.
 """
 
 from crossintercom.protocol.broker_frames import (
+    AckWait,
+    AckWaitList,
     BrokerFrame,
     DedupStats,
     Deliver,
@@ -34,6 +36,8 @@ from crossintercom.protocol.client_frames import (
     ANONYMOUS_TYPES,
     MAILBOX_TYPES,
     Ack,
+    Acknowledge,
+    AckWaits,
     AttachmentBody,
     ClientFrame,
     Confirm,
@@ -108,6 +112,10 @@ __all__ = [
     "PROTOCOL_VERSION",
     "RELAY_TYPES",
     "Ack",
+    "AckWait",
+    "AckWaitList",
+    "AckWaits",
+    "Acknowledge",
     "ArchiveCopy",
     "ArchiveState",
     "AttachmentBody",

@@ -201,6 +201,24 @@ class TrafficLog(msgspec.Struct, tag="traffic", frozen=True):
     last: int
 
 
+class AckWait(msgspec.Struct, frozen=True, omit_defaults=True):
+    """A message sent with an acknowledgement request: when, to whom, its deadline, and the
+    acknowledgement once it came (docs/delivery.md#acknowledgement)."""
+
+    id: str
+    to: str
+    sent_at: float
+    ack_by: str | None = None
+    acknowledged_at: float | None = None
+    by: str | None = None
+    note: str | None = None
+
+
+class AckWaitList(msgspec.Struct, tag="ack_wait_list", frozen=True):
+    request_id: RequestId
+    items: list[AckWait]
+
+
 BrokerFrame = (
     Error
     | Registered
@@ -216,4 +234,5 @@ BrokerFrame = (
     | Pong
     | Forgotten
     | TrafficLog
+    | AckWaitList
 )

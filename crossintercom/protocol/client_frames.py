@@ -138,6 +138,20 @@ class Shown(msgspec.Struct, tag="shown", frozen=True):
     messages: list[ShownItem]
 
 
+class Acknowledge(msgspec.Struct, tag="acknowledge", frozen=True, omit_defaults=True):
+    """The session acknowledges these messages; the broker tells their senders
+    (docs/delivery.md#acknowledgement). A notice, like ``shown``: no answer."""
+
+    messages: list[ShownItem]
+    note: Annotated[str, msgspec.Meta(max_length=1000)] | None = None
+
+
+class AckWaits(msgspec.Struct, tag="ack_waits", frozen=True):
+    """What this session sent with an acknowledgement request, and what became of it."""
+
+    request_id: RequestId
+
+
 class SetWake(msgspec.Struct, tag="set_wake", frozen=True):
     """The session's wake policy, kept with a durable session (docs/agents.md#wake-policy)."""
 
@@ -195,6 +209,8 @@ ClientFrame = (
     | Forget
     | InboxFault
     | Traffic
+    | Acknowledge
+    | AckWaits
 )
 
 # Frames a connection may send before it registers: queries that need no identity
@@ -204,5 +220,16 @@ ANONYMOUS_TYPES: frozenset[str] = frozenset(
 )
 # Frames that act as a mailbox; a control session (the relay) is not one.
 MAILBOX_TYPES: frozenset[str] = frozenset(
-    {"send", "reply", "join", "leave", "pending", "shown", "set_wake", "inbox_fault"}
+    {
+        "send",
+        "reply",
+        "join",
+        "leave",
+        "pending",
+        "shown",
+        "set_wake",
+        "inbox_fault",
+        "acknowledge",
+        "ack_waits",
+    }
 )

@@ -1,0 +1,84 @@
+"""ack and acks: acknowledgements (docs/delivery.md#acknowledgement)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from crossintercom.agents.answered import check_one_line
+from crossintercom.cli.common import as_options, identity, json_option, one_shot, settings
+from crossintercom.cli.output import emit_json
+from crossintercom.client import AsyncClient, acknowledge, awaiting_mine, sent_awaiting
+from crossintercom.safetext import terminal_line
+
+
+def _age(seconds: float) -> str:
+    s = int(seconds)
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if s >= size:
+            return f"{s // size}{unit}"
+    return f"{s}s"
+
+
+@click.command("ack")
+@as_options(required=True)
+@click.option("--note", metavar="TEXT", help="One line for the sender (e.g. 'done, no reply').")
+@json_option
+@click.argument("ids", nargs=-1, required=True, metavar="ID...")
+def ack_cmd(
+    as_name: str, session_id: str | None, note: str | None, as_json: bool, ids: tuple[str, ...]
+) -> None:
+    """Acknowledge messages in NAME's inbox: each sender gets an `acknowledged` receipt. A
+    reply acknowledges its ask by itself."""
+    check_one_line("note", note)
+    cfg = settings()
+
+    async def run(c: AsyncClient) -> list[str]:
+        return acknowledge(c, ids, note)
+
+    with one_shot(cfg, identity(cfg, as_name, session_id)) as client:
+        done = client.run(run)
+    if as_json:
+        emit_json({"acknowledged": done})
+    else:
+        for mid in done:
+            click.echo(f"acknowledged {mid}")
+
+
+@click.command("acks")
+@as_options(required=True)
+@click.option("--sent", is_flag=True, help="What NAME sent that awaits acknowledgement.")
+@json_option
+def acks_cmd(as_name: str, session_id: str | None, sent: bool, as_json: bool) -> None:
+    """Messages awaiting acknowledgement, with ages: those NAME was asked to acknowledge, or
+    (--sent) those NAME sent with --ack-required and what became of them. Overdue ones are
+    marked; exit 0 either way."""
+    cfg = settings()
+    with one_shot(cfg, identity(cfg, as_name, session_id)) as client:
+        rows: list[dict[str, Any]] = (
+            client.run(sent_awaiting) if sent else awaiting_mine(client.inbox)
+        )
+    if as_json:
+        emit_json(rows)
+        return
+    if not rows:
+        click.echo(f"nothing awaits acknowledgement {'from others' if sent else 'by ' + as_name}")
+    for r in rows:
+        f = terminal_line
+        if sent:
+            state = (
+                f"acknowledged by {f(r['acknowledged_by'])}"
+                + (f": {f(r['note'])}" if r.get("note") else "")
+                if r["acknowledged"]
+                else ("OVERDUE" if r["overdue"] else "awaiting")
+            )
+            click.echo(f"{f(r['id'])} to {f(r['to'])}, {_age(r['age_s'])} ago: {state}")
+        else:
+            sender = r.get("from") or {}
+            who = f"{f(sender.get('name') or sender.get('id'))}@{f(sender.get('host'))}"
+            late = " OVERDUE" if r["overdue"] else ""
+            click.echo(f"{f(r['id'])} from {who}, {_age(r['age_s'])} ago{late}")
+
+
+COMMANDS = (ack_cmd, acks_cmd)
