@@ -14,7 +14,15 @@ from crossintercom.agents.answered import check_one_line
 from crossintercom.agents.framing import one_line
 from crossintercom.agents.mcp_tools import guarded
 from crossintercom.agents.session import AgentSession
-from crossintercom.client import acknowledge, awaiting_mine, sent_awaiting, set_wake
+from crossintercom.client import (
+    acknowledge,
+    awaiting_mine,
+    dead_letter_json,
+    dead_letters,
+    resend,
+    sent_awaiting,
+    set_wake,
+)
 from crossintercom.models import WakePolicy
 
 _WAKE_TEXT = {
@@ -106,6 +114,33 @@ class SessionTools:
         ]
         return res.ok("\n".join(lines) or "Nothing awaits acknowledgement.", {"acks": rows})
 
+    @guarded
+    async def dead_letters(self) -> CallToolResult:
+        """Messages you sent that never reached their recipient (refused, not sent, expired,
+        recipient forgotten), with the reason; resend one with the resend tool."""
+        async with self.session.operation() as client:
+            rows = [dead_letter_json(d) for d in await dead_letters(client)]
+        lines = [
+            f"- {one_line(r['id'])} to {one_line(r['to'])}: {one_line(r['outcome'])} "
+            f"({one_line(r['code'] or r['outcome'])})"
+            + (f", resent as {one_line(r['resent_as'])}" if r["resent_as"] else "")
+            for r in rows
+        ]
+        return res.ok("\n".join(lines) or "No dead letters.", {"dead_letters": rows})
+
+    @guarded
+    async def resend(
+        self,
+        message_id: Annotated[str, Field(description="A dead letter's id.")],
+        recipient: Annotated[
+            str | None, Field(description="Only to this recipient it missed (a session id).")
+        ] = None,
+    ) -> CallToolResult:
+        """Send a dead letter again, as a new message in the same thread."""
+        async with self.session.operation() as client:
+            result = await resend(client, message_id, recipient)
+        return res.outcome(result)
+
     def all(self) -> Mapping[str, tuple[Callable[..., Awaitable[CallToolResult]], bool]]:
         """Tool name -> (function, read-only)."""
         tools: dict[str, tuple[Callable[..., Awaitable[CallToolResult]], bool]] = {
@@ -113,6 +148,8 @@ class SessionTools:
             "receipts": (self.receipts, True),
             "ack": (self.ack, False),
             "acks": (self.acks, True),
+            "dead_letters": (self.dead_letters, True),
+            "resend": (self.resend, False),
         }
         return tools
 

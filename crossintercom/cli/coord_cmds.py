@@ -2,14 +2,24 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import click
 
 from crossintercom.agents.answered import check_one_line
 from crossintercom.cli.common import as_options, identity, json_option, one_shot, settings
-from crossintercom.cli.output import emit_json
-from crossintercom.client import AsyncClient, acknowledge, awaiting_mine, sent_awaiting
+from crossintercom.cli.output import emit_json, refused_exit, result_exit
+from crossintercom.client import (
+    AsyncClient,
+    acknowledge,
+    awaiting_mine,
+    dead_letter_json,
+    dead_letters,
+    resend,
+    sent_awaiting,
+)
+from crossintercom.errors import RemoteError
 from crossintercom.safetext import terminal_line
 
 
@@ -81,4 +91,48 @@ def acks_cmd(as_name: str, session_id: str | None, sent: bool, as_json: bool) ->
             click.echo(f"{f(r['id'])} from {who}, {_age(r['age_s'])} ago{late}")
 
 
-COMMANDS = (ack_cmd, acks_cmd)
+@click.command("dead-letters")
+@as_options(required=True)
+@click.option("--all", "everyone", is_flag=True, help="Every session's of this host.")
+@json_option
+def dead_letters_cmd(as_name: str, session_id: str | None, everyone: bool, as_json: bool) -> None:
+    """Messages NAME sent that never reached their recipient (refused, not sent, expired,
+    forgotten), with the reason; kept on this host for the retention period."""
+    cfg = settings()
+    with one_shot(cfg, identity(cfg, as_name, session_id)) as client:
+        found = client.run(functools.partial(dead_letters, everyone=everyone))
+    rows = [dead_letter_json(d) for d in found]
+    if as_json:
+        emit_json(rows)
+        return
+    if not rows:
+        click.echo("no dead letters")
+    f = terminal_line
+    for r in rows:
+        why = f(r["code"] or r["outcome"]) + (f": {f(r['reason'])}" if r["reason"] else "")
+        again = f" (resent as {f(r['resent_as'])})" if r["resent_as"] else ""
+        click.echo(f"{f(r['id'])} to {f(r['to'])}: {f(r['outcome'])} ({why}){again}")
+        click.echo(f"  {f(r['message'])[:200]}")
+
+
+@click.command("resend")
+@as_options(required=True)
+@click.option("--recipient", metavar="ID", help="Only to this recipient it missed.")
+@json_option
+@click.argument("message_id", metavar="ID")
+def resend_cmd(
+    as_name: str, session_id: str | None, recipient: str | None, as_json: bool, message_id: str
+) -> None:
+    """Send dead letter ID again: a new message in the old one's thread, with a send's
+    outcome and exit code."""
+    cfg = settings()
+    try:
+        with one_shot(cfg, identity(cfg, as_name, session_id)) as client:
+            run = functools.partial(resend, message_id=message_id, recipient=recipient)
+            result = client.run(run)
+    except RemoteError as exc:  # no such dead letter: refused, exit 3
+        refused_exit(exc.code, exc.message, as_json)
+    result_exit(result, as_json)
+
+
+COMMANDS = (ack_cmd, acks_cmd, dead_letters_cmd, resend_cmd)

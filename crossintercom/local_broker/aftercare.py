@@ -13,6 +13,7 @@ from crossintercom import protocol as p
 from crossintercom.errors import Code, ProtocolError
 from crossintercom.local_broker.acks import AckBook
 from crossintercom.local_broker.conn import Conn
+from crossintercom.local_broker.deadletters import DeadLetterBook
 from crossintercom.local_broker.delivery import Delivery
 from crossintercom.local_broker.registry import Registry
 from crossintercom.local_broker.relay_link import RelayLink
@@ -50,6 +51,7 @@ class Aftercare:
         self.delivery = delivery
         self.relay = relay
         self.acks: AckBook | None = None  # set by the broker
+        self.dead: DeadLetterBook | None = None
 
     def _tell(self, receipts: list[tuple[Peer, Receipt]]) -> None:
         """Receipts for messages' senders: shown here, or carried to their hosts together."""
@@ -59,6 +61,8 @@ class Aftercare:
             self.relay.traffic.receipts(r for _, r in receipts)
         if self.acks is not None:
             self.acks.note(r for _, r in receipts)
+        if self.dead is not None:
+            self.dead.note(r for _, r in receipts)
         for sender, receipt in receipts:
             if sender.host == self.host:
                 local.append((sender.id, receipt))

@@ -26,6 +26,7 @@ from crossintercom.local_broker.acks import AckBook
 from crossintercom.local_broker.aftercare import Aftercare
 from crossintercom.local_broker.authority import AuthorityUnavailable, DedupAuthority
 from crossintercom.local_broker.conn import Conn
+from crossintercom.local_broker.deadletters import DeadLetterBook
 from crossintercom.local_broker.delivery import Delivery
 from crossintercom.local_broker.handover import Handover
 from crossintercom.local_broker.health import Health
@@ -70,6 +71,7 @@ class Broker:
         self.handover = Handover(self.registry, state, self.delivery, self.ops.limiter)
         self.traffic = Traffic(self.registry)
         self.acks = self.aftercare.acks = AckBook(state, settings.retention_s)
+        self.dead = self.aftercare.dead = DeadLetterBook(state, settings.retention_s)
         self.relay.traffic = self.delivery.traffic = self.traffic
         self.traffic.archive_copy = self.relay.archive
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -248,8 +250,10 @@ class Broker:
         finally:
             self.ops.commits.busy -= 1
         conn.write(p.Result.of(request_id, result))
-        if body.ack_required and result.outcome in _ARRIVING and conn.session_id is not None:
-            self.acks.expect(conn.session_id, body)
+        if conn.session_id is not None:
+            self.dead.sent(conn.session_id, body, result)
+            if body.ack_required and result.outcome in _ARRIVING:
+                self.acks.expect(conn.session_id, body)
         if result.outcome in _WENT_NOWHERE:
             self._went_nowhere(conn, body, result)
 
@@ -314,6 +318,7 @@ class Broker:
         ]
         self.traffic.receipts(r for _, r in receipts)
         self.acks.note(r for _, r in receipts)
+        self.dead.note(r for _, r in receipts)
         self.delivery.notify_senders(receipts)
 
     async def _on_traffic(self, conn: Conn, f: p.Traffic) -> None:

@@ -7,7 +7,7 @@ from typing import Literal
 import msgspec
 
 from crossintercom.models import Message, Outcome, Receipt, SendResult, SessionInfo
-from crossintercom.protocol.client_frames import RequestId
+from crossintercom.protocol.client_frames import OutgoingBody, RequestId
 
 
 class Error(msgspec.Struct, tag="error", frozen=True, omit_defaults=True):
@@ -219,6 +219,26 @@ class AckWaitList(msgspec.Struct, tag="ack_wait_list", frozen=True):
     items: list[AckWait]
 
 
+class DeadLetter(msgspec.Struct, frozen=True, omit_defaults=True):
+    """A message that never reached ``recipient``: why, when, and what it said."""
+
+    id: str
+    sender: str
+    to: str
+    recipient: str
+    outcome: str
+    at: float
+    message: OutgoingBody
+    code: str | None = None
+    reason: str | None = None
+    resent_as: str | None = None
+
+
+class DeadLetterList(msgspec.Struct, tag="dead_letter_list", frozen=True):
+    request_id: RequestId
+    items: list[DeadLetter]
+
+
 BrokerFrame = (
     Error
     | Registered
@@ -235,4 +255,5 @@ BrokerFrame = (
     | Forgotten
     | TrafficLog
     | AckWaitList
+    | DeadLetterList
 )

@@ -152,6 +152,23 @@ class AckWaits(msgspec.Struct, tag="ack_waits", frozen=True):
     request_id: RequestId
 
 
+class DeadLetters(msgspec.Struct, tag="dead_letters", frozen=True):
+    """Messages this session sent that never reached their recipient (``everyone``: every
+    session's of this host); docs/delivery.md#dead-letters."""
+
+    request_id: RequestId
+    everyone: bool = False
+
+
+class Resend(msgspec.Struct, tag="resend", frozen=True):
+    """Send a dead letter again as a new message ``new_id`` in the same thread."""
+
+    request_id: RequestId
+    id: MessageId
+    new_id: MessageId
+    recipient: str | None = None
+
+
 class SetWake(msgspec.Struct, tag="set_wake", frozen=True):
     """The session's wake policy, kept with a durable session (docs/agents.md#wake-policy)."""
 
@@ -211,6 +228,8 @@ ClientFrame = (
     | Traffic
     | Acknowledge
     | AckWaits
+    | DeadLetters
+    | Resend
 )
 
 # Frames a connection may send before it registers: queries that need no identity
@@ -231,5 +250,7 @@ MAILBOX_TYPES: frozenset[str] = frozenset(
         "inbox_fault",
         "acknowledge",
         "ack_waits",
+        "dead_letters",
+        "resend",
     }
 )

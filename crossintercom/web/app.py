@@ -193,6 +193,10 @@ def build_app(overseer: Overseer, guard: Guard, *, manage_lifecycle: bool = True
         return JSONResponse(await overseer.pending())
 
     @api
+    async def dead(request: Request) -> Response:
+        return JSONResponse(await overseer.dead_letters())
+
+    @api
     async def search(request: Request) -> Response:
         return JSONResponse(await overseer.search(_search_query(request)))
 
@@ -237,6 +241,7 @@ def build_app(overseer: Overseer, guard: Guard, *, manage_lifecycle: bool = True
         Route("/api/attention", attention),
         Route("/message/{message_id}", message_page),
         Route("/api/pending", pending),
+        Route("/api/dead-letters", dead),
         Route("/api/search", search),
         Route("/api/compose", compose, methods=["POST"]),
         Route("/api/health", health),

@@ -21,7 +21,7 @@ from collections.abc import AsyncIterator
 from typing import Any, Literal, Unpack
 
 from crossintercom import history
-from crossintercom.client import AsyncClient, Identity, Marks
+from crossintercom.client import AsyncClient, Identity, Marks, dead_letter_json, dead_letters
 from crossintercom.config import Settings
 from crossintercom.errors import CrossintercomError, InboxUnavailable, StoreError, UsageError
 from crossintercom.exits import result_exit_code
@@ -287,6 +287,10 @@ class Overseer:
 
     async def pending(self) -> list[dict[str, Any]]:
         return [m.to_dict() for m in await self.client.pending()]
+
+    async def dead_letters(self) -> list[dict[str, Any]]:
+        """Every session's dead letters on this host (docs/delivery.md#dead-letters)."""
+        return [dead_letter_json(d) for d in await dead_letters(self.client, everyone=True)]
 
     # --- compose --------------------------------------------------------------------------------
 
