@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from mcp.types import CallToolResult
 from pydantic import Field
@@ -19,10 +19,13 @@ from crossintercom.client import (
     awaiting_mine,
     dead_letter_json,
     dead_letters,
+    inbound_json,
+    inbound_policy,
     resend,
     sent_awaiting,
     set_wake,
 )
+from crossintercom.errors import UsageError
 from crossintercom.models import WakePolicy
 
 _WAKE_TEXT = {
@@ -141,6 +144,33 @@ class SessionTools:
             result = await resend(client, message_id, recipient)
         return res.outcome(result)
 
+    @guarded
+    async def inbound_policy(
+        self,
+        pattern: Annotated[
+            str | None,
+            Field(description="Sender to set a rule for: NAME, NAME@HOST, *@HOST, group:NAME, *."),
+        ] = None,
+        action: Annotated[
+            Literal["accept", "hold", "refuse"] | None,
+            Field(description="accept, hold (kept unshown until released) or refuse."),
+        ] = None,
+        remove: Annotated[bool, Field(description="Remove the rule for pattern.")] = False,
+        release: Annotated[
+            list[str] | None, Field(description="Held message ids to release; ['*']: all.")
+        ] = None,
+    ) -> CallToolResult:
+        """Whose mail you accept, hold or refuse (kept with your session), and the mail held;
+        without arguments it only lists them."""
+        if pattern is not None and action is None and not remove:
+            raise UsageError("give an action for the pattern, or remove=true")
+        async with self.session.operation() as client:
+            state = await inbound_policy(client, pattern, None if remove else action, release)
+        out = inbound_json(state)
+        lines = [f"- {one_line(k)}: {v}" for k, v in out["rules"].items()] or ["No rules."]
+        lines += [f"held {one_line(h['id'])} from {one_line(h['from'])}" for h in out["held"]]
+        return res.ok("\n".join(lines), out)
+
     def all(self) -> Mapping[str, tuple[Callable[..., Awaitable[CallToolResult]], bool]]:
         """Tool name -> (function, read-only)."""
         tools: dict[str, tuple[Callable[..., Awaitable[CallToolResult]], bool]] = {
@@ -150,6 +180,7 @@ class SessionTools:
             "acks": (self.acks, True),
             "dead_letters": (self.dead_letters, True),
             "resend": (self.resend, False),
+            "inbound_policy": (self.inbound_policy, False),
         }
         return tools
 

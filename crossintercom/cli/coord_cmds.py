@@ -16,6 +16,8 @@ from crossintercom.client import (
     awaiting_mine,
     dead_letter_json,
     dead_letters,
+    inbound_json,
+    inbound_policy,
     resend,
     sent_awaiting,
 )
@@ -135,4 +137,64 @@ def resend_cmd(
     result_exit(result, as_json)
 
 
-COMMANDS = (ack_cmd, acks_cmd, dead_letters_cmd, resend_cmd)
+def _inbound_out(state: Any, as_json: bool) -> None:
+    out = inbound_json(state)
+    if as_json:
+        emit_json(out)
+        return
+    f = terminal_line
+    for pattern, action in out["rules"].items():
+        click.echo(f"{f(pattern)}: {f(action)}")
+    if not out["rules"]:
+        click.echo("no rules: every sender is accepted")
+    if out["released"]:
+        click.echo(f"released {out['released']}")
+    for h in out["held"]:
+        click.echo(f"held {f(h['id'])} from {f(h['from'])}: {f(h['message'])[:120]}")
+
+
+@click.command("inbound")
+@as_options(required=True)
+@click.option("--remove", "remove", metavar="PATTERN", help="Remove the rule for PATTERN.")
+@json_option
+@click.argument("pattern", required=False)
+@click.argument("action", required=False, type=click.Choice(("accept", "hold", "refuse")))
+def inbound_cmd(
+    as_name: str,
+    session_id: str | None,
+    remove: str | None,
+    as_json: bool,
+    pattern: str | None,
+    action: str | None,
+) -> None:
+    """NAME's inbound policy: with PATTERN ACTION, set a rule (PATTERN: NAME, NAME@HOST, *@HOST,
+    group:NAME or *; ACTION: accept, hold or refuse); then list the rules and held mail."""
+    if (pattern is None) != (action is None) or (remove and pattern):
+        raise click.UsageError("give PATTERN and ACTION together, or --remove PATTERN")
+    cfg = settings()
+    with one_shot(cfg, identity(cfg, as_name, session_id)) as client:
+        run = functools.partial(inbound_policy, pattern=remove or pattern, action=action)
+        state = client.run(run)
+    _inbound_out(state, as_json)
+
+
+@click.command("release")
+@as_options(required=True)
+@click.option("--all", "everything", is_flag=True, help="Release all held mail.")
+@json_option
+@click.argument("ids", nargs=-1, metavar="ID...")
+def release_cmd(
+    as_name: str, session_id: str | None, everything: bool, as_json: bool, ids: tuple[str, ...]
+) -> None:
+    """Release mail NAME's inbound policy held: it is delivered (shown, and wakes) as mail
+    that waited while NAME was away."""
+    if not ids and not everything:
+        raise click.UsageError("give IDs or --all")
+    cfg = settings()
+    with one_shot(cfg, identity(cfg, as_name, session_id)) as client:
+        run = functools.partial(inbound_policy, release=["*"] if everything else list(ids))
+        state = client.run(run)
+    _inbound_out(state, as_json)
+
+
+COMMANDS = (ack_cmd, acks_cmd, dead_letters_cmd, resend_cmd, inbound_cmd, release_cmd)

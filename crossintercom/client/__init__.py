@@ -5,6 +5,7 @@ from crossintercom.client.aftercare import forget, report_shown, set_wake, shown
 from crossintercom.client.aio import MAX_ASK_TIMEOUT_S, AsyncClient, Incoming
 from crossintercom.client.deadletters import dead_letter_json, dead_letters, resend
 from crossintercom.client.identity import AttachmentTooLarge, Identity, Marks, load_attachment
+from crossintercom.client.inbound import inbound_json, inbound_policy
 from crossintercom.client.retries import OPERATION_DEADLINE_S, RECONNECT_WAITS_S, RETRY_WAITS_S
 from crossintercom.client.sync import Client, wait_until
 
@@ -24,6 +25,8 @@ __all__ = [
     "dead_letter_json",
     "dead_letters",
     "forget",
+    "inbound_json",
+    "inbound_policy",
     "load_attachment",
     "report_shown",
     "resend",

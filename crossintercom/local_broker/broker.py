@@ -30,6 +30,7 @@ from crossintercom.local_broker.deadletters import DeadLetterBook
 from crossintercom.local_broker.delivery import Delivery
 from crossintercom.local_broker.handover import Handover
 from crossintercom.local_broker.health import Health
+from crossintercom.local_broker.inbound_policy import InboundPolicy
 from crossintercom.local_broker.outcomes import Refusal
 from crossintercom.local_broker.registration import Registration
 from crossintercom.local_broker.registry import Registry
@@ -72,6 +73,8 @@ class Broker:
         self.traffic = Traffic(self.registry)
         self.acks = self.aftercare.acks = AckBook(state, settings.retention_s)
         self.dead = self.aftercare.dead = DeadLetterBook(state, settings.retention_s)
+        self.inbound = InboundPolicy(state, self.registry)
+        self.delivery.screen = self.inbound.screen
         self.relay.traffic = self.delivery.traffic = self.traffic
         self.traffic.archive_copy = self.relay.archive
         self._tasks: set[asyncio.Task[Any]] = set()

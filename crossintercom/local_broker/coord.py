@@ -14,6 +14,9 @@ from crossintercom.local_broker.acks import AckBook
 from crossintercom.local_broker.aftercare import Aftercare
 from crossintercom.local_broker.conn import Conn
 from crossintercom.local_broker.deadletters import DeadLetterBook
+from crossintercom.local_broker.delivery import Delivery
+from crossintercom.local_broker.inbound_policy import ACTIONS, InboundPolicy, valid_pattern
+from crossintercom.local_broker.registry import Registry
 from crossintercom.local_broker.sending import Operations
 from crossintercom.models import SendResult
 
@@ -25,6 +28,9 @@ class Broker(Protocol):
     acks: AckBook
     dead: DeadLetterBook
     ops: Operations
+    inbound: InboundPolicy
+    delivery: Delivery
+    registry: Registry
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> None: ...
 
@@ -76,9 +82,45 @@ async def _on_resend(broker: Broker, conn: Conn, f: p.Resend) -> None:
     broker.spawn(broker._answer(conn, f.request_id, body, broker.ops.send(conn, body)))
 
 
+async def _on_inbound(broker: Broker, conn: Conn, f: p.InboundPolicy) -> None:
+    sid = conn.session_id
+    assert sid is not None
+    policy = broker.inbound
+    if f.pattern is not None:
+        if not valid_pattern(f.pattern):
+            raise ProtocolError(
+                f"{f.pattern!r} is not NAME, NAME@HOST, *@HOST, group:NAME or *",
+                code=Code.INVALID_ARGUMENT,
+            )
+        action = next((a for a in ACTIONS if a == f.action), None)
+        if f.action is not None and action is None:
+            raise ProtocolError("action must be accept, hold or refuse", code=Code.BAD_FIELD)
+        policy.set(sid, f.pattern, action)
+    released = 0
+    if f.release is not None:
+        taken = policy.take(sid, None if "*" in f.release else f.release)
+        for msg in taken:  # queued as mail that waited while the session was away
+            broker.delivery.queue_released(sid, msg)
+        owner = broker.registry.owner(sid)
+        if taken and owner is not None:
+            broker.delivery.drain_backlog(owner, sid)
+        released = len(taken)
+    held = [
+        p.HeldMail(mid, _sender(body), at, str(body.get("message", "")))
+        for mid, body, at in policy.held(sid)
+    ]
+    conn.write(p.InboundState(f.request_id, policy.rules(sid), held, released))
+
+
+def _sender(body: dict[str, Any]) -> str:
+    s = body.get("from") or {}
+    return f"{s.get('name') or s.get('id')}@{s.get('host')}"
+
+
 HANDLERS: dict[type, Callable[[Broker, Conn, Any], Coroutine[Any, Any, None]]] = {
     p.Acknowledge: _on_acknowledge,
     p.AckWaits: _on_ack_waits,
     p.DeadLetters: _on_dead_letters,
     p.Resend: _on_resend,
+    p.InboundPolicy: _on_inbound,
 }

@@ -239,6 +239,22 @@ class DeadLetterList(msgspec.Struct, tag="dead_letter_list", frozen=True):
     items: list[DeadLetter]
 
 
+class HeldMail(msgspec.Struct, frozen=True):
+    id: str
+    sender: str
+    held_at: float
+    message: str
+
+
+class InboundState(msgspec.Struct, tag="inbound_state", frozen=True):
+    """A session's inbound rules (pattern -> action) and the mail they hold."""
+
+    request_id: RequestId
+    rules: dict[str, str]
+    held: list[HeldMail]
+    released: int = 0
+
+
 BrokerFrame = (
     Error
     | Registered
@@ -256,4 +272,5 @@ BrokerFrame = (
     | TrafficLog
     | AckWaitList
     | DeadLetterList
+    | InboundState
 )

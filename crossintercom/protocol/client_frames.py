@@ -169,6 +169,17 @@ class Resend(msgspec.Struct, tag="resend", frozen=True):
     recipient: str | None = None
 
 
+class InboundPolicy(msgspec.Struct, tag="inbound_policy", frozen=True, omit_defaults=True):
+    """Read the session's inbound policy and held mail; with ``pattern``, first set its rule
+    (``action`` accept, hold or refuse; None removes it); with ``release``, first release
+    those held messages (``["*"]``: all). docs/agents.md#inbound-policy."""
+
+    request_id: RequestId
+    pattern: str | None = None
+    action: str | None = None
+    release: list[MessageId] | None = None
+
+
 class SetWake(msgspec.Struct, tag="set_wake", frozen=True):
     """The session's wake policy, kept with a durable session (docs/agents.md#wake-policy)."""
 
@@ -230,6 +241,7 @@ ClientFrame = (
     | AckWaits
     | DeadLetters
     | Resend
+    | InboundPolicy
 )
 
 # Frames a connection may send before it registers: queries that need no identity
@@ -252,5 +264,6 @@ MAILBOX_TYPES: frozenset[str] = frozenset(
         "ack_waits",
         "dead_letters",
         "resend",
+        "inbound_policy",
     }
 )

@@ -91,6 +91,7 @@ SAMPLES: list[Any] = [
     p.AckWaits(request_id=18),
     p.DeadLetters(request_id=19, everyone=True),
     p.Resend(request_id=20, id=sid(), new_id=sid()),
+    p.InboundPolicy(request_id=21, pattern="pest@h2", action="refuse", release=["*"]),
     p.RemoteRoster(sessions=[SessionInfo(id="x", host="h2")], request_id=12),
     p.Inbound(
         request_id=13, message=Message(id="m", sender=Peer("s", None, "h2")), recipient=sid()
