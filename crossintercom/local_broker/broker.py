@@ -160,6 +160,7 @@ class Broker:
                 dedup=p.DedupStats(records, nbytes),
                 warnings=self.health.warnings({s.id: s.display_name for s in reg.local_sessions()}),
                 asks_waiting=len(self.delivery.ask_waiters),
+                inbound=self.inbound.summary(),
             )
         )
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Literal
+from typing import Any, Literal
 
 from crossintercom.codes import Code
 from crossintercom.local_broker.registry import Registry
@@ -110,6 +110,23 @@ class InboundPolicy:
         if not rules:
             return "accept"
         return next((rules[c] for c in _candidates(sender, groups) if c in rules), "accept")
+
+    def summary(self) -> dict[str, dict[str, Any]]:
+        """For ``status``: each session with rules or held mail, by its name."""
+        out: dict[str, dict[str, Any]] = {}
+
+        def entry(sid: str) -> dict[str, Any]:
+            known = self.registry.known.get(sid)
+            name = known.name if known is not None and known.name else sid
+            return out.setdefault(name, {"rules": {}, "held": 0})
+
+        for sid, pattern, action in self.db.execute(
+            "SELECT session, pattern, action FROM inbound_rules ORDER BY pattern"
+        ):
+            entry(sid)["rules"][pattern] = action
+        for sid, n in self.db.execute("SELECT session, count(*) FROM held_mail GROUP BY session"):
+            entry(sid)["held"] = n
+        return out
 
     def hold(self, session: str, msg: Message) -> None:
         self.db.execute(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 
@@ -120,6 +120,8 @@ class StatusReport(msgspec.Struct, tag="status", frozen=True):
     warnings: list[str] = []
     # Asks whose asker is connected and waiting here for the reply.
     asks_waiting: int = 0
+    # Sessions with an inbound policy: name -> {"rules": {pattern: action}, "held": count}.
+    inbound: dict[str, dict[str, Any]] = {}
 
 
 class GroupMember(msgspec.Struct, frozen=True):

@@ -28,6 +28,9 @@ def test_refuse_and_hold_senders_across_hosts(cluster: Cluster) -> None:
     assert [(h["id"], h["from"]) for h in state["held"]] == [(held["id"], "planner@A")]
     worker.no_message()  # held: not delivered to the listener, so not shown
     assert b.inbox("worker")[held["id"]] == 0
+    shown = b.cli_json("status")["inbound"]["worker"]
+    assert shown == {"rules": {"*@A": "hold", "pest@A": "refuse"}, "held": 1}
+    assert "worker: " in b.cli("status").stdout
 
     # Rules are kept across a broker restart.
     worker.stop()
