@@ -35,6 +35,7 @@ from crossintercom.local_broker.outcomes import Refusal
 from crossintercom.local_broker.registration import Registration
 from crossintercom.local_broker.registry import Registry
 from crossintercom.local_broker.relay_link import RelayLink
+from crossintercom.local_broker.retirement import retire_idle
 from crossintercom.local_broker.sending import Operations
 from crossintercom.local_broker.state import BrokerState
 from crossintercom.local_broker.traffic import Traffic
@@ -355,6 +356,7 @@ class Broker:
         self.state.forget_old()
         self.state.checkpoint()
         self.aftercare.expired(self.state.take_expired())
+        retire_idle(self.state, self.registry, self.aftercare, self.settings.retire_idle_s)
 
     def stop(self) -> None:
         self._stop.set()
