@@ -259,6 +259,7 @@ _OUTCOME_WORDS = {
     Outcome.UNKNOWN: f"outcome unknown: {UNKNOWN_ADVICE}. Do NOT resend it",
     Outcome.EXPIRED: "expired: it was never collected",
     Outcome.SHOWN: "shown to the recipient's agent",
+    Outcome.ACKNOWLEDGED: "acknowledged by the recipient",
 }
 
 

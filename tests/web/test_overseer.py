@@ -98,6 +98,8 @@ def test_the_page_shows_both_hosts_live_messages_compose_and_escapes_text(
     page.fill('#compose-form [name="to"]', "alice@A")
     page.fill('#compose-form [name="subject"]', "from the overseer")
     page.fill('#compose-form [name="message"]', "please pause the deploy")
+    page.select_option('#compose-form [name="priority"]', "urgent")
+    page.check('#compose-form [name="ack_required"]')
     page.click('#compose-form button[type="submit"]')
     page.wait_for_function(
         "document.getElementById('compose-result').textContent.includes('\"outcome\"')"
@@ -105,6 +107,7 @@ def test_the_page_shows_both_hosts_live_messages_compose_and_escapes_text(
     result = json.loads(page.inner_text("#compose-result"))
     assert (result["outcome"], result["exit_code"]) == ("delivered", 0)
     got = alice.next_message()
+    assert (got["priority"], got["ack_required"]) == ("urgent", True)
     assert got["id"] == result["id"]
     assert got["message"] == "please pause the deploy"
     assert (got["from"]["name"], got["from"]["host"]) == ("boss", "B")
