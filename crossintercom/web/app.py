@@ -197,6 +197,10 @@ def build_app(overseer: Overseer, guard: Guard, *, manage_lifecycle: bool = True
         return JSONResponse(await overseer.dead_letters())
 
     @api
+    async def inbound(request: Request) -> Response:
+        return JSONResponse(await overseer.inbound())
+
+    @api
     async def search(request: Request) -> Response:
         return JSONResponse(await overseer.search(_search_query(request)))
 
@@ -242,6 +246,7 @@ def build_app(overseer: Overseer, guard: Guard, *, manage_lifecycle: bool = True
         Route("/message/{message_id}", message_page),
         Route("/api/pending", pending),
         Route("/api/dead-letters", dead),
+        Route("/api/inbound", inbound),
         Route("/api/search", search),
         Route("/api/compose", compose, methods=["POST"]),
         Route("/api/health", health),

@@ -288,6 +288,10 @@ class Overseer:
     async def pending(self) -> list[dict[str, Any]]:
         return [m.to_dict() for m in await self.client.pending()]
 
+    async def inbound(self) -> dict[str, dict[str, Any]]:
+        """Each session's inbound rules and held mail (docs/agents.md#inbound-policy)."""
+        return (await self.client.status()).inbound
+
     async def dead_letters(self) -> list[dict[str, Any]]:
         """Every session's dead letters on this host (docs/delivery.md#dead-letters)."""
         return [dead_letter_json(d) for d in await dead_letters(self.client, everyone=True)]

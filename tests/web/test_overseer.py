@@ -187,6 +187,12 @@ def test_requests_without_the_token_or_csrf_are_refused(
     assert (status, out["error"]["code"]) == (403, "csrf")
     status, out = request(compose, method="POST", headers=with_csrf, body=body)
     assert status == 200 and out["outcome"] == "refused" and out["exit_code"] == 3
+    # The refused send is a dead letter of this host, listed on the page.
+    status, dead = request(web.base + "/api/dead-letters", headers=auth)
+    assert status == 200 and [(d["id"], d["code"]) for d in dead] == [(out["id"], "not_found")]
+    b.cli_json("inbound", "--as", "worker", "pest", "refuse")
+    status, inbound = request(web.base + "/api/inbound", headers=auth)
+    assert status == 200 and inbound["worker"] == {"rules": {"pest": "refuse"}, "held": 0}
     status, out = request(compose, method="POST", headers=with_csrf, body={"mode": "x"})
     assert (status, out["error"]["code"]) == (400, "invalid_argument")
     # One page per human session: a second one for the same name is refused, readably.

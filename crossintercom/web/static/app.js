@@ -141,8 +141,15 @@ async function loadDeadLetters() {
       el("span", { class: "text" }, d.message))));
 }
 
+async function loadInbound() {
+  const all = await getJSON("/api/inbound");
+  document.getElementById("inbound").replaceChildren(...Object.entries(all && !all.error ? all : {}).map(([name, pol]) =>
+    el("li", {}, `${name}: ${Object.entries(pol.rules).map(([p, a]) => `${p} ${a}`).join(", ") || "no rules"}; ${pol.held} held`)));
+}
+
 async function loadPending() {
   loadDeadLetters();
+  loadInbound();
   const asks = await getJSON("/api/pending");
   const list = document.getElementById("pending");
   list.replaceChildren(...(Array.isArray(asks) ? asks : []).map((m) => {
