@@ -66,6 +66,8 @@ class Code(StrEnum):
     CROSSING_ASK = "crossing_ask"
     # The expiry code of mail that was queued for a session `forget` dropped.
     FORGOTTEN = "forgotten"
+    # The recipient's inbound policy refuses this sender (docs/agents.md#inbound-policy).
+    SENDER_REFUSED = "sender_refused"
     # Why nothing was sent (not_sent) or why the outcome is not known (unknown).
     NO_RELAY = "no_relay"
     RECIPIENT_GONE = "recipient_gone"

@@ -87,6 +87,8 @@ class Settings:
     dedup_ttl_s: float = 720.0
     # How often the broker sweeps expired dedup records and queued messages (expiry receipts).
     sweep_interval_s: float = 30.0
+    # Durable names idle this long are retired as by `forget`; 0: never (docs/agents.md).
+    retire_idle_s: float = 0.0
     remote_ack_wait_s: float = 5.0
     lease_s: float = 15.0
     # How often the relay bumps its heartbeat (its one idle commit); a lease under three of

@@ -25,6 +25,7 @@ OUTCOME_EXIT: Final = {
     Outcome.UNKNOWN: EXIT_UNKNOWN,
     Outcome.EXPIRED: EXIT_REFUSED,
     Outcome.SHOWN: EXIT_OK,
+    Outcome.ACKNOWLEDGED: EXIT_OK,
 }
 
 

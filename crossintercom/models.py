@@ -28,8 +28,13 @@ Purpose = Literal["agent", "control"]
 PURPOSES: Final[tuple[Purpose, ...]] = ("agent", "control")
 AttachmentKind = Literal["file", "snippet", "context"]
 # When a session's waiting surfaces (wait, hooks, line monitor) wake it (docs/agents.md).
-WakePolicy = Literal["every", "asks", "never"]
-WAKE_POLICIES: Final[tuple[WakePolicy, ...]] = ("every", "asks", "never")
+WakePolicy = Literal["every", "asks", "urgent", "never"]
+WAKE_POLICIES: Final[tuple[WakePolicy, ...]] = ("every", "asks", "urgent", "never")
+# How much a message matters to its sender (docs/delivery.md#priority); a backlog is shown
+# most urgent first.
+Priority = Literal["low", "normal", "high", "urgent"]
+PRIORITIES: Final[tuple[Priority, ...]] = ("low", "normal", "high", "urgent")
+PRIORITY_RANK: Final[dict[str, int]] = {p: i for i, p in enumerate(PRIORITIES)}
 ATTACHMENT_KINDS: Final[tuple[AttachmentKind, ...]] = ("file", "snippet", "context")
 
 _NAME_RE = re.compile(NAME_PATTERN)
@@ -48,6 +53,8 @@ class Outcome(StrEnum):
     EXPIRED = "expired"
     # Receipts only, after ``delivered``: a surface showed it to the recipient's agent.
     SHOWN = "shown"
+    # Receipts only: the recipient acknowledged it (docs/delivery.md#acknowledgement).
+    ACKNOWLEDGED = "acknowledged"
 
     @property
     def strength(self) -> int:
@@ -56,6 +63,7 @@ class Outcome(StrEnum):
 
 
 _STRENGTH = {
+    Outcome.ACKNOWLEDGED: 7,
     Outcome.SHOWN: 6,
     Outcome.DELIVERED: 5,
     Outcome.QUEUED: 4,
@@ -86,6 +94,7 @@ class State(StrEnum):
     REFUSED = "refused"
     EXPIRED = "expired"
     SHOWN = "shown"
+    ACKNOWLEDGED = "acknowledged"
 
 
 def outcome_for_state(state: str, code: str | None) -> tuple[Outcome, str | None, str | None]:
@@ -97,6 +106,8 @@ def outcome_for_state(state: str, code: str | None) -> tuple[Outcome, str | None
     """
     if state == State.SHOWN:
         return Outcome.SHOWN, None, None
+    if state == State.ACKNOWLEDGED:
+        return Outcome.ACKNOWLEDGED, None, None
     if state == State.DELIVERED:
         if code == Code.HOST_QUEUED:
             return Outcome.QUEUED, Code.QUEUED_AT_HOST, None
@@ -220,6 +231,11 @@ class Message(_Value, frozen=True, tag_field="type", tag="message"):
     subject: str | None = None
     # The root message's id: a reply inherits its ask's thread, a new message starts its own.
     thread_id: str | None = None
+    priority: Priority = "normal"
+    # The sender asks for an explicit acknowledgement (docs/delivery.md#acknowledgement),
+    # overdue after ``ack_by`` (ISO time) when set.
+    ack_required: bool = False
+    ack_by: str | None = None
 
     def __post_init__(self) -> None:
         # Every message has a thread, also one saved before threads existed.
@@ -233,8 +249,9 @@ class Message(_Value, frozen=True, tag_field="type", tag="message"):
     def canonical_payload(self) -> bytes:
         """What identity covers: a retry must repeat exactly this (docs/delivery.md).
 
-        The subject counts when there is one; absent, the payload (and so every digest made
-        before subjects existed) is unchanged. The thread is derived, not sent, so it is out.
+        The subject, a priority other than ``normal`` and an acknowledgement request count when
+        there are; absent, the payload (and so every digest made before they existed) is
+        unchanged. The thread is derived, not sent, so it is out.
         """
         payload: dict[str, Any] = {
             "from": self.sender.id,
@@ -247,6 +264,12 @@ class Message(_Value, frozen=True, tag_field="type", tag="message"):
         }
         if self.subject is not None:
             payload["subject"] = self.subject
+        if self.priority != "normal":
+            payload["priority"] = self.priority
+        if self.ack_required:
+            payload["ack_required"] = True
+            if self.ack_by is not None:
+                payload["ack_by"] = self.ack_by
         return canonical_json(payload)
 
     def digest(self) -> str:

@@ -192,6 +192,9 @@ MESSAGE_KEYS = {
     "flags",
     "subject",
     "thread_id",
+    "priority",
+    "ack_required",
+    "ack_by",
 }
 
 

@@ -7,10 +7,12 @@ hands it over again as waiting for an answer (docs/agents.md#shown-once).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable
 
 from crossintercom.agents.session import AgentSession, show_lock
-from crossintercom.errors import NotOneLine, UsageError
+from crossintercom.client.acks import acknowledge_answered
+from crossintercom.errors import BrokerUnavailable, NotOneLine, UsageError
 from crossintercom.inbox import Entry, Inbox
 from crossintercom.models import Outcome, SendResult
 from crossintercom.safetext import is_one_line
@@ -47,6 +49,8 @@ def show_answered(session: AgentSession, result: SendResult, reply_to: str | Non
     ask = answered(result, reply_to)
     if ask is not None:
         show_by_id(session, [ask])
+        with contextlib.suppress(BrokerUnavailable):  # `ack` can still be given by hand
+            acknowledge_answered(session.client, ask)
 
 
 def check_text(text: str, what: str = "message") -> None:

@@ -60,6 +60,8 @@ def _kind(m: Mapping[str, Any]) -> str:
 
 def _header(m: Mapping[str, Any]) -> str:
     parts = [f"crossintercom {_kind(m)} from {sender_of(m)}", f"id={_field(m.get('id'))}"]
+    if m.get("priority") not in (None, "normal"):
+        parts.append(f"priority={_field(m['priority'])}")
     if m.get("reply_to"):
         parts.append(f"reply_to={_field(m['reply_to'])}")
     if m.get("thread_id") and m.get("thread_id") != m.get("id"):
@@ -95,6 +97,12 @@ def _notes(m: Mapping[str, Any]) -> list[str]:
         notes.append("It arrived after the ask it answers had stopped waiting.")
     if "sender_gone" in flags:
         notes.append("Its sender has left since; a reply may only be queued.")
+    if m.get("ack_required"):
+        by = f" by {_field(m['ack_by'])}" if m.get("ack_by") else ""
+        notes.append(
+            f"Its sender asks you to acknowledge it{by}: use the crossintercom ack tool with "
+            f'message_id="{_field(m.get("id"))}" once handled (a reply acknowledges it too).'
+        )
     return notes
 
 
@@ -251,6 +259,7 @@ _OUTCOME_WORDS = {
     Outcome.UNKNOWN: f"outcome unknown: {UNKNOWN_ADVICE}. Do NOT resend it",
     Outcome.EXPIRED: "expired: it was never collected",
     Outcome.SHOWN: "shown to the recipient's agent",
+    Outcome.ACKNOWLEDGED: "acknowledged by the recipient",
 }
 
 

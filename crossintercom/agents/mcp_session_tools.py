@@ -4,21 +4,34 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Annotated
+from typing import Annotated, Any, Literal
 
 from mcp.types import CallToolResult
 from pydantic import Field
 
 from crossintercom.agents import mcp_results as res
+from crossintercom.agents.answered import check_one_line
 from crossintercom.agents.framing import one_line
 from crossintercom.agents.mcp_tools import guarded
 from crossintercom.agents.session import AgentSession
-from crossintercom.client import set_wake
+from crossintercom.client import (
+    acknowledge,
+    awaiting_mine,
+    dead_letter_json,
+    dead_letters,
+    inbound_json,
+    inbound_policy,
+    resend,
+    sent_awaiting,
+    set_wake,
+)
+from crossintercom.errors import UsageError
 from crossintercom.models import WakePolicy
 
 _WAKE_TEXT = {
     "every": "every new message wakes you",
     "asks": "only asks (messages waiting for your answer) wake you; other mail waits in your inbox",
+    "urgent": "only urgent mail wakes you; other mail waits in your inbox",
     "never": "nothing wakes you; read your inbox yourself",
 }
 
@@ -32,7 +45,10 @@ class SessionTools:
         self,
         policy: Annotated[
             WakePolicy,
-            Field(description="every: any message wakes you; asks: only asks; never: none."),
+            Field(
+                description="every: any message wakes you; asks: only asks; urgent: only "
+                "urgent mail; never: none."
+            ),
         ],
     ) -> CallToolResult:
         """Choose which new mail wakes you when idle (kept for this session)."""
@@ -61,14 +77,120 @@ class SessionTools:
             + (f"@{one_line(r['host'])}" if r.get("host") else "")
             + f": {one_line(r.get('outcome'))}"
             + (f" ({one_line(r['code'])})" if r.get("code") else "")
+            + (f": {one_line(r['message'])}" if r.get("message") else "")
             for r in found
         ]
         return res.ok("\n".join(lines) or "No receipts.", {"receipts": found})
+
+    @guarded
+    async def ack(
+        self,
+        message_ids: Annotated[list[str], Field(description="Ids of messages you received.")],
+        note: Annotated[
+            str | None, Field(description="One line for the sender.", max_length=1000)
+        ] = None,
+    ) -> CallToolResult:
+        """Acknowledge messages whose senders asked for it (handled; no reply needed). Each
+        sender gets an acknowledged receipt. A reply acknowledges its ask by itself."""
+        check_one_line("note", note)
+        done = acknowledge(self.session.client, message_ids, note)
+        return res.ok(f"Acknowledged {', '.join(done)}.", {"acknowledged": done})
+
+    @guarded
+    async def acks(
+        self,
+        sent: Annotated[
+            bool,
+            Field(description="false: what you must acknowledge; true: what you sent awaits."),
+        ] = False,
+    ) -> CallToolResult:
+        """Messages awaiting acknowledgement, with their ages (seconds) and whether overdue."""
+        if sent:
+            async with self.session.operation() as client:
+                rows = await sent_awaiting(client)
+        else:
+            rows = awaiting_mine(self.session.inbox)
+        lines = [
+            f"- {one_line(r['id'])} {_ack_line(r, sent)}, {r['age_s']:.0f}s ago"
+            + (" OVERDUE" if r["overdue"] else "")
+            for r in rows
+        ]
+        return res.ok("\n".join(lines) or "Nothing awaits acknowledgement.", {"acks": rows})
+
+    @guarded
+    async def dead_letters(self) -> CallToolResult:
+        """Messages you sent that never reached their recipient (refused, not sent, expired,
+        recipient forgotten), with the reason; resend one with the resend tool."""
+        async with self.session.operation() as client:
+            rows = [dead_letter_json(d) for d in await dead_letters(client)]
+        lines = [
+            f"- {one_line(r['id'])} to {one_line(r['to'])}: {one_line(r['outcome'])} "
+            f"({one_line(r['code'] or r['outcome'])})"
+            + (f", resent as {one_line(r['resent_as'])}" if r["resent_as"] else "")
+            for r in rows
+        ]
+        return res.ok("\n".join(lines) or "No dead letters.", {"dead_letters": rows})
+
+    @guarded
+    async def resend(
+        self,
+        message_id: Annotated[str, Field(description="A dead letter's id.")],
+        recipient: Annotated[
+            str | None, Field(description="Only to this recipient it missed (a session id).")
+        ] = None,
+    ) -> CallToolResult:
+        """Send a dead letter again, as a new message in the same thread."""
+        async with self.session.operation() as client:
+            result = await resend(client, message_id, recipient)
+        return res.outcome(result)
+
+    @guarded
+    async def inbound_policy(
+        self,
+        pattern: Annotated[
+            str | None,
+            Field(description="Sender to set a rule for: NAME, NAME@HOST, *@HOST, group:NAME, *."),
+        ] = None,
+        action: Annotated[
+            Literal["accept", "hold", "refuse"] | None,
+            Field(description="accept, hold (kept unshown until released) or refuse."),
+        ] = None,
+        remove: Annotated[bool, Field(description="Remove the rule for pattern.")] = False,
+        release: Annotated[
+            list[str] | None, Field(description="Held message ids to release; ['*']: all.")
+        ] = None,
+    ) -> CallToolResult:
+        """Whose mail you accept, hold or refuse (kept with your session), and the mail held;
+        without arguments it only lists them."""
+        if pattern is not None and action is None and not remove:
+            raise UsageError("give an action for the pattern, or remove=true")
+        async with self.session.operation() as client:
+            state = await inbound_policy(client, pattern, None if remove else action, release)
+        out = inbound_json(state)
+        lines = [f"- {one_line(k)}: {v}" for k, v in out["rules"].items()] or ["No rules."]
+        lines += [f"held {one_line(h['id'])} from {one_line(h['from'])}" for h in out["held"]]
+        return res.ok("\n".join(lines), out)
 
     def all(self) -> Mapping[str, tuple[Callable[..., Awaitable[CallToolResult]], bool]]:
         """Tool name -> (function, read-only)."""
         tools: dict[str, tuple[Callable[..., Awaitable[CallToolResult]], bool]] = {
             "set_wake": (self.set_wake, False),
             "receipts": (self.receipts, True),
+            "ack": (self.ack, False),
+            "acks": (self.acks, True),
+            "dead_letters": (self.dead_letters, True),
+            "resend": (self.resend, False),
+            "inbound_policy": (self.inbound_policy, False),
         }
         return tools
+
+
+def _ack_line(r: Mapping[str, Any], sent: bool) -> str:
+    if not sent:
+        sender = r.get("from") or {}
+        who = one_line(sender.get("name") or sender.get("id"))
+        return f"from {who}@{one_line(sender.get('host'))}"
+    if r["acknowledged"]:
+        note = f" ({one_line(r['note'])})" if r.get("note") else ""
+        return f"to {one_line(r['to'])}: acknowledged by {one_line(r['acknowledged_by'])}{note}"
+    return f"to {one_line(r['to'])}: awaiting"

@@ -27,7 +27,7 @@ from crossintercom.errors import (
     UsageError,
 )
 from crossintercom.inbox import Entry
-from crossintercom.models import NAME_RULE, valid_name
+from crossintercom.models import NAME_RULE, Priority, valid_name
 from crossintercom.storage.urls import mask_url
 
 P = ParamSpec("P")
@@ -49,6 +49,17 @@ Subject = Annotated[
 ThreadId = Annotated[
     str | None,
     Field(description="Continue this thread (its first message's id).", max_length=128),
+]
+# Marks (docs/delivery.md#priority, #acknowledgement).
+PriorityArg = Annotated[
+    Priority, Field(description="low, normal, high or urgent (urgent wakes urgent-only sessions).")
+]
+AckRequired = Annotated[
+    bool, Field(description="Ask the recipient to acknowledge it; you get an acknowledged receipt.")
+]
+AckWithin = Annotated[
+    float | None,
+    Field(description="With ack_required: overdue after this many seconds.", gt=0),
 ]
 
 
@@ -176,6 +187,9 @@ class Tools:
         ] = None,
         subject: Subject = None,
         thread_id: ThreadId = None,
+        priority: PriorityArg = "normal",
+        ack_required: AckRequired = False,
+        ack_within_s: AckWithin = None,
     ) -> CallToolResult:
         """Send a message and go on (no answer awaited). Use it for information and requests."""
         check_text(message)
@@ -183,7 +197,16 @@ class Tools:
         limit = self.session.settings.max_message_bytes
         files = [load_attachment(p, limit) for p in attach_files or ()]
         async with self.session.operation() as client:
-            sent = await client.send(to, message, files, subject=subject, thread_id=thread_id)
+            sent = await client.send(
+                to,
+                message,
+                files,
+                subject=subject,
+                thread_id=thread_id,
+                priority=priority,
+                ack_required=ack_required,
+                ack_within_s=ack_within_s,
+            )
             return res.outcome(sent)
 
     @guarded
@@ -194,6 +217,7 @@ class Tools:
         timeout_s: Timeout = DEFAULT_ASK_S,
         subject: Subject = None,
         thread_id: ThreadId = None,
+        priority: PriorityArg = "normal",
     ) -> CallToolResult:
         """Ask and wait for the answer (at most timeout_s). Use it only when you cannot go on
         without the answer; a late answer arrives in your inbox."""
@@ -201,7 +225,12 @@ class Tools:
         check_one_line("subject", subject)
         async with self.session.operation() as client:
             result = await client.ask(
-                to, message, timeout=timeout_s, subject=subject, thread_id=thread_id
+                to,
+                message,
+                timeout=timeout_s,
+                subject=subject,
+                thread_id=thread_id,
+                priority=priority,
             )
         answer = res.ask_outcome(result, to, timeout_s, self.name)
         if result.reply is not None:  # the tool result shows the reply to the model
@@ -215,11 +244,12 @@ class Tools:
         reply_to: Annotated[
             str | None, Field(description="The ask's id; default: the oldest pending ask.")
         ] = None,
+        priority: PriorityArg = "normal",
     ) -> CallToolResult:
         """Answer an ask that was delivered to you."""
         check_text(message)
         async with self.session.operation() as client:
-            result = await client.reply(message, reply_to=reply_to)
+            result = await client.reply(message, reply_to=reply_to, priority=priority)
         show_answered(self.session, result, reply_to)
         return res.outcome(result, "reply")
 

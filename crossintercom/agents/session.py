@@ -32,7 +32,7 @@ from crossintercom.client import AsyncClient, Identity, shown_frame
 from crossintercom.config import Settings
 from crossintercom.errors import Code, CrossintercomError, InboxUnavailable, RemoteError
 from crossintercom.inbox import Entry, Inbox, trouble
-from crossintercom.models import Message, WakePolicy
+from crossintercom.models import PRIORITY_RANK, Message, WakePolicy
 from crossintercom.runtime import (
     ensure_runtime_dir,
     ensure_subdir,
@@ -90,17 +90,31 @@ def wait_lock(settings: Settings, session_id: str) -> contextlib.AbstractContext
 
 
 def unseen(box: Inbox) -> list[Entry]:
-    """Messages saved but never shown, oldest first (receipts are notices, not mail)."""
-    return [e for e in box.unshown() if e.kind == "message"]
+    """Messages saved but never shown, most urgent first, then oldest first (receipts are
+    notices, not mail; docs/delivery.md#priority)."""
+    return by_priority([e for e in box.unshown() if e.kind == "message"])
+
+
+def priority_rank(body: dict[str, Any]) -> int:
+    """A message body's priority as a rank (an unknown word counts as ``normal``)."""
+    return PRIORITY_RANK.get(str(body.get("priority") or "normal"), PRIORITY_RANK["normal"])
+
+
+def by_priority(entries: list[Entry]) -> list[Entry]:
+    """Most urgent first; the sort is stable, so arrival order holds within a priority."""
+    return sorted(entries, key=lambda e: -priority_rank(e.body))
 
 
 def wakes(entries: list[Entry], policy: WakePolicy) -> bool:
     """Whether unseen ``entries`` wake the session under ``policy`` (docs/agents.md#wake-policy):
-    ``every`` message, only ``asks`` (messages waiting for an answer), or ``never``."""
+    ``every`` message, only ``asks`` (messages waiting for an answer), only ``urgent`` ones, or
+    ``never``."""
     if policy == "every":
         return bool(entries)
     if policy == "asks":
         return any(e.body.get("expects_reply") for e in entries)
+    if policy == "urgent":
+        return any(e.body.get("priority") == "urgent" for e in entries)
     return False
 
 

@@ -104,6 +104,7 @@ def status(as_json: bool) -> None:
             "sessions": st.sessions,
             "remote_sessions": st.remote_sessions,
             "warnings": st.warnings,
+            "inbound": st.inbound,
         }
     if cfg.store_url and cfg.store_url.startswith("postgresql"):
         report["replication"] = _replication(cfg.store_url, cfg.store_password_file)
@@ -129,6 +130,9 @@ def status(as_json: bool) -> None:
     )
     click.echo(f"store:     {report['store'] or '(none configured)'}")
     click.echo(f"sessions:  {report['sessions']}")
+    for name, pol in report.get("inbound", {}).items():
+        rules = ", ".join(f"{p} {a}" for p, a in pol["rules"].items()) or "no rules"
+        click.echo(f"inbound:   {name}: {rules}; {pol['held']} held")
     if "replication" in report:
         rep = report["replication"]
         click.echo(f"replication: {rep['mode']}: {rep['says']}")

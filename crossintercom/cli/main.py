@@ -16,6 +16,7 @@ import click
 from crossintercom.agents import lifeline  # noqa: F401
 from crossintercom.cli import (
     agent_cmds,
+    coord_cmds,
     escalate,
     info,
     messaging,
@@ -114,6 +115,7 @@ for command in (
     *setup_cmd.COMMANDS,
     *search.COMMANDS,
     *web_cmd.COMMANDS,
+    *coord_cmds.COMMANDS,
     db,
 ):
     cli.add_command(command)

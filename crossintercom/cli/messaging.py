@@ -15,18 +15,21 @@ import click
 
 from crossintercom.agents import lifeline
 from crossintercom.agents.answered import answered, check_one_line
-from crossintercom.agents.session import show_lock
+from crossintercom.agents.session import by_priority, show_lock
 from crossintercom.cli import inbox_cmd
 from crossintercom.cli.common import as_options, identity, json_option, one_shot, settings
 from crossintercom.cli.inbox_cmd import seen_notice, show_ids
+from crossintercom.cli.marks import mark_options
 from crossintercom.cli.output import emit_json, format_message, result_exit
 from crossintercom.client import (
     MAX_ASK_TIMEOUT_S,
     AsyncClient,
     Identity,
+    Marks,
     load_attachment,
     report_shown,
 )
+from crossintercom.client.acks import acknowledge_answered
 from crossintercom.config import Settings
 from crossintercom.inbox import Entry, Inbox
 from crossintercom.inbox_faults import steady_call
@@ -198,7 +201,7 @@ def _show_unshown(
     """Print what was never shown; returns the messages printed (for their ``shown`` receipts)."""
     printed: list[dict[str, Any]] = []
     with show_lock(cfg, session_id):  # shown once across every surface (docs/agents.md)
-        entries = display.unshown()
+        entries = by_priority(display.unshown())
         for entry in entries:
             skipped = (seen_notice(entry) and not view.shown_receipts) or (
                 view.skip_resumed and "resumed" in entry.body.get("flags", ())
@@ -231,6 +234,7 @@ def _print_entry(entry: Entry, as_json: bool) -> None:
 )
 @click.option("--attach", "attach", multiple=True, metavar="PATH", help=ATTACH_HELP)
 @_thread_options
+@mark_options
 @json_option
 @click.argument("message", required=False)
 def send(
@@ -240,13 +244,14 @@ def send(
     attach: tuple[str, ...],
     subject: str | None,
     thread_id: str | None,
+    marks: Marks,
     as_json: bool,
     message: str | None,
 ) -> None:
     """Send MESSAGE to TARGET without waiting for an answer ('-' reads standard input)."""
     cfg, text, files = _outgoing(message, attach)
     with one_shot(cfg, identity(cfg, as_name, session_id)) as client:
-        result = client.send(target, text, files, subject=subject, thread_id=thread_id)
+        result = client.send(target, text, files, subject=subject, thread_id=thread_id, **marks)
     result_exit(result, as_json)
 
 
@@ -264,6 +269,7 @@ def send(
 )
 @click.option("--attach", "attach", multiple=True, metavar="PATH", help=ATTACH_HELP)
 @_thread_options
+@mark_options
 @json_option
 @click.argument("message", required=False)
 def ask(
@@ -274,6 +280,7 @@ def ask(
     attach: tuple[str, ...],
     subject: str | None,
     thread_id: str | None,
+    marks: Marks,
     as_json: bool,
     message: str | None,
 ) -> None:
@@ -281,7 +288,7 @@ def ask(
     cfg, text, files = _outgoing(message, attach)
     with one_shot(cfg, identity(cfg, as_name, session_id)) as client:
         result = client.ask(
-            target, text, files, timeout=timeout, subject=subject, thread_id=thread_id
+            target, text, files, timeout=timeout, subject=subject, thread_id=thread_id, **marks
         )
         if result.reply is not None:
             # Printed below: the replier gets its `shown` receipt (docs/agents.md).
@@ -293,6 +300,7 @@ def ask(
 @as_options(required=True)
 @click.option("--reply-to", metavar="ID", help="The ask to answer (default: the oldest pending).")
 @click.option("--attach", "attach", multiple=True, metavar="PATH", help=ATTACH_HELP)
+@mark_options
 @json_option
 @click.argument("message", required=False)
 def reply(
@@ -300,6 +308,7 @@ def reply(
     session_id: str | None,
     reply_to: str | None,
     attach: tuple[str, ...],
+    marks: Marks,
     as_json: bool,
     message: str | None,
 ) -> None:
@@ -307,11 +316,17 @@ def reply(
     cfg, text, files = _outgoing(message, attach)
     ident = identity(cfg, as_name, session_id)
     with one_shot(cfg, ident) as client:
-        result = client.reply(text, reply_to=reply_to, attachments=files)
+        result = client.reply(text, reply_to=reply_to, attachments=files, **marks)
         ask = answered(result, reply_to)
         if ask is not None:  # answered: no hook or monitor hands the ask over again
             show_ids(cfg, client, ident.id, [ask])
+            client.run(functools.partial(_acknowledge_answered, ask_id=ask))
     result_exit(result, as_json)
+
+
+async def _acknowledge_answered(client: AsyncClient, ask_id: str) -> bool:
+    """A reply acknowledges its ask when the asker asked for that (docs/delivery.md)."""
+    return acknowledge_answered(client, ask_id)
 
 
 COMMANDS = (listen, send, ask, reply, *inbox_cmd.COMMANDS)

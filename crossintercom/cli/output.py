@@ -111,6 +111,8 @@ def format_message(m: dict[str, Any]) -> str:
     who = f"{f(sender.get('name') or sender.get('id'))}@{f(sender.get('host'))}"
     flags = f" [{f(', '.join(map(str, m['flags'])))}]" if m.get("flags") else ""
     head = f"--- {f(m.get('sent_at'))} from {who}{flags} id={f(m.get('id'))}"
+    if m.get("priority") not in (None, "normal"):
+        head += f" priority={f(m['priority'])}"
     if m.get("reply_to"):
         head += f" reply_to={f(m['reply_to'])}"
     if m.get("thread_id") and m.get("thread_id") != m.get("id"):
@@ -125,4 +127,7 @@ def format_message(m: dict[str, Any]) -> str:
         )
     if m.get("expects_reply"):
         lines.append(f"  (expects a reply: crossintercom reply --reply-to {f(m.get('id'))} TEXT)")
+    if m.get("ack_required"):
+        by = f", by {f(m['ack_by'])}" if m.get("ack_by") else ""
+        lines.append(f"  (acknowledgement asked{by}: crossintercom ack {f(m.get('id'))})")
     return "\n".join(lines)

@@ -1,8 +1,11 @@
 """The Python API: ``AsyncClient`` for asyncio services, ``Client`` for scripts."""
 
+from crossintercom.client.acks import acknowledge, awaiting_mine, sent_awaiting
 from crossintercom.client.aftercare import forget, report_shown, set_wake, shown_frame
 from crossintercom.client.aio import MAX_ASK_TIMEOUT_S, AsyncClient, Incoming
-from crossintercom.client.identity import AttachmentTooLarge, Identity, load_attachment
+from crossintercom.client.deadletters import dead_letter_json, dead_letters, resend
+from crossintercom.client.identity import AttachmentTooLarge, Identity, Marks, load_attachment
+from crossintercom.client.inbound import inbound_json, inbound_policy
 from crossintercom.client.retries import OPERATION_DEADLINE_S, RECONNECT_WAITS_S, RETRY_WAITS_S
 from crossintercom.client.sync import Client, wait_until
 
@@ -16,9 +19,18 @@ __all__ = [
     "Client",
     "Identity",
     "Incoming",
+    "Marks",
+    "acknowledge",
+    "awaiting_mine",
+    "dead_letter_json",
+    "dead_letters",
     "forget",
+    "inbound_json",
+    "inbound_policy",
     "load_attachment",
     "report_shown",
+    "resend",
+    "sent_awaiting",
     "set_wake",
     "shown_frame",
     "wait_until",

@@ -13,13 +13,13 @@ import logging
 import sqlite3
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Unpack
 
 import msgspec
 
 from crossintercom import protocol as p
 from crossintercom.client.connection import BrokerConnection, expect
-from crossintercom.client.identity import Identity, outgoing_body
+from crossintercom.client.identity import Identity, Marks, outgoing_body
 from crossintercom.client.queries import Queries
 from crossintercom.client.retries import (
     SAVE_RETRY_S,
@@ -331,9 +331,18 @@ class AsyncClient(Queries):
         message_id: str | None = None,
         subject: str | None = None,
         thread_id: str | None = None,
+        **marks: Unpack[Marks],
     ) -> SendResult:
         body = outgoing_body(
-            to, text, attachments, reply_to, False, message_id, subject=subject, thread_id=thread_id
+            to,
+            text,
+            attachments,
+            reply_to,
+            False,
+            message_id,
+            subject=subject,
+            thread_id=thread_id,
+            **marks,
         )
         return await self._operation(p.Send(request_id=0, message=body))
 
@@ -347,11 +356,20 @@ class AsyncClient(Queries):
         message_id: str | None = None,
         subject: str | None = None,
         thread_id: str | None = None,
+        **marks: Unpack[Marks],
     ) -> SendResult:
         if not 0 < timeout <= MAX_ASK_TIMEOUT_S:
             raise UsageError(f"ask timeout must be between 0 and {MAX_ASK_TIMEOUT_S:.0f} seconds")
         body = outgoing_body(
-            to, text, attachments, None, True, message_id, subject=subject, thread_id=thread_id
+            to,
+            text,
+            attachments,
+            None,
+            True,
+            message_id,
+            subject=subject,
+            thread_id=thread_id,
+            **marks,
         )
         waiter: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
         self._ask_waiters[body.id] = waiter
@@ -375,8 +393,11 @@ class AsyncClient(Queries):
         attachments: Sequence[Attachment] = (),
         message_id: str | None = None,
         subject: str | None = None,
+        **marks: Unpack[Marks],
     ) -> SendResult:
-        body = outgoing_body(None, text, attachments, reply_to, False, message_id, subject=subject)
+        body = outgoing_body(
+            None, text, attachments, reply_to, False, message_id, subject=subject, **marks
+        )
         return await self._operation(p.Reply(request_id=0, message=body))
 
     # --- queries --------------------------------------------------------------------------------

@@ -4,13 +4,40 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 from crossintercom import protocol as p
 from crossintercom.config import Settings
 from crossintercom.errors import Code, UsageError
-from crossintercom.models import Attachment, durable_session_id, new_id, valid_name
+from crossintercom.models import (
+    PRIORITIES,
+    Attachment,
+    Priority,
+    durable_session_id,
+    new_id,
+    valid_name,
+)
+
+
+class Marks(TypedDict, total=False):
+    """How a sender marks a message (docs/delivery.md#priority, #acknowledgement)."""
+
+    priority: Priority
+    ack_required: bool
+    # Overdue this many seconds after sending; only with ``ack_required``.
+    ack_within_s: float | None
+
+
+def _ack_by(marks: Marks) -> str | None:
+    within = marks.get("ack_within_s")
+    if not marks.get("ack_required") or within is None:
+        return None
+    if within <= 0:
+        raise UsageError("the acknowledgement deadline must be positive")
+    when = datetime.now(UTC) + timedelta(seconds=within)
+    return when.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 class Identity(p.SessionBody, frozen=True, omit_defaults=True):
@@ -67,9 +94,13 @@ def outgoing_body(
     *,
     subject: str | None = None,
     thread_id: str | None = None,
+    **marks: Unpack[Marks],
 ) -> p.OutgoingBody:
     """What a sender puts on the wire; the broker adds sender, time and (for replies) the
-    thread."""
+    thread. The acknowledgement deadline is fixed here, so a retry repeats it."""
+    priority = marks.get("priority", "normal")
+    if priority not in PRIORITIES:
+        raise UsageError(f"priority must be one of {', '.join(PRIORITIES)}, got {priority!r}")
     return p.OutgoingBody(
         id=message_id or new_id(),
         message=text,
@@ -79,4 +110,7 @@ def outgoing_body(
         expects_reply=expects_reply,
         subject=subject or None,
         thread_id=thread_id or None,
+        priority=priority,
+        ack_required=bool(marks.get("ack_required")),
+        ack_by=_ack_by(marks),
     )

@@ -11,7 +11,9 @@ import logging
 
 from crossintercom import protocol as p
 from crossintercom.errors import Code, ProtocolError
+from crossintercom.local_broker.acks import AckBook
 from crossintercom.local_broker.conn import Conn
+from crossintercom.local_broker.deadletters import DeadLetterBook
 from crossintercom.local_broker.delivery import Delivery
 from crossintercom.local_broker.registry import Registry
 from crossintercom.local_broker.relay_link import RelayLink
@@ -28,6 +30,10 @@ from crossintercom.models import (
 )
 
 log = logging.getLogger(__name__)
+_HOST_OUTCOMES: dict[Outcome, p.HostReceiptOutcome] = {
+    Outcome.SHOWN: "shown",
+    Outcome.ACKNOWLEDGED: "acknowledged",
+}
 
 
 class Aftercare:
@@ -44,6 +50,8 @@ class Aftercare:
         self.state = state
         self.delivery = delivery
         self.relay = relay
+        self.acks: AckBook | None = None  # set by the broker
+        self.dead: DeadLetterBook | None = None
 
     def _tell(self, receipts: list[tuple[Peer, Receipt]]) -> None:
         """Receipts for messages' senders: shown here, or carried to their hosts together."""
@@ -51,13 +59,15 @@ class Aftercare:
         local: list[tuple[str, Receipt]] = []
         if self.relay.traffic is not None:
             self.relay.traffic.receipts(r for _, r in receipts)
+        if self.acks is not None:
+            self.acks.note(r for _, r in receipts)
+        if self.dead is not None:
+            self.dead.note(r for _, r in receipts)
         for sender, receipt in receipts:
             if sender.host == self.host:
                 local.append((sender.id, receipt))
             elif receipt.recipient is not None:
-                outcome: p.HostReceiptOutcome = (
-                    "shown" if receipt.outcome is Outcome.SHOWN else "expired"
-                )
+                outcome: p.HostReceiptOutcome = _HOST_OUTCOMES.get(receipt.outcome, "expired")
                 remote.append(
                     p.ReceiptFor(receipt.id, receipt.recipient, sender, outcome, receipt.code)
                 )
@@ -69,6 +79,17 @@ class Aftercare:
         sid = conn.session_id
         assert sid is not None
         self._tell([(m.sender, Receipt(m.id, Outcome.SHOWN, sid)) for m in frame.messages])
+
+    def acknowledged(self, conn: Conn, frame: p.Acknowledge) -> None:
+        """The session acknowledged these messages: tell each sender (``acknowledged``)."""
+        sid = conn.session_id
+        assert sid is not None
+        self._tell(
+            [
+                (m.sender, Receipt(m.id, Outcome.ACKNOWLEDGED, sid, message=frame.note))
+                for m in frame.messages
+            ]
+        )
 
     def set_wake(self, conn: Conn, wake: WakePolicy) -> SessionInfo:
         assert conn.session_id is not None

@@ -21,17 +21,21 @@ from typing import Any
 from crossintercom import protocol as p
 from crossintercom.config import Settings
 from crossintercom.errors import Code, ProtocolError
-from crossintercom.local_broker import outcomes
+from crossintercom.local_broker import coord, outcomes
+from crossintercom.local_broker.acks import AckBook
 from crossintercom.local_broker.aftercare import Aftercare
 from crossintercom.local_broker.authority import AuthorityUnavailable, DedupAuthority
 from crossintercom.local_broker.conn import Conn
+from crossintercom.local_broker.deadletters import DeadLetterBook
 from crossintercom.local_broker.delivery import Delivery
 from crossintercom.local_broker.handover import Handover
 from crossintercom.local_broker.health import Health
+from crossintercom.local_broker.inbound_policy import InboundPolicy
 from crossintercom.local_broker.outcomes import Refusal
 from crossintercom.local_broker.registration import Registration
 from crossintercom.local_broker.registry import Registry
 from crossintercom.local_broker.relay_link import RelayLink
+from crossintercom.local_broker.retirement import retire_idle
 from crossintercom.local_broker.sending import Operations
 from crossintercom.local_broker.state import BrokerState
 from crossintercom.local_broker.traffic import Traffic
@@ -68,6 +72,10 @@ class Broker:
         self.registration = Registration(self.host, self.registry, state, self.delivery, self.relay)
         self.handover = Handover(self.registry, state, self.delivery, self.ops.limiter)
         self.traffic = Traffic(self.registry)
+        self.acks = self.aftercare.acks = AckBook(state, settings.retention_s)
+        self.dead = self.aftercare.dead = DeadLetterBook(state, settings.retention_s)
+        self.inbound = InboundPolicy(state, self.registry)
+        self.delivery.screen = self.inbound.screen
         self.relay.traffic = self.delivery.traffic = self.traffic
         self.traffic.archive_copy = self.relay.archive
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -153,6 +161,7 @@ class Broker:
                 dedup=p.DedupStats(records, nbytes),
                 warnings=self.health.warnings({s.id: s.display_name for s in reg.local_sessions()}),
                 asks_waiting=len(self.delivery.ask_waiters),
+                inbound=self.inbound.summary(),
             )
         )
 
@@ -246,6 +255,10 @@ class Broker:
         finally:
             self.ops.commits.busy -= 1
         conn.write(p.Result.of(request_id, result))
+        if conn.session_id is not None:
+            self.dead.sent(conn.session_id, body, result)
+            if body.ack_required and result.outcome in _ARRIVING:
+                self.acks.expect(conn.session_id, body)
         if result.outcome in _WENT_NOWHERE:
             self._went_nowhere(conn, body, result)
 
@@ -309,6 +322,8 @@ class Broker:
             if r.sender
         ]
         self.traffic.receipts(r for _, r in receipts)
+        self.acks.note(r for _, r in receipts)
+        self.dead.note(r for _, r in receipts)
         self.delivery.notify_senders(receipts)
 
     async def _on_traffic(self, conn: Conn, f: p.Traffic) -> None:
@@ -341,6 +356,7 @@ class Broker:
         self.state.forget_old()
         self.state.checkpoint()
         self.aftercare.expired(self.state.take_expired())
+        retire_idle(self.state, self.registry, self.aftercare, self.settings.retire_idle_s)
 
     def stop(self) -> None:
         self._stop.set()
@@ -379,3 +395,6 @@ class Broker:
 
 # Outcomes of a send that reached no one: the traffic log keeps them with their code.
 _WENT_NOWHERE = frozenset({Outcome.REFUSED, Outcome.NOT_SENT, Outcome.UNKNOWN})
+# Outcomes after which an acknowledgement may come.
+_ARRIVING = frozenset({Outcome.DELIVERED, Outcome.QUEUED, Outcome.SHOWN})
+Broker._handlers.update(coord.HANDLERS)

@@ -44,6 +44,8 @@ class Delivery:
         self.ask_waiters: dict[str, Conn] = {}
         self._acked_receipts: list[tuple[str, str, str]] = []
         self.traffic: Traffic | None = None  # told when a queued message reaches its session
+        # The recipients' inbound policy (inbound_policy.py): a receipt ends the delivery.
+        self.screen: Callable[[Message, str], Receipt | None] | None = None
 
     def forget_conn(self, conn: Conn) -> None:
         for ask_id in [a for a, c in self.ask_waiters.items() if c is conn]:
@@ -74,6 +76,8 @@ class Delivery:
 
     async def deliver(self, msg: Message, recipient: str, *, asker_host: str) -> Receipt:
         """Hand a message to a local session: delivered on its ack, else queued if durable."""
+        if self.screen is not None and (screened := self.screen(msg, recipient)) is not None:
+            return screened
         if msg.expects_reply:
             # Recorded before the push so a fast reply is authorised; dropped if nothing lands.
             try:
@@ -117,6 +121,10 @@ class Delivery:
                 log.error("cannot queue the reply", extra={"id": reply.id, "error": str(exc)})
                 return outcomes.storage_failed(reply.id, asker_id, exc)
         return receipt
+
+    def queue_released(self, recipient: str, msg: Message) -> None:
+        """Mail an inbound policy held, released: queued like mail kept while away."""
+        self._queue(recipient, msg.with_flags("resumed"))
 
     def _queue(self, recipient: str, msg: Message) -> None:
         self.state.enqueue(recipient, "message", msg.id, msg.to_dict(), self.settings.retention_s)

@@ -110,6 +110,9 @@ class Operations:
             sent_at=now_iso(),
             subject=body.subject,
             thread_id=body.thread_id or body.id,
+            priority=body.priority,
+            ack_required=body.ack_required,
+            ack_by=body.ack_by if body.ack_required else None,
         )
         if msg.size() > self.settings.max_message_bytes:
             what = "reply" if body.reply_to is not None or not to else "message"

@@ -9,6 +9,7 @@ which is the failure model the delivery contract is written for; no fsync per me
 from __future__ import annotations
 
 import json
+import sqlite3
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -130,6 +131,12 @@ class BrokerState:
         columns = {r[1] for r in self._db.execute("PRAGMA table_info(known_sessions)")}
         if "wake" not in columns:  # a file written before wake policies existed
             self._db.execute("ALTER TABLE known_sessions ADD COLUMN wake TEXT")
+
+    @property
+    def db(self) -> sqlite3.Connection:
+        """The file's connection, for the rooms that keep tables of their own in it
+        (``acks``); autocommit, one statement per change."""
+        return self._db
 
     def checkpoint(self) -> None:
         """Empty the WAL (the broker's periodic sweep; docs/operations.md)."""

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 
 from crossintercom.models import Message, Outcome, Receipt, SendResult, SessionInfo
-from crossintercom.protocol.client_frames import RequestId
+from crossintercom.protocol.client_frames import OutgoingBody, RequestId
 
 
 class Error(msgspec.Struct, tag="error", frozen=True, omit_defaults=True):
@@ -120,6 +120,8 @@ class StatusReport(msgspec.Struct, tag="status", frozen=True):
     warnings: list[str] = []
     # Asks whose asker is connected and waiting here for the reply.
     asks_waiting: int = 0
+    # Sessions with an inbound policy: name -> {"rules": {pattern: action}, "held": count}.
+    inbound: dict[str, dict[str, Any]] = {}
 
 
 class GroupMember(msgspec.Struct, frozen=True):
@@ -201,6 +203,60 @@ class TrafficLog(msgspec.Struct, tag="traffic", frozen=True):
     last: int
 
 
+class AckWait(msgspec.Struct, frozen=True, omit_defaults=True):
+    """A message sent with an acknowledgement request: when, to whom, its deadline, and the
+    acknowledgement once it came (docs/delivery.md#acknowledgement)."""
+
+    id: str
+    to: str
+    sent_at: float
+    ack_by: str | None = None
+    acknowledged_at: float | None = None
+    by: str | None = None
+    note: str | None = None
+
+
+class AckWaitList(msgspec.Struct, tag="ack_wait_list", frozen=True):
+    request_id: RequestId
+    items: list[AckWait]
+
+
+class DeadLetter(msgspec.Struct, frozen=True, omit_defaults=True):
+    """A message that never reached ``recipient``: why, when, and what it said."""
+
+    id: str
+    sender: str
+    to: str
+    recipient: str
+    outcome: str
+    at: float
+    message: OutgoingBody
+    code: str | None = None
+    reason: str | None = None
+    resent_as: str | None = None
+
+
+class DeadLetterList(msgspec.Struct, tag="dead_letter_list", frozen=True):
+    request_id: RequestId
+    items: list[DeadLetter]
+
+
+class HeldMail(msgspec.Struct, frozen=True):
+    id: str
+    sender: str
+    held_at: float
+    message: str
+
+
+class InboundState(msgspec.Struct, tag="inbound_state", frozen=True):
+    """A session's inbound rules (pattern -> action) and the mail they hold."""
+
+    request_id: RequestId
+    rules: dict[str, str]
+    held: list[HeldMail]
+    released: int = 0
+
+
 BrokerFrame = (
     Error
     | Registered
@@ -216,4 +272,7 @@ BrokerFrame = (
     | Pong
     | Forgotten
     | TrafficLog
+    | AckWaitList
+    | DeadLetterList
+    | InboundState
 )

@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 import msgspec
 
-from crossintercom.models import Name, Peer, WakePolicy
+from crossintercom.models import Name, Peer, Priority, WakePolicy
 
 SessionId = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
 MessageId = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
@@ -47,6 +47,10 @@ class OutgoingBody(msgspec.Struct, frozen=True, omit_defaults=True):
     # Continue this thread (a root message's id); absent, the message starts its own, and a
     # reply takes its ask's.
     thread_id: MessageId | None = None
+    priority: Priority = "normal"
+    ack_required: bool = False
+    # The acknowledgement's deadline (ISO time), set by the client so a retry repeats it.
+    ack_by: str | None = None
 
 
 class Register(msgspec.Struct, tag="register", frozen=True):
@@ -134,6 +138,48 @@ class Shown(msgspec.Struct, tag="shown", frozen=True):
     messages: list[ShownItem]
 
 
+class Acknowledge(msgspec.Struct, tag="acknowledge", frozen=True, omit_defaults=True):
+    """The session acknowledges these messages; the broker tells their senders
+    (docs/delivery.md#acknowledgement). A notice, like ``shown``: no answer."""
+
+    messages: list[ShownItem]
+    note: Annotated[str, msgspec.Meta(max_length=1000)] | None = None
+
+
+class AckWaits(msgspec.Struct, tag="ack_waits", frozen=True):
+    """What this session sent with an acknowledgement request, and what became of it."""
+
+    request_id: RequestId
+
+
+class DeadLetters(msgspec.Struct, tag="dead_letters", frozen=True):
+    """Messages this session sent that never reached their recipient (``everyone``: every
+    session's of this host); docs/delivery.md#dead-letters."""
+
+    request_id: RequestId
+    everyone: bool = False
+
+
+class Resend(msgspec.Struct, tag="resend", frozen=True):
+    """Send a dead letter again as a new message ``new_id`` in the same thread."""
+
+    request_id: RequestId
+    id: MessageId
+    new_id: MessageId
+    recipient: str | None = None
+
+
+class InboundPolicy(msgspec.Struct, tag="inbound_policy", frozen=True, omit_defaults=True):
+    """Read the session's inbound policy and held mail; with ``pattern``, first set its rule
+    (``action`` accept, hold or refuse; None removes it); with ``release``, first release
+    those held messages (``["*"]``: all). docs/agents.md#inbound-policy."""
+
+    request_id: RequestId
+    pattern: str | None = None
+    action: str | None = None
+    release: list[MessageId] | None = None
+
+
 class SetWake(msgspec.Struct, tag="set_wake", frozen=True):
     """The session's wake policy, kept with a durable session (docs/agents.md#wake-policy)."""
 
@@ -191,6 +237,11 @@ ClientFrame = (
     | Forget
     | InboxFault
     | Traffic
+    | Acknowledge
+    | AckWaits
+    | DeadLetters
+    | Resend
+    | InboundPolicy
 )
 
 # Frames a connection may send before it registers: queries that need no identity
@@ -200,5 +251,19 @@ ANONYMOUS_TYPES: frozenset[str] = frozenset(
 )
 # Frames that act as a mailbox; a control session (the relay) is not one.
 MAILBOX_TYPES: frozenset[str] = frozenset(
-    {"send", "reply", "join", "leave", "pending", "shown", "set_wake", "inbox_fault"}
+    {
+        "send",
+        "reply",
+        "join",
+        "leave",
+        "pending",
+        "shown",
+        "set_wake",
+        "inbox_fault",
+        "acknowledge",
+        "ack_waits",
+        "dead_letters",
+        "resend",
+        "inbound_policy",
+    }
 )

@@ -15,7 +15,7 @@ from crossintercom.models import Message, Peer, Receipt, SessionInfo
 from crossintercom.protocol.client_frames import RequestId, SessionId
 
 # What a recipient's host may report to a sender's host after the delivery was acknowledged.
-HostReceiptOutcome = Literal["shown", "expired"]
+HostReceiptOutcome = Literal["shown", "expired", "acknowledged"]
 
 # --- relay -> broker --------------------------------------------------------------------------
 

@@ -212,7 +212,7 @@ class SqlHostStore:
                     groups=tuple(r.groups),
                     durable=r.durable,
                     online=r.online,
-                    wake=r.wake if r.wake in ("asks", "never") else "every",
+                    wake=r.wake if r.wake in ("asks", "urgent", "never") else "every",
                 )
                 for r in conn.execute(q.LIST_ROSTER)
             ]

@@ -20,9 +20,9 @@ DeliveryState = Literal["queued", "delivered", "refused", "expired"]
 AckOutcome = Literal["delivered", "refused"]
 # A receipt carries the state its delivery finished in, or, written by the recipient's host
 # after the ack, ``shown`` (its agent was shown the message) or a late ``expired``.
-ReceiptOutcome = Literal["delivered", "refused", "expired", "shown"]
+ReceiptOutcome = Literal["delivered", "refused", "expired", "shown", "acknowledged"]
 # What a recipient's host reports after its ack (``MailboxStore.add_receipts``).
-LateReceiptOutcome = Literal["shown", "expired"]
+LateReceiptOutcome = Literal["shown", "expired", "acknowledged"]
 # How reading back an enqueue whose COMMIT was in doubt can end without finding its row:
 # "absent" (no row: the commit did not land, nothing was written) or "in_doubt" (the store
 # stayed unreachable, so it is still unknown). A row that is found is an ``EnqueueResult``.

@@ -31,8 +31,9 @@ from starlette.responses import (
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from crossintercom.client import Marks
 from crossintercom.errors import Code, CrossintercomError, UsageError
-from crossintercom.models import SearchQuery, parse_since, search_terms
+from crossintercom.models import PRIORITIES, SearchQuery, parse_since, search_terms
 from crossintercom.web.auth import COOKIE, CSRF_HEADER, Guard
 from crossintercom.web.feedstore import KINDS, STATES, Filters
 from crossintercom.web.overseer import FIRST_PAGE, Overseer
@@ -192,6 +193,14 @@ def build_app(overseer: Overseer, guard: Guard, *, manage_lifecycle: bool = True
         return JSONResponse(await overseer.pending())
 
     @api
+    async def dead(request: Request) -> Response:
+        return JSONResponse(await overseer.dead_letters())
+
+    @api
+    async def inbound(request: Request) -> Response:
+        return JSONResponse(await overseer.inbound())
+
+    @api
     async def search(request: Request) -> Response:
         return JSONResponse(await overseer.search(_search_query(request)))
 
@@ -213,6 +222,7 @@ def build_app(overseer: Overseer, guard: Guard, *, manage_lifecycle: bool = True
             thread_id=_text(form, "thread_id"),
             reply_to=_text(form, "reply_to"),
             timeout=timeout,
+            **marks_of(form),
         )
         return JSONResponse(result)
 
@@ -235,6 +245,8 @@ def build_app(overseer: Overseer, guard: Guard, *, manage_lifecycle: bool = True
         Route("/api/attention", attention),
         Route("/message/{message_id}", message_page),
         Route("/api/pending", pending),
+        Route("/api/dead-letters", dead),
+        Route("/api/inbound", inbound),
         Route("/api/search", search),
         Route("/api/compose", compose, methods=["POST"]),
         Route("/api/health", health),
@@ -255,6 +267,15 @@ async def _json_body(request: Request) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise UsageError("the request body must be a JSON object")
     return body
+
+
+def marks_of(form: dict[str, Any]) -> Marks:
+    """The compose form's priority and acknowledgement request (docs/delivery.md#priority)."""
+    priority = _text(form, "priority") or "normal"
+    for p in PRIORITIES:
+        if p == priority:
+            return Marks(priority=p, ack_required=form.get("ack_required") in (True, "1", "on"))
+    raise UsageError(f"priority must be one of {', '.join(PRIORITIES)}")
 
 
 def _text(form: dict[str, Any], key: str) -> str | None:

@@ -24,6 +24,7 @@ _RANK: Final = {
     "queued": 1,
     "delivered": 2,
     "shown": 3,
+    "acknowledged": 4,
     "refused": 4,
     "expired": 4,
 }

@@ -20,10 +20,10 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any, Literal, Unpack
 
 from crossintercom import history
-from crossintercom.client import AsyncClient, Identity
+from crossintercom.client import AsyncClient, Identity, Marks, dead_letter_json, dead_letters
 from crossintercom.config import Settings
 from crossintercom.errors import CrossintercomError, InboxUnavailable, StoreError, UsageError
 from crossintercom.exits import result_exit_code
@@ -299,6 +299,14 @@ class Overseer:
     async def pending(self) -> list[dict[str, Any]]:
         return [m.to_dict() for m in await self.client.pending()]
 
+    async def inbound(self) -> dict[str, dict[str, Any]]:
+        """Each session's inbound rules and held mail (docs/agents.md#inbound-policy)."""
+        return (await self.client.status()).inbound
+
+    async def dead_letters(self) -> list[dict[str, Any]]:
+        """Every session's dead letters on this host (docs/delivery.md#dead-letters)."""
+        return [dead_letter_json(d) for d in await dead_letters(self.client, everyone=True)]
+
     # --- compose --------------------------------------------------------------------------------
 
     async def compose(
@@ -311,23 +319,32 @@ class Overseer:
         thread_id: str | None = None,
         reply_to: str | None = None,
         timeout: float = 60.0,
+        **marks: Unpack[Marks],
     ) -> dict[str, Any]:
         """Send, ask or reply as the human session; the CLI's JSON result and exit code."""
         if not text.strip():
             raise UsageError("the message is empty; nothing was sent")
         result: SendResult
         if mode == "reply":
-            result = await self.client.reply(text, reply_to=reply_to or None, subject=subject)
+            result = await self.client.reply(
+                text, reply_to=reply_to or None, subject=subject, **marks
+            )
         elif not to:
             raise UsageError("a send needs a target ('to')")
         elif mode == "ask":
             mid = str(uuid.uuid4())
             self.ask_timeouts[mid] = timeout  # shown with the ask while it waits
             result = await self.client.ask(
-                to, text, timeout=timeout, subject=subject, thread_id=thread_id, message_id=mid
+                to,
+                text,
+                timeout=timeout,
+                subject=subject,
+                thread_id=thread_id,
+                message_id=mid,
+                **marks,
             )
         else:
-            result = await self.client.send(to, text, subject=subject, thread_id=thread_id)
+            result = await self.client.send(to, text, subject=subject, thread_id=thread_id, **marks)
         out = result.to_dict()
         if mode == "ask":
             out["reply"] = result.reply.to_dict() if result.reply is not None else None

@@ -87,6 +87,11 @@ SAMPLES: list[Any] = [
     p.Forget(request_id=15, session=sid()),
     p.InboxFault(faults=[p.InboxFaultItem(op="read", since=1.5, error="disk I/O error")]),
     p.Traffic(request_id=17, after=3, limit=50),
+    p.Acknowledge(messages=[p.ShownItem(id=sid(), sender=Peer("s", "planner", "h2"))], note="ok"),
+    p.AckWaits(request_id=18),
+    p.DeadLetters(request_id=19, everyone=True),
+    p.Resend(request_id=20, id=sid(), new_id=sid()),
+    p.InboundPolicy(request_id=21, pattern="pest@h2", action="refuse", release=["*"]),
     p.RemoteRoster(sessions=[SessionInfo(id="x", host="h2")], request_id=12),
     p.Inbound(
         request_id=13, message=Message(id="m", sender=Peer("s", None, "h2")), recipient=sid()

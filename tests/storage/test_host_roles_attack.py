@@ -283,6 +283,11 @@ def test_receipts_only_from_the_recipients_host_for_mail_it_received(
     assert run(a.store.add_receipts(a.host, a.gen, [late])) == 1
     [receipt] = run(b.store.receipts(b.host, b.gen))
     assert (receipt.message_id, receipt.outcome, receipt.sender_session) == ("to-a", "shown", "bs")
+    # an acknowledgement takes the same path (migration 0009)
+    acked = LateReceipt("to-a", "sa", b.host, "bs", "acknowledged")
+    assert run(a.store.add_receipts(a.host, a.gen, [acked])) == 1
+    outcomes = [r.outcome for r in run(b.store.receipts(b.host, b.gen))]
+    assert "acknowledged" in outcomes
 
 
 def _code_checks(libpq: str) -> dict[str, str]:

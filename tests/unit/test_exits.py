@@ -14,6 +14,7 @@ def test_every_outcome_has_an_exit_code() -> None:
         Outcome.DELIVERED,
         Outcome.QUEUED,
         Outcome.SHOWN,
+        Outcome.ACKNOWLEDGED,
     }
 
 

@@ -98,6 +98,8 @@ def test_the_page_shows_both_hosts_live_messages_compose_and_escapes_text(
     page.fill('#compose-form [name="to"]', "alice@A")
     page.fill('#compose-form [name="subject"]', "from the overseer")
     page.fill('#compose-form [name="message"]', "please pause the deploy")
+    page.select_option('#compose-form [name="priority"]', "urgent")
+    page.check('#compose-form [name="ack_required"]')
     page.click('#compose-form button[type="submit"]')
     page.wait_for_function(
         "document.getElementById('compose-result').textContent.includes('\"outcome\"')"
@@ -105,6 +107,7 @@ def test_the_page_shows_both_hosts_live_messages_compose_and_escapes_text(
     result = json.loads(page.inner_text("#compose-result"))
     assert (result["outcome"], result["exit_code"]) == ("delivered", 0)
     got = alice.next_message()
+    assert (got["priority"], got["ack_required"]) == ("urgent", True)
     assert got["id"] == result["id"]
     assert got["message"] == "please pause the deploy"
     assert (got["from"]["name"], got["from"]["host"]) == ("boss", "B")
@@ -184,6 +187,12 @@ def test_requests_without_the_token_or_csrf_are_refused(
     assert (status, out["error"]["code"]) == (403, "csrf")
     status, out = request(compose, method="POST", headers=with_csrf, body=body)
     assert status == 200 and out["outcome"] == "refused" and out["exit_code"] == 3
+    # The refused send is a dead letter of this host, listed on the page.
+    status, dead = request(web.base + "/api/dead-letters", headers=auth)
+    assert status == 200 and [(d["id"], d["code"]) for d in dead] == [(out["id"], "not_found")]
+    b.cli_json("inbound", "--as", "worker", "pest", "refuse")
+    status, inbound = request(web.base + "/api/inbound", headers=auth)
+    assert status == 200 and inbound["worker"] == {"rules": {"pest": "refuse"}, "held": 0}
     status, out = request(compose, method="POST", headers=with_csrf, body={"mode": "x"})
     assert (status, out["error"]["code"]) == (400, "invalid_argument")
     # One page per human session: a second one for the same name is refused, readably.

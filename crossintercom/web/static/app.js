@@ -156,7 +156,22 @@ async function search(form) {
 
 // --- the human session's own asks waiting, and compose --------------------------------------------
 
+async function loadDeadLetters() {
+  const rows = await getJSON("/api/dead-letters");
+  document.getElementById("dead-letters").replaceChildren(...(Array.isArray(rows) ? rows : []).map((d) =>
+    el("li", { "data-id": d.id }, `${d.to}: ${d.outcome} (${d.code || d.outcome})${d.resent_as ? `, resent as ${d.resent_as}` : ""} `,
+      el("span", { class: "text" }, d.message))));
+}
+
+async function loadInbound() {
+  const all = await getJSON("/api/inbound");
+  document.getElementById("inbound").replaceChildren(...Object.entries(all && !all.error ? all : {}).map(([name, pol]) =>
+    el("li", {}, `${name}: ${Object.entries(pol.rules).map(([p, a]) => `${p} ${a}`).join(", ") || "no rules"}; ${pol.held} held`)));
+}
+
 async function loadPending() {
+  loadDeadLetters();
+  loadInbound();
   const asks = await getJSON("/api/pending");
   const list = document.getElementById("pending");
   list.replaceChildren(...(Array.isArray(asks) ? asks : []).map((m) => {

@@ -24,6 +24,8 @@ export function messageItem(m) {
     when(m.sent_at), " ",
     el("span", { class: "from" }, who(m.from)), " → ", el("span", { class: "to" }, m.to), " ");
   if (m.kind && m.kind !== "message") head.append(el("span", { class: `kind ${m.kind}` }, m.kind), " ");
+  if (m.priority && m.priority !== "normal") head.append(el("span", { class: `priority ${m.priority}` }, m.priority), " ");
+  if (m.ack_required) head.append(el("span", { class: "ack" }, "ack asked"), " ");
   if (m.subject) head.append(el("span", { class: "subject" }, m.subject), " ");
   head.append(link, " ", perma);
   const text = el("div", { class: "text" }, m.message);

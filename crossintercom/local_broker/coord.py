@@ -1,0 +1,126 @@
+"""Handlers of the coordination frames (docs/delivery.md#acknowledgement, #dead-letters),
+merged into the broker's table so ``broker.py`` keeps to orchestration."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Coroutine
+from typing import Any, Protocol
+
+import msgspec
+
+from crossintercom import protocol as p
+from crossintercom.errors import Code, ProtocolError
+from crossintercom.local_broker.acks import AckBook
+from crossintercom.local_broker.aftercare import Aftercare
+from crossintercom.local_broker.conn import Conn
+from crossintercom.local_broker.deadletters import DeadLetterBook
+from crossintercom.local_broker.delivery import Delivery
+from crossintercom.local_broker.inbound_policy import ACTIONS, InboundPolicy, valid_pattern
+from crossintercom.local_broker.registry import Registry
+from crossintercom.local_broker.sending import Operations
+from crossintercom.models import SendResult
+
+
+class Broker(Protocol):
+    """What these handlers use of the broker."""
+
+    aftercare: Aftercare
+    acks: AckBook
+    dead: DeadLetterBook
+    ops: Operations
+    inbound: InboundPolicy
+    delivery: Delivery
+    registry: Registry
+
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> None: ...
+
+    async def _answer(
+        self,
+        conn: Conn,
+        request_id: int,
+        body: p.OutgoingBody,
+        work: Coroutine[Any, Any, SendResult],
+    ) -> None: ...
+
+
+async def _on_acknowledge(broker: Broker, conn: Conn, f: p.Acknowledge) -> None:
+    broker.aftercare.acknowledged(conn, f)
+
+
+async def _on_ack_waits(broker: Broker, conn: Conn, f: p.AckWaits) -> None:
+    assert conn.session_id is not None
+    conn.write(p.AckWaitList(f.request_id, broker.acks.of(conn.session_id)))
+
+
+async def _on_dead_letters(broker: Broker, conn: Conn, f: p.DeadLetters) -> None:
+    assert conn.session_id is not None
+    items = broker.dead.of(None if f.everyone else conn.session_id)
+    conn.write(p.DeadLetterList(f.request_id, items))
+
+
+async def _on_resend(broker: Broker, conn: Conn, f: p.Resend) -> None:
+    """A dead letter sent again: a new message to the recipient it missed, in the old one's
+    thread; the dead letter records the new id."""
+    assert conn.session_id is not None
+    found = [
+        d
+        for d in broker.dead.of(conn.session_id)
+        if d.id == f.id and f.recipient in (None, d.recipient)
+    ]
+    if not found:
+        raise ProtocolError(f"no dead letter {f.id} sent by this session", code=Code.NOT_FOUND)
+    dead = found[0]
+    body = msgspec.structs.replace(
+        dead.message,
+        id=f.new_id,
+        to=dead.recipient or dead.to,
+        thread_id=dead.message.thread_id or dead.id,
+        ack_by=None,
+    )
+    broker.dead.resent(dead.id, dead.recipient, f.new_id)
+    broker.ops.commits.busy += 1  # counted from its arrival, as a send is
+    broker.spawn(broker._answer(conn, f.request_id, body, broker.ops.send(conn, body)))
+
+
+async def _on_inbound(broker: Broker, conn: Conn, f: p.InboundPolicy) -> None:
+    sid = conn.session_id
+    assert sid is not None
+    policy = broker.inbound
+    if f.pattern is not None:
+        if not valid_pattern(f.pattern):
+            raise ProtocolError(
+                f"{f.pattern!r} is not NAME, NAME@HOST, *@HOST, group:NAME or *",
+                code=Code.INVALID_ARGUMENT,
+            )
+        action = next((a for a in ACTIONS if a == f.action), None)
+        if f.action is not None and action is None:
+            raise ProtocolError("action must be accept, hold or refuse", code=Code.BAD_FIELD)
+        policy.set(sid, f.pattern, action)
+    released = 0
+    if f.release is not None:
+        taken = policy.take(sid, None if "*" in f.release else f.release)
+        for msg in taken:  # queued as mail that waited while the session was away
+            broker.delivery.queue_released(sid, msg)
+        owner = broker.registry.owner(sid)
+        if taken and owner is not None:
+            broker.delivery.drain_backlog(owner, sid)
+        released = len(taken)
+    held = [
+        p.HeldMail(mid, _sender(body), at, str(body.get("message", "")))
+        for mid, body, at in policy.held(sid)
+    ]
+    conn.write(p.InboundState(f.request_id, policy.rules(sid), held, released))
+
+
+def _sender(body: dict[str, Any]) -> str:
+    s = body.get("from") or {}
+    return f"{s.get('name') or s.get('id')}@{s.get('host')}"
+
+
+HANDLERS: dict[type, Callable[[Broker, Conn, Any], Coroutine[Any, Any, None]]] = {
+    p.Acknowledge: _on_acknowledge,
+    p.AckWaits: _on_ack_waits,
+    p.DeadLetters: _on_dead_letters,
+    p.Resend: _on_resend,
+    p.InboundPolicy: _on_inbound,
+}

@@ -1,0 +1,151 @@
+"""Inbound policy: per session, rules by sender that accept, hold or refuse its mail
+(docs/agents.md#inbound-policy). Kept in ``broker.sqlite`` (durable across restarts) and
+applied where every message for a local session passes (``Delivery.deliver``), whichever host
+sent it; replies to the session's own asks are never held or refused.
+
+A rule's pattern is ``NAME@HOST``, ``NAME``, ``*@HOST``, ``group:NAME`` or ``*``; the most
+specific matching rule wins, in that order, and no rule means accept. Held mail is saved here,
+not pushed, shown or woken for, and its sender is told ``queued``; releasing it queues it for
+the session like mail that waited while it was away.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any, Literal
+
+from crossintercom.codes import Code
+from crossintercom.local_broker.registry import Registry
+from crossintercom.local_broker.state import BrokerState
+from crossintercom.models import Message, Outcome, Peer, Receipt, valid_name
+
+Action = Literal["accept", "hold", "refuse"]
+ACTIONS: tuple[Action, ...] = ("accept", "hold", "refuse")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS inbound_rules (
+    session TEXT NOT NULL,
+    pattern TEXT NOT NULL,
+    action TEXT NOT NULL,
+    PRIMARY KEY (session, pattern)
+);
+CREATE TABLE IF NOT EXISTS held_mail (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    session TEXT NOT NULL,
+    message_id TEXT NOT NULL,
+    body TEXT NOT NULL,
+    held REAL NOT NULL,
+    UNIQUE (session, message_id)
+);
+"""
+
+
+def valid_pattern(pattern: str) -> bool:
+    if pattern == "*":
+        return True
+    if pattern.startswith("group:"):
+        return valid_name(pattern[6:])
+    name, _, host = pattern.partition("@")
+    if not _:
+        return valid_name(name)
+    return (name == "*" or valid_name(name)) and valid_name(host)
+
+
+def _candidates(sender: Peer, groups: tuple[str, ...]) -> list[str]:
+    """The patterns that match ``sender``, most specific first."""
+    out = []
+    if sender.name:
+        out += [f"{sender.name}@{sender.host}", sender.name]
+    out += [f"{sender.id}@{sender.host}", sender.id, f"*@{sender.host}"]
+    out += [f"group:{g}" for g in groups]
+    return [*out, "*"]
+
+
+class InboundPolicy:
+    def __init__(self, state: BrokerState, registry: Registry) -> None:
+        self.db = state.db
+        self.registry = registry
+        self.db.executescript(_SCHEMA)
+
+    def screen(self, msg: Message, recipient: str) -> Receipt | None:
+        """``Delivery.screen``: None to deliver, else the receipt of a hold or a refusal."""
+        sender = self.registry.remote.get(msg.sender.id) or self.registry.live.get(msg.sender.id)
+        info = getattr(sender, "info", sender)
+        groups = tuple(getattr(info, "groups", ()))
+        verdict = self.verdict(recipient, msg.sender, groups)
+        if verdict == "refuse":
+            return Receipt(
+                msg.id,
+                Outcome.REFUSED,
+                recipient,
+                Code.SENDER_REFUSED,
+                "the recipient does not take mail from this sender",
+            )
+        if verdict == "hold":
+            self.hold(recipient, msg)
+            return Receipt(msg.id, Outcome.QUEUED, recipient)
+        return None
+
+    def set(self, session: str, pattern: str, action: Action | None) -> None:
+        if action is None:
+            self.db.execute(
+                "DELETE FROM inbound_rules WHERE session = ? AND pattern = ?", (session, pattern)
+            )
+        else:
+            self.db.execute(
+                "INSERT OR REPLACE INTO inbound_rules (session, pattern, action) VALUES (?, ?, ?)",
+                (session, pattern, action),
+            )
+
+    def rules(self, session: str) -> dict[str, str]:
+        cur = self.db.execute(
+            "SELECT pattern, action FROM inbound_rules WHERE session = ? ORDER BY pattern",
+            (session,),
+        )
+        return dict(cur.fetchall())
+
+    def verdict(self, session: str, sender: Peer, groups: tuple[str, ...]) -> str:
+        rules = self.rules(session)
+        if not rules:
+            return "accept"
+        return next((rules[c] for c in _candidates(sender, groups) if c in rules), "accept")
+
+    def summary(self) -> dict[str, dict[str, Any]]:
+        """For ``status``: each session with rules or held mail, by its name."""
+        out: dict[str, dict[str, Any]] = {}
+
+        def entry(sid: str) -> dict[str, Any]:
+            known = self.registry.known.get(sid)
+            name = known.name if known is not None and known.name else sid
+            return out.setdefault(name, {"rules": {}, "held": 0})
+
+        for sid, pattern, action in self.db.execute(
+            "SELECT session, pattern, action FROM inbound_rules ORDER BY pattern"
+        ):
+            entry(sid)["rules"][pattern] = action
+        for sid, n in self.db.execute("SELECT session, count(*) FROM held_mail GROUP BY session"):
+            entry(sid)["held"] = n
+        return out
+
+    def hold(self, session: str, msg: Message) -> None:
+        self.db.execute(
+            "INSERT OR IGNORE INTO held_mail (session, message_id, body, held) VALUES (?, ?, ?, ?)",
+            (session, msg.id, json.dumps(msg.to_dict()), time.time()),
+        )
+
+    def held(self, session: str) -> list[tuple[str, dict[str, object], float]]:
+        cur = self.db.execute(
+            "SELECT message_id, body, held FROM held_mail WHERE session = ? ORDER BY seq",
+            (session,),
+        )
+        return [(mid, json.loads(body), at) for mid, body, at in cur]
+
+    def take(self, session: str, ids: list[str] | None) -> list[Message]:
+        """Held messages to release (``None``: all of them), removed from the hold."""
+        found = [(mid, body) for mid, body, _ in self.held(session) if ids is None or mid in ids]
+        self.db.executemany(
+            "DELETE FROM held_mail WHERE session = ? AND message_id = ?",
+            [(session, mid) for mid, _ in found],
+        )
+        return [Message.from_dict(body) for _, body in found]

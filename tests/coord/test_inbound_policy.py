@@ -1,0 +1,53 @@
+"""Inbound policy across two hosts on both backends: a refused sender gets its own code, a
+held sender's mail waits unshown until released, rules are durable and shown."""
+
+from __future__ import annotations
+
+from tests.conftest import kill_broker
+from tests.relay.conftest import Cluster, wait_for
+
+
+def test_refuse_and_hold_senders_across_hosts(cluster: Cluster) -> None:
+    a, b = cluster.up("A", "B")
+    worker = b.listen("worker")
+    a.listen("planner")
+    a.listen("pest")
+    a.wait_sees("worker", "B")
+    b.wait_sees("planner", "A")
+    state = b.cli_json("inbound", "--as", "worker", "pest@A", "refuse")
+    assert state["rules"] == {"pest@A": "refuse"}
+    b.cli_json("inbound", "--as", "worker", "*@A", "hold")
+
+    refused = a.cli_json("send", "--as", "pest", "--to", "worker", "buy now", expect_rc=3)
+    assert (refused["error"]["outcome"], refused["error"]["code"]) == ("refused", "sender_refused")
+    held = a.cli_json("send", "--as", "planner", "--to", "worker", "plan v2")
+    assert held["outcome"] == "queued"
+    state = wait_for(
+        lambda: (s := b.cli_json("inbound", "--as", "worker"))["held"] and s, 30, "the hold"
+    )
+    assert [(h["id"], h["from"]) for h in state["held"]] == [(held["id"], "planner@A")]
+    worker.no_message()  # held: not delivered to the listener, so not shown
+    assert b.inbox("worker")[held["id"]] == 0
+    shown = b.cli_json("status")["inbound"]["worker"]
+    assert shown == {"rules": {"*@A": "hold", "pest@A": "refuse"}, "held": 1}
+    assert "worker: " in b.cli("status").stdout
+
+    # Rules are kept across a broker restart.
+    worker.stop()
+    kill_broker(b.home)
+    assert b.cli_json("inbound", "--as", "worker")["rules"] == {
+        "pest@A": "refuse",
+        "*@A": "hold",
+    }
+    worker = b.listen("worker")
+    released = b.cli_json("release", "--as", "worker", held["id"])
+    assert released["released"] == 1 and released["held"] == []
+    got = worker.next_message()
+    assert (got["id"], got["message"]) == (held["id"], "plan v2")
+
+    b.cli_json("inbound", "--as", "worker", "--remove", "*@A")
+    sent = a.cli_json("send", "--as", "planner", "--to", "worker", "now direct")
+    assert sent["outcome"] == "delivered"
+    assert worker.next_message()["id"] == sent["id"]
+    bad = b.cli("inbound", "--as", "worker", "not a pattern!", "hold", "--json")
+    assert bad.returncode != 0
