@@ -10,7 +10,7 @@ from typing import Literal
 
 from crossintercom.config import Settings
 from crossintercom.inbox_search import search_inboxes
-from crossintercom.models import SearchHit, SearchQuery
+from crossintercom.search_model import SearchHit, SearchQuery
 from crossintercom.storage import ArchiveStore, open_archive
 from crossintercom.storage.blocking import open_blocking_store
 from crossintercom.storage.connection import connection_url

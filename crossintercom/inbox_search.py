@@ -9,15 +9,9 @@ from typing import Any
 
 from crossintercom.errors import InboxUnavailable
 from crossintercom.inbox import Inbox, session_ids
-from crossintercom.models import (
-    MARK_END,
-    MARK_START,
-    Message,
-    SearchHit,
-    SearchQuery,
-    parse_sent_at,
-    search_terms,
-)
+from crossintercom.models import Message
+from crossintercom.search_model import MARK_END, MARK_START, SearchHit, SearchQuery, search_terms
+from crossintercom.timeparse import parse_sent_at
 
 
 def search_inboxes(directory: Path, host: str, query: SearchQuery) -> list[SearchHit]:

@@ -12,7 +12,7 @@ import hashlib
 import re
 import uuid
 from collections.abc import Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Annotated, Any, Final, Literal, Self
 
@@ -372,77 +372,3 @@ class SendResult(_Value, frozen=True, omit_defaults=True):
 
 
 # --- search (docs/archive.md) -------------------------------------------------------------------
-
-# Snippet highlight marks, the same from every source (archive on either backend, inboxes);
-# a page escapes the text first and only then turns the marks into highlighting.
-MARK_START: Final = "\u00ab"
-MARK_END: Final = "\u00bb"
-_SINCE_RE = re.compile(r"^(\d+)\s*([smhdw])$")
-_SINCE_UNITS: Final = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-
-
-def parse_age(value: str) -> int:
-    """An age such as ``30m``, ``12h``, ``7d`` or ``2w``, in seconds (``ValueError`` if not)."""
-    found = _SINCE_RE.match(value.strip())
-    if not found:
-        raise ValueError(f"{value!r} is not an age such as 30m, 12h, 7d or 2w")
-    return int(found.group(1)) * _SINCE_UNITS[found.group(2)]
-
-
-def parse_since(value: str, now: datetime | None = None) -> datetime:
-    """``--since``: an age (``30m``, ``12h``, ``7d``, ``2w``) or an ISO date or date-time (UTC
-    unless it says otherwise). Raises ``ValueError`` with a readable message."""
-    text = value.strip()
-    if _SINCE_RE.match(text):
-        return (now or datetime.now(UTC)) - timedelta(seconds=parse_age(text))
-    try:
-        when = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        raise ValueError(
-            f"--since {value!r} is neither an age (30m, 12h, 7d, 2w) nor an ISO date"
-        ) from None
-    return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
-
-
-def parse_sent_at(value: str) -> datetime:
-    """A message's ``sent_at`` as an aware datetime (now, for one that cannot be read)."""
-    try:
-        when = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return datetime.now(UTC)
-    return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
-
-
-def search_terms(text: str) -> list[str]:
-    """The words a query looks for: letters and digits only, so no query syntax of either
-    full-text engine (quotes, NEAR, ``*``, ``:``, ``-``) is ever passed through."""
-    return re.findall(r"\w+", text.lower())
-
-
-class SearchQuery(_Value, frozen=True, omit_defaults=True):
-    text: str
-    sender: str | None = None
-    recipient: str | None = None
-    host: str | None = None
-    thread: str | None = None
-    since: datetime | None = None
-    limit: int = 20
-
-
-class SearchHit(_Value, frozen=True):
-    """One result: the message, a relevance score (higher is better) and a snippet of its text
-    with the matched words between ``MARK_START`` and ``MARK_END``."""
-
-    message: Message
-    score: float
-    snippet: str
-    source: Literal["archive", "inbox"] = "archive"
-
-    def to_json(self) -> dict[str, Any]:
-        """The CLI's shape: the message object with ``score``, ``snippet`` and ``source``."""
-        return {
-            **self.message.to_dict(),
-            "score": self.score,
-            "snippet": self.snippet,
-            "source": self.source,
-        }

@@ -10,7 +10,8 @@ from typing import Any
 import click
 
 from crossintercom.client import Marks
-from crossintercom.models import PRIORITIES, parse_age
+from crossintercom.models import PRIORITIES
+from crossintercom.timeparse import parse_age
 
 PRIORITY_HELP = "How much the message matters: low, normal (default), high or urgent."
 ACK_HELP = "Ask the recipient to acknowledge it (`crossintercom ack ID`); a reply acknowledges."

@@ -8,8 +8,9 @@ from crossintercom.cli.common import json_option, settings
 from crossintercom.cli.db import store_option
 from crossintercom.cli.output import emit_json
 from crossintercom.errors import UsageError
-from crossintercom.models import SearchHit, SearchQuery, parse_age, parse_since, search_terms
 from crossintercom.safetext import for_terminal, terminal_line
+from crossintercom.search_model import SearchHit, SearchQuery, search_terms
+from crossintercom.timeparse import parse_age, parse_since
 
 
 @click.command()

@@ -15,7 +15,8 @@ from crossintercom.client.aio import AsyncClient
 from crossintercom.client.connection import expect
 from crossintercom.errors import BrokerUnavailable, Code, UsageError
 from crossintercom.inbox import Inbox
-from crossintercom.models import Peer, parse_sent_at
+from crossintercom.models import Peer
+from crossintercom.timeparse import parse_sent_at
 
 ACK_FLAG = "acknowledged"
 

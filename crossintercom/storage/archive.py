@@ -13,7 +13,8 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine
 
-from crossintercom.models import Message, SearchHit, SearchQuery, parse_sent_at, search_terms
+from crossintercom.models import Message
+from crossintercom.search_model import SearchHit, SearchQuery, search_terms
 from crossintercom.storage import engine as db
 from crossintercom.storage import queries as q
 from crossintercom.storage.archive_types import (
@@ -26,6 +27,7 @@ from crossintercom.storage.archive_types import (
 )
 from crossintercom.storage.driver import BlockingRunner
 from crossintercom.storage.urls import StoreURL, parse_store_url
+from crossintercom.timeparse import parse_sent_at
 
 MAX_SEARCH_RESULTS = 200
 

@@ -7,7 +7,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from crossintercom.models import Message, SearchHit, SearchQuery
+from crossintercom.models import Message
+from crossintercom.search_model import SearchHit, SearchQuery
 
 # --- the archive (docs/archive.md) ----------------------------------------------------------------
 

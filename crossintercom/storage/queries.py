@@ -39,7 +39,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.sql.expression import ColumnClause
 
 from crossintercom.errors import Code
-from crossintercom.models import MARK_END, MARK_START, SearchQuery, search_terms
+from crossintercom.search_model import MARK_END, MARK_START, SearchQuery, search_terms
 from crossintercom.storage.interface import DeliveryState, ReceiptOutcome
 from crossintercom.storage.tables import (
     ARCHIVE_FTS_TABLE,

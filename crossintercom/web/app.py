@@ -33,7 +33,9 @@ from starlette.staticfiles import StaticFiles
 
 from crossintercom.client import Marks
 from crossintercom.errors import Code, CrossintercomError, UsageError
-from crossintercom.models import PRIORITIES, SearchQuery, parse_since, search_terms
+from crossintercom.models import PRIORITIES
+from crossintercom.search_model import SearchQuery, search_terms
+from crossintercom.timeparse import parse_since
 from crossintercom.web.auth import COOKIE, CSRF_HEADER, Guard
 from crossintercom.web.feedstore import KINDS, STATES, Filters
 from crossintercom.web.overseer import FIRST_PAGE, Overseer

@@ -28,7 +28,8 @@ from crossintercom.config import Settings
 from crossintercom.errors import CrossintercomError, InboxUnavailable, StoreError, UsageError
 from crossintercom.exits import result_exit_code
 from crossintercom.inbox import trouble
-from crossintercom.models import SearchQuery, SendResult
+from crossintercom.models import SendResult
+from crossintercom.search_model import SearchQuery
 from crossintercom.storage import (
     ArchiveStore,
     LeaseTracker,

@@ -11,7 +11,8 @@ import msgspec
 import pytest
 from sqlalchemy import text
 
-from crossintercom.models import MARK_END, MARK_START, Message, Peer, SearchQuery
+from crossintercom.models import Message, Peer
+from crossintercom.search_model import MARK_END, MARK_START, SearchQuery
 from crossintercom.storage import ArchiveEntry, ArchiveRecipient, ArchiveStore, open_archive
 from crossintercom.storage import engine as db
 from crossintercom.storage.urls import parse_store_url

@@ -6,7 +6,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from crossintercom.models import Message, Peer, parse_age, parse_since, search_terms
+from crossintercom.models import Message, Peer
+from crossintercom.search_model import search_terms
+from crossintercom.timeparse import parse_age, parse_since
 from crossintercom.web.auth import Guard, allowed_hosts
 
 
