@@ -51,6 +51,8 @@ FIRST_PAGE = 100
 ARCHIVE_BATCH = 1000
 # The archive feed re-reads this far below its cursor: sequence values commit out of order.
 FEED_OVERLAP = 500
+# Asks whose timeouts the page keeps (its own and this host's sessions'), the newest.
+ASK_TIMEOUTS_KEEP = 5000
 
 Mode = Literal["send", "ask", "reply"]
 
@@ -192,6 +194,11 @@ class Overseer:
         else:
             self._traffic_after = max(self._traffic_after, log_.last)
         self._merge(sources.from_traffic(log_.events))
+        for e in log_.events:
+            if e.wait_s is not None:  # an ask of this host's sessions: its client's wait
+                self.ask_timeouts.setdefault(e.id, e.wait_s)
+        while len(self.ask_timeouts) > ASK_TIMEOUTS_KEEP:  # oldest first: a bound
+            del self.ask_timeouts[next(iter(self.ask_timeouts))]
         self._merge(await asyncio.to_thread(self._read_new))
 
     def _read_new(self) -> list[Item]:

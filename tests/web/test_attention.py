@@ -1,5 +1,6 @@
 """The attention view at the top of the page (docs/web.md, "Attention"), on two simulated hosts
-with the archive off: an ask between two agents waits there with its age until it is answered;
+with the archive off: an ask between two agents waits there with its age and its asker's
+timeout until it is answered;
 a decision and an interview sent to the overseer are rendered as such and answered from the
 page (the `escalate` commands get the answers); a progress update shows its percentage; an ask
 to the overseer is answered from its entry; a refusal shows its code; a session offline with
@@ -57,6 +58,10 @@ def test_the_attention_view_lists_and_answers(
         item = entry(page, "ask", got["id"])
         assert "waiting" in item.inner_text() and "ship it?" in item.inner_text()
         assert item.query_selector("button.answer") is None  # not the overseer's to answer
+        # bob's client told B's broker its wait: the ask shows its timeout, not yet passed.
+        sel = f'#attention-list li[data-kind="ask"][data-id="{got["id"]}"] .timeout'
+        timeout = page.wait_for_selector(sel)
+        assert "timeout" in timeout.inner_text() and "passed" not in timeout.inner_text()
         wait_for(lambda: page.title().startswith("("), 20, "a count in the tab title")
         a.cli_json("reply", "--as", "alice", "--reply-to", got["id"], "shipped")
         out, err = ask.communicate(timeout=60)
