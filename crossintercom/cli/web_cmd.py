@@ -10,6 +10,8 @@ from crossintercom.config import ENV_AS
 from crossintercom.errors import UsageError
 
 DEFAULT_AS = "overseer"
+# A host whose lease lapsed a day ago is left out of the host list (docs/web.md, "Hosts").
+DROP_HOSTS_AFTER_S = 86_400.0
 
 
 @click.command()
@@ -38,8 +40,18 @@ DEFAULT_AS = "overseer"
     metavar="SECONDS",
     help="List mail in the attention view once it has been queued this long.",
 )
+@click.option(
+    "--drop-hosts-after",
+    type=click.FloatRange(0),
+    default=DROP_HOSTS_AFTER_S,
+    show_default=True,
+    metavar="SECONDS",
+    help="Leave a host out of the host list once its lease has lapsed this long.",
+)
 @json_option
-def web(listen: str, as_name: str, queued_after: float, as_json: bool) -> None:
+def web(
+    listen: str, as_name: str, queued_after: float, drop_hosts_after: float, as_json: bool
+) -> None:
     """Serve a local page for a human overseer: hosts, sessions, live messages, threads,
     receipts, search and compose. Every request needs the token printed at start."""
     try:
@@ -59,7 +71,7 @@ def web(listen: str, as_name: str, queued_after: float, as_json: bool) -> None:
         if info["loopback"] != "yes":
             click.echo("  warning: listening beyond loopback, over plain HTTP", err=True)
 
-    run_web(cfg, listen, as_name, announce, queued_after=queued_after)
+    run_web(cfg, listen, as_name, announce, queued_after=queued_after, drop_after=drop_hosts_after)
 
 
 COMMANDS = (web,)

@@ -374,7 +374,7 @@ class AsyncClient(Queries):
         waiter: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
         self._ask_waiters[body.id] = waiter
         try:
-            result = await self._operation(p.Send(request_id=0, message=body))
+            result = await self._operation(p.Send(request_id=0, message=body, wait_s=timeout))
             if result.outcome not in (Outcome.DELIVERED, Outcome.QUEUED):
                 return result
             try:

@@ -231,6 +231,8 @@ class Broker:
 
     async def _on_send(self, conn: Conn, f: p.Send) -> None:
         self.ops.commits.busy += 1  # counted from its arrival: see GroupCommit
+        if f.wait_s is not None and f.message.expects_reply:
+            self.traffic.wait(f.message.id, f.wait_s)
         self.spawn(self._answer(conn, f.request_id, f.message, self.ops.send(conn, f.message)))
 
     async def _on_reply(self, conn: Conn, f: p.Reply) -> None:

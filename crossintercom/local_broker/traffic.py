@@ -40,10 +40,17 @@ class Traffic:
         self._chars = 0
         self._seq = itertools.count(1)
         self._ids: dict[str, int] = {}  # message id -> events holding its message
+        self._waits: dict[str, float] = {}  # ask id -> its client's wait, until recorded
         # The relay's archive hand-off, which records what it is given here as well.
         self.archive_copy: Callable[[Message, list[Receipt]], None] | None = None
 
     # --- recording ------------------------------------------------------------------------------
+
+    def wait(self, mid: str, wait_s: float) -> None:
+        """An ask's client waits ``wait_s`` for the reply: kept with the ask's event."""
+        if len(self._waits) >= self.keep:  # asks that never got recorded: a bound, not a leak
+            self._waits.clear()
+        self._waits[mid] = wait_s
 
     def message(self, msg: Message, receipts: Iterable[Receipt]) -> None:
         """A message sent from, received by or refused on this host, with its receipts."""
@@ -109,7 +116,8 @@ class Traffic:
         )
 
     def _add(self, mid: str, receipts: list[p.TrafficReceipt], msg: Message | None) -> None:
-        event = p.TrafficEvent(next(self._seq), round(time.time(), 3), mid, receipts, msg)
+        wait_s = self._waits.pop(mid, None) if msg is not None else None
+        event = p.TrafficEvent(next(self._seq), round(time.time(), 3), mid, receipts, msg, wait_s)
         cost = _OVERHEAD
         if msg is not None:
             cost += len(msg.text) + sum(len(a.content) for a in msg.attachments)

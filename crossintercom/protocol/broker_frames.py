@@ -190,6 +190,8 @@ class TrafficEvent(msgspec.Struct, frozen=True, omit_defaults=True):
     id: str
     receipts: list[TrafficReceipt] = []
     message: Message | None = None
+    # An ask's client's wait for the reply, when its ``send`` frame said (``Send.wait_s``).
+    wait_s: float | None = None
 
 
 class TrafficLog(msgspec.Struct, tag="traffic", frozen=True):

@@ -65,11 +65,15 @@ class Register(msgspec.Struct, tag="register", frozen=True):
     awaiting: list[MessageId] = []
 
 
-class Send(msgspec.Struct, tag="send", frozen=True):
+class Send(msgspec.Struct, tag="send", frozen=True, omit_defaults=True):
     """send and ask (``expects_reply``) share one frame."""
 
     request_id: RequestId
     message: OutgoingBody
+    # How long an ask's client waits for the reply: only shown on the overseer page, never
+    # part of the message (its digest) nor of delivery. Absent from older clients; ignored by
+    # older brokers (docs/web.md, "Attention").
+    wait_s: float | None = None
 
 
 class Reply(msgspec.Struct, tag="reply", frozen=True):

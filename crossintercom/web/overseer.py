@@ -52,12 +52,21 @@ FIRST_PAGE = 100
 ARCHIVE_BATCH = 1000
 # The archive feed re-reads this far below its cursor: sequence values commit out of order.
 FEED_OVERLAP = 500
+# Asks whose timeouts the page keeps (its own and this host's sessions'), the newest.
+ASK_TIMEOUTS_KEEP = 5000
 
 Mode = Literal["send", "ask", "reply"]
 
 
 class Overseer:
-    def __init__(self, settings: Settings, as_name: str, *, queued_after: float = 60.0) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        as_name: str,
+        *,
+        queued_after: float = 60.0,
+        drop_after: float = 86_400.0,
+    ) -> None:
         self.settings = settings
         self.name = as_name
         self.identity = Identity.named(settings, as_name, status="overseer (web)")
@@ -74,6 +83,7 @@ class Overseer:
         self._tasks: list[asyncio.Task[None]] = []
         self.ask_timeouts: dict[str, float] = {}
         self.queued_after = queued_after
+        self.drop_after = drop_after
         self._beats: dict[str, tuple[Any, float]] = {}
         self.attention: list[dict[str, Any]] = []
         self.roster: dict[str, Any] = {"hosts": [], "sessions": [], "warnings": []}
@@ -193,6 +203,11 @@ class Overseer:
         else:
             self._traffic_after = max(self._traffic_after, log_.last)
         self._merge(sources.from_traffic(log_.events))
+        for e in log_.events:
+            if e.wait_s is not None:  # an ask of this host's sessions: its client's wait
+                self.ask_timeouts.setdefault(e.id, e.wait_s)
+        while len(self.ask_timeouts) > ASK_TIMEOUTS_KEEP:  # oldest first: a bound
+            del self.ask_timeouts[next(iter(self.ask_timeouts))]
         self._merge(await asyncio.to_thread(self._read_new))
 
     def _read_new(self) -> list[Item]:
@@ -229,6 +244,7 @@ class Overseer:
         sessions = await self.client.list_sessions()
         warnings = (await self.client.status()).warnings
         hosts: dict[str, dict[str, Any]] = {}
+        dropped: set[str] = set()
         if self.store is not None:
             try:
                 rows = await self.store.hosts()
@@ -243,6 +259,12 @@ class Overseer:
                 beat = (row.generation, row.heartbeat)
                 if self._beats.get(row.host_id, (None, 0.0))[0] != beat:
                     self._beats[row.host_id] = (beat, now)
+                # Lapsed for ``drop_after`` past its lease: long dead, left out of the list
+                # (history and filters still find it; docs/web.md, "Hosts").
+                since = now - self._beats[row.host_id][1] - self.leases.lease_s
+                if lease == "lapsed" and since >= self.drop_after:
+                    dropped.add(row.host_id)
+                    continue
                 hosts[row.host_id] = {
                     "host": row.host_id,
                     "generation": row.generation,
@@ -260,6 +282,8 @@ class Overseer:
             },
         )
         for s in sessions:
+            if s.host in dropped:
+                continue
             hosts.setdefault(
                 s.host, {"host": s.host, "generation": None, "heartbeat": None, "lease": "unknown"}
             )

@@ -59,6 +59,7 @@ def run_web(
     announce: Callable[[dict[str, str]], None],
     *,
     queued_after: float = 60.0,
+    drop_after: float = 86_400.0,
 ) -> None:
     host, port = parse_listen(listen)
     ensure_runtime_dir(settings)
@@ -79,7 +80,9 @@ def run_web(
     # goes and the human session is closed (docs/web.md).
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
-        make = lambda: Overseer(settings, as_name, queued_after=queued_after)  # noqa: E731
+        make = lambda: Overseer(  # noqa: E731
+            settings, as_name, queued_after=queued_after, drop_after=drop_after
+        )
         asyncio.run(_serve(make, sock, guard, lambda: announce(info)))
     finally:
         signal.signal(signal.SIGTERM, previous)

@@ -1,7 +1,8 @@
 """The ``traffic`` frame over the broker's real socket (docs/protocol.md, docs/web.md): what
 this host's sessions sent, received and had refused, with receipts as they arrive (``queued``
-turning ``delivered`` when a durable session comes back, ``shown``), names as the broker knew
-them, paged by ``after``; and a log bounded in memory however much passes."""
+turning ``delivered`` when a durable session comes back, ``shown``), an ask's wait from its
+``send`` frame, names as the broker knew them, paged by ``after``; and a log bounded in memory
+however much passes."""
 
 from __future__ import annotations
 
@@ -96,3 +97,29 @@ def test_a_bad_traffic_request_is_refused(runtime_home: Path) -> None:
         c.send({"type": "traffic", "request_id": 7, "limit": 0})
         assert c.recv_type("error")["code"] == "bad_field"
         assert c.request({"type": "ping"})["type"] == "pong"
+
+
+def test_an_asks_wait_from_its_send_frame_reaches_the_traffic_log(runtime_home: Path) -> None:
+    """``wait_s`` (docs/protocol.md, "send") is kept with the ask's event only: a plain send
+    carries none, and an ask without it (an older client) is answered as before."""
+    env = make_env(runtime_home)
+    start_broker(env)
+    with RawConn(runtime_home) as bob:
+        bob.register(str(uuid.uuid4()), name="bob", durable=True)  # offline after: queued
+    ids = {}
+    with RawConn(runtime_home) as carol:
+        carol.register(str(uuid.uuid4()), name="carol")
+        for kind, extra, expects in (
+            ("ask", {"wait_s": 90.0}, True),
+            ("old", {}, True),
+            ("send", {"wait_s": 90.0}, False),
+        ):
+            mid = ids[kind] = str(uuid.uuid4())
+            body = {"id": mid, "to": "bob", "message": kind, "expects_reply": expects}
+            answer = carol.request({"type": "send", "message": body, **extra})
+            assert answer["outcome"] == "queued", answer
+    log = _events(runtime_home)
+    waits = {e["id"]: e.get("wait_s") for e in log["events"] if "message" in e}
+    assert waits[ids["ask"]] == 90.0
+    assert waits[ids["old"]] is None
+    assert waits[ids["send"]] is None

@@ -70,6 +70,7 @@ SAMPLES: list[Any] = [
             subject="release plan",
             thread_id=sid(),
         ),
+        wait_s=120.0,
     ),
     p.Reply(request_id=3, message=p.OutgoingBody(id=sid(), message="yes", reply_to=sid())),
     p.Ack(id=sid(), refused="too_large"),

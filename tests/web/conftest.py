@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from crossintercom.storage import migrate
-from tests.relay.conftest import CLI, Cluster, Host
+from tests.relay.conftest import CLI, Cluster, Host, wait_for
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -123,6 +123,12 @@ def open_page(browser: Any, web: WebServer, **options: Any) -> Any:
     page.goto(web.url)
     page.wait_for_selector("#live.on")
     return page
+
+
+def wait_feed(page: Any, ids: list[str], what: str) -> None:
+    """Until the feed shows exactly ``ids``, in that order (after a filter, say)."""
+    script = "els => els.map(e => e.dataset.id)"
+    wait_for(lambda: page.eval_on_selector_all("#feed > li", script) == ids, 30, what)
 
 
 def hosts_for(cluster: Cluster, n: int, archive: bool) -> list[Host]:

@@ -1,11 +1,13 @@
 """The attention view at the top of the page (docs/web.md, "Attention"), on two simulated hosts
-with the archive off: an ask between two agents waits there with its age until it is answered;
-a decision and an interview sent to the overseer are rendered as such and answered from the
-page (the `escalate` commands get the answers); a progress update shows its percentage; an ask
-to the overseer is answered from its entry; a refusal shows its code; a session offline with
-mail waiting is listed; the tab title carries the count; each entry links to its message page,
-which shows attachments, flags and receipts; hostile text stays text throughout (on five hosts
-with the archive on too). A host whose relay stops is listed as lapsed until it is back.
+with the archive off: an ask between two agents waits there with its age and its asker's
+timeout until it is answered; a decision and an interview sent to the overseer are rendered as
+such and answered from the page (the `escalate` commands get the answers); a progress update
+shows its percentage; an ask to the overseer is answered from its entry; a refusal shows its
+code; a session offline with mail waiting is listed; the tab title carries the count; each entry
+links to its message page, which shows attachments, flags and receipts; hostile text stays text
+throughout (on five hosts with the archive on too). A host whose relay stops is listed as
+lapsed until it is back, and leaves the host list (not the history) once lapsed past
+``--drop-hosts-after``.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import pytest
 
 from tests.conftest import background_cli
 from tests.relay.conftest import Cluster, wait_for
-from tests.web.conftest import WebServer, hosts_for, open_page, start_web
+from tests.web.conftest import WebServer, hosts_for, open_page, start_web, wait_feed
 
 HOSTILE = '<img src=x onerror="window.__pwned = 1">'
 
@@ -57,6 +59,10 @@ def test_the_attention_view_lists_and_answers(
         item = entry(page, "ask", got["id"])
         assert "waiting" in item.inner_text() and "ship it?" in item.inner_text()
         assert item.query_selector("button.answer") is None  # not the overseer's to answer
+        # bob's client told B's broker its wait: the ask shows its timeout, not yet passed.
+        sel = f'#attention-list li[data-kind="ask"][data-id="{got["id"]}"] .timeout'
+        timeout = page.wait_for_selector(sel)
+        assert "timeout" in timeout.inner_text() and "passed" not in timeout.inner_text()
         wait_for(lambda: page.title().startswith("("), 20, "a count in the tab title")
         a.cli_json("reply", "--as", "alice", "--reply-to", got["id"], "shipped")
         out, err = ask.communicate(timeout=60)
@@ -167,4 +173,32 @@ def test_a_lapsed_host_is_listed_until_its_relay_is_back(
     assert page.title().startswith("(")
     a.start_relay()
     gone(page, "lapsed", "A")
+    page.close()
+
+
+def test_a_host_lapsed_past_drop_hosts_after_leaves_the_list_but_not_the_history(
+    sqlite_cluster: Cluster, browser: Any, web_servers: list[WebServer]
+) -> None:
+    quick = {"lease_s": 2.0}
+    a, b = sqlite_cluster.up("A", "B", A=quick, B=quick)
+    web = start_web(b, "--as", "boss", "--drop-hosts-after", "4")
+    web_servers.append(web)
+    a.wait_sees("boss", "B")
+    page = open_page(browser, web)
+    sent = a.cli_json("send", "--as", "alice", "--to", "boss@B", HOSTILE)
+    page.wait_for_selector(f'#feed li[data-id="{sent["id"]}"]')
+    page.wait_for_selector('#hosts tr[data-host="A"] .lease.held')
+    assert page.inner_text('#hosts tr[data-host="A"] .beat').endswith("s ago")  # its age
+    a.kill_relay()
+    entry(page, "lapsed", "A")
+    page.wait_for_selector('#hosts tr[data-host="A"] .lease.lapsed')
+    # Lapsed past --drop-hosts-after: out of the host list and of the attention view.
+    page.wait_for_selector('#hosts tr[data-host="A"]', state="detached")
+    gone(page, "lapsed", "A")
+    assert page.query_selector('#hosts tr[data-host="B"]') is not None
+    # Its mail is still found by the host filter.
+    page.fill('#filter-form [name="host"]', "A")
+    page.click('#filter-form button[type="submit"]')
+    wait_feed(page, [sent["id"]], "the feed filtered to A")
+    assert page.evaluate("window.__pwned") is None
     page.close()

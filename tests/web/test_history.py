@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from tests.relay.conftest import Cluster, wait_for
-from tests.web.conftest import WebServer, hosts_for, start_web
+from tests.web.conftest import WebServer, hosts_for, start_web, wait_feed
 from tests.web.test_overseer import request
 
 LIVE_KEEP = 300  # static/feed.js
@@ -94,25 +94,12 @@ def test_a_burst_stays_bounded_and_older_pages_walk_back_through_it(
     # Filters in the page: one session; then a kind; then cleared.
     page.fill('#filter-form [name="session"]', "dave")
     page.click('#filter-form button[type="submit"]')
-    wait_for(
-        lambda: (
-            page.eval_on_selector_all("#feed > li", "els => els.map(e => e.dataset.id)") == [other]
-        ),
-        30,
-        "the feed filtered to dave",
-    )
+    wait_feed(page, [other], "the feed filtered to dave")
     refused = b.cli_json("send", "--as", "carol", "--to", "nobody", "x", expect_rc=3)["error"]
     page.fill('#filter-form [name="session"]', "")
     page.select_option('#filter-form [name="kind"]', "refusal")
     page.click('#filter-form button[type="submit"]')
-    wait_for(
-        lambda: (
-            page.eval_on_selector_all("#feed > li", "els => els.map(e => e.dataset.id)")
-            == [refused["id"]]
-        ),
-        30,
-        "the feed filtered to refusals",
-    )
+    wait_feed(page, [refused["id"]], "the feed filtered to refusals")
     state = feed_page(web, "state=refused")["messages"]
     assert [m["id"] for m in state] == [refused["id"]]
     page.click('#filter-form button[type="reset"]')

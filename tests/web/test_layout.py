@@ -2,8 +2,8 @@
 (390 px), on two hosts without the archive and five with it, nothing overflows sideways
 (screenshots kept in the test's directory), a 10 KB message is collapsed until expanded, the
 tools stay in reach while the feed scrolls in its own pane, every control is labelled and a
-skip link comes first; threads open in place; the reply form is filled from the message it
-answers; the flow picture keeps 20 hosts and their counts apart.
+skip link comes first; threads open in place and follow live mail; the reply form is filled
+from the message it answers; the flow picture keeps 20 hosts and their counts apart.
 """
 
 from __future__ import annotations
@@ -106,6 +106,9 @@ def test_no_sideways_overflow_at_desktop_and_phone_width(
         page.close()
 
 
+HOSTILE_JOIN = '<img src=x onerror="window.__pwned = 1">joins'
+
+
 def test_threads_open_in_place_and_the_reply_form_follows_the_message(
     sqlite_cluster: Cluster, browser: Any, web_servers: list[WebServer]
 ) -> None:
@@ -147,6 +150,19 @@ def test_threads_open_in_place_and_the_reply_form_follows_the_message(
         page.click(f"{row} a.thread")
         page.wait_for_selector("#thread-section:not([hidden]) #thread li")
         assert page.eval_on_selector(row, "e => e.nextElementSibling.id") == "thread-section"
+        # The open thread follows live mail: a message joining it shows there without a
+        # reload; one of another thread (already in the feed) does not.
+        thread = page.get_attribute(f"{row} a.thread", "data-thread")
+        other = a.cli_json("send", "--as", "zed", "--to", "boss@B", "elsewhere")
+        page.wait_for_selector(f'#feed li[data-id="{other["id"]}"]')
+        joined = a.cli_json(
+            "send", "--as", "zed", "--to", "boss@B", "--thread", str(thread), HOSTILE_JOIN
+        )
+        page.wait_for_selector(f'#thread li[data-id="{joined["id"]}"]')
+        assert page.query_selector(f'#thread li[data-id="{other["id"]}"]') is None
+        ids = page.eval_on_selector_all("#thread > li", "els => els.map(e => e.dataset.id)")
+        assert ids[-1] == joined["id"], ids  # oldest first, the newcomer last
+        assert page.evaluate("window.__pwned") is None
         first.kill()
 
 

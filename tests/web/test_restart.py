@@ -1,8 +1,9 @@
-"""Stopping and restarting the page (docs/web.md, "Restarts"): SIGTERM stops it as Ctrl-C does
-(``web.token`` removed, nothing logged as an error, even with a page open); a restart keeps the
-token while ``web.key`` exists, so an open tab goes live again by itself and can still send;
-without the key the open tab says at once that the address changed. ``/healthz`` answers
-without the token.
+"""Stopping and restarting the page (docs/web.md, "Restarts"), on two hosts without the archive
+and five with it: SIGTERM stops it as Ctrl-C does (``web.token`` removed, nothing logged as an
+error, even with a page open); a restart keeps the token while ``web.key`` exists, so an open
+tab goes live again by itself, can still send and shows mail from another host; without the
+key the open tab says at once that the address changed. ``/healthz`` answers without the
+token.
 """
 
 from __future__ import annotations
@@ -13,8 +14,10 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.relay.conftest import Cluster, wait_for
-from tests.web.conftest import WebServer, open_page, start_web
+from tests.web.conftest import WebServer, hosts_for, open_page, start_web
 
 
 def free_port() -> int:
@@ -24,11 +27,14 @@ def free_port() -> int:
         return port
 
 
+@pytest.mark.parametrize(("n", "archive"), [(2, False), (5, True)])
 def test_sigterm_cleans_up_and_a_restart_keeps_the_open_tab_working(
-    sqlite_cluster: Cluster, browser: Any, web_servers: list[WebServer]
+    sqlite_cluster: Cluster, browser: Any, web_servers: list[WebServer], n: int, archive: bool
 ) -> None:
-    [b] = sqlite_cluster.up("B")
+    a, b = hosts_for(sqlite_cluster, n, archive)[:2]
     bob = b.listen("bob")
+    a.listen("alice")
+    b.wait_sees("alice", "A")
     port = free_port()
     listen = ("--listen", f"127.0.0.1:{port}")
     web = start_web(b, "--as", "boss", *listen)
@@ -62,6 +68,9 @@ def test_sigterm_cleans_up_and_a_restart_keeps_the_open_tab_working(
     sent = json.loads(page.inner_text("#compose-result"))
     assert sent["outcome"] == "delivered", sent
     assert bob.next_message()["id"] == sent["id"]
+    # Mail between the simulated hosts still reaches the restarted page.
+    remote = a.cli_json("send", "--as", "alice", "--to", "bob@B", "across a restart")
+    page.wait_for_selector(f'#feed li[data-id="{remote["id"]}"]', timeout=30_000)
 
     # Without the key the token changes: the open tab says so at once.
     again.stop()

@@ -69,6 +69,22 @@ async function showThread(id, from) {
 hooks.thread = showThread;
 attentionHooks.thread = showThread;
 
+// An open thread follows the feed: a message joining it (or a newer copy of one in it, with
+// later receipts) shows in place, oldest first as the server lists it (docs/web.md).
+function followThread(m) {
+  const box = document.getElementById("thread-section");
+  if (box.hidden || (m.thread_id || m.id) !== document.getElementById("thread-id").textContent) return;
+  const list = document.getElementById("thread");
+  const item = messageItem(m);
+  const old = list.querySelector(`:scope > li[data-id="${CSS.escape(m.id)}"]`);
+  if (old) { old.replaceWith(item); return; }
+  const key = item.dataset.key;
+  for (const other of list.children) {
+    if (key && (other.dataset.key || "") > key) { list.insertBefore(item, other); return; }
+  }
+  list.append(item);
+}
+
 // --- replying: the form is filled from the message answered, and only from it -----------------
 
 function replyTo(m) {
@@ -85,7 +101,7 @@ hooks.reply = replyTo;
 attentionHooks.reply = replyTo;
 attentionHooks.answered = () => loadPending();
 hooks.me = boot.roster.me ? boot.roster.me.id : null;
-hooks.changed = (m, isNew) => { drawFlow(roster, known); sessionsLater(); if (isNew) pulse(roster, m); };
+hooks.changed = (m, isNew) => { followThread(m); drawFlow(roster, known); sessionsLater(); if (isNew) pulse(roster, m); };
 
 // --- history: older pages from the server, filters ----------------------------------------------
 
