@@ -124,7 +124,6 @@ def bench(
     scale: bool,
     chart: Path | None,
     own_postgres: bool,
-    async_replication: bool,
     as_json: bool,
 ) -> None:
     """Latency and throughput of every path, beside raw baselines measured in the same run."""
