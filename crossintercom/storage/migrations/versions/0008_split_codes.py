@@ -14,12 +14,12 @@ Create Date: 2026-12-02
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from alembic import op
+
+from crossintercom.storage.policy_revisions import Policy, load_revision, replace_policies, widen
 
 revision: str = "0008"
 down_revision: str | None = "0007"
@@ -41,16 +41,7 @@ ADDED = (
 
 def _previous() -> Any:
     """Revision 0007's module: its code list and policies, to widen and to restore."""
-    spec = importlib.util.spec_from_file_location(
-        "crossintercom_migration_0007", Path(__file__).with_name("0007_host_trust.py")
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-Policy = tuple[str, str, str, str | None, str | None]
+    return load_revision("0007_host_trust.py")
 
 
 def _policies() -> tuple[list[Policy], list[Policy]]:
@@ -61,29 +52,17 @@ def _policies() -> tuple[list[Policy], list[Policy]]:
     # deliveries_send, deliveries_finish (a delivery's reason) and receipts_write (its code)
     assert len(checking) == 3, [p[1] for p in checking]
 
-    def widen(clause: str | None) -> str | None:
-        return None if clause is None else clause.replace(before, after)
-
-    widened = [(t, n, cmd, widen(using), widen(check)) for t, n, cmd, using, check in checking]
-    return checking, widened
+    return checking, widen(checking, before, after)
 
 
 CODES = (*_previous().CODES, *ADDED)
 
 
-def _replace(policies: Sequence[Policy]) -> None:
-    for table, name, *_ in policies:
-        op.execute(f"DROP POLICY IF EXISTS {name} ON {table}")
-    _previous()._create_policies(policies)
-
-
 def upgrade() -> None:
     if op.get_bind().dialect.name == "postgresql":
-        # One transaction, three policies: relays' statements wait on the tables' locks for
-        # its duration and go on under the wider lists.
-        _replace(_policies()[1])
+        replace_policies(_policies()[1])
 
 
 def downgrade() -> None:
     if op.get_bind().dialect.name == "postgresql":
-        _replace(_policies()[0])
+        replace_policies(_policies()[0])
