@@ -33,6 +33,7 @@ from __future__ import annotations
 import gzip
 import itertools
 import json
+import re
 import threading
 import time
 import zlib
@@ -119,9 +120,11 @@ class Request:
         return _tools(self.body.get("tools")).get(name, (None, name))
 
     def tool_named(self, *fragments: str) -> str | None:
-        """The first offered tool whose name contains every fragment (case-insensitive)."""
+        """The first offered tool whose name holds every fragment as a whole word
+        (case-insensitive): ``send`` is ``crossintercom_send``, never ``..._resend``."""
+        words = [re.compile(rf"(?<![a-z0-9]){re.escape(f.lower())}(?![a-z0-9])") for f in fragments]
         for name in self.tool_names:
-            if all(f.lower() in name.lower() for f in fragments):
+            if all(w.search(name.lower()) for w in words):
                 return name
         return None
 
