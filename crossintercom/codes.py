@@ -68,6 +68,10 @@ class Code(StrEnum):
     FORGOTTEN = "forgotten"
     # The recipient's inbound policy refuses this sender (docs/agents.md#inbound-policy).
     SENDER_REFUSED = "sender_refused"
+    # A path reservation another session's clashes with (docs/agents.md#path-reservations).
+    RESERVATION_CONFLICT = "reservation_conflict"
+    # Reservations live in the shared store: this host's relay must run to reserve or list them.
+    RELAY_NOT_RUNNING = "relay_not_running"
     # Why nothing was sent (not_sent) or why the outcome is not known (unknown).
     NO_RELAY = "no_relay"
     RECIPIENT_GONE = "recipient_gone"

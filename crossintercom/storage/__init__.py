@@ -11,7 +11,8 @@ rows), ``archive_types`` (the archive's) and ``urls`` at the bottom; ``tables``,
 ``driver`` (one operation, one transaction: retries, in-doubt commits, errors; SQLite's
 worker thread), ``pgdriver`` (PostgreSQL's on the event loop: deadlines, dead connections,
 plans, row security) and ``wakeup``; ``batches`` (batch writes over one connection);
-``hosts`` (host claims and rosters, and the plumbing both halves run on), under ``sqlstore``
+``hosts`` (host claims and rosters, and the plumbing both halves run on), under
+``reservations`` (path reservations), under ``sqlstore``
 (messages, receipts and settings: together, the logic both backends share), under the
 backends ``postgres`` and ``sqlite``; ``blocking`` (the loop of blocking callers) on top;
 ``liveness`` apart, over ``interface``.
@@ -44,6 +45,7 @@ from crossintercom.storage.interface import (
     OutboundItem,
     ReceiptOutcome,
     ReceiptRow,
+    Reserved,
     StoreSettings,
     StuckTransaction,
     Waiter,
@@ -112,6 +114,7 @@ __all__ = [
     "OutboundItem",
     "ReceiptOutcome",
     "ReceiptRow",
+    "Reserved",
     "StoreSettings",
     "StuckTransaction",
     "ThreadSummary",

@@ -13,6 +13,7 @@ from types import TracebackType
 from typing import Any, Literal, Protocol, Self
 
 from crossintercom.models import SessionInfo
+from crossintercom.reservations import Held, Mode
 
 # A delivery row's state: queued until acknowledged (delivered, refused) or expired.
 DeliveryState = Literal["queued", "delivered", "refused", "expired"]
@@ -29,6 +30,15 @@ LateReceiptOutcome = Literal["shown", "expired", "acknowledged"]
 InDoubtResolution = Literal["absent", "in_doubt"]
 # fetch_inbound reads a payload only up to this many characters unless told otherwise.
 DEFAULT_MAX_PAYLOAD_CHARS = 8 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Reserved:
+    """A reserve's answer: the session's reservations of the project after it (none new when
+    refused), and the other sessions' it clashed with (empty when it was made)."""
+
+    held: list[Held]
+    conflicts: list[Held]
 
 
 @dataclass(frozen=True, slots=True)
@@ -312,6 +322,42 @@ class MailboxStore(Protocol):
         sessions, with receipts for the senders, and drop its roster row. Returns how many
         deliveries expired; nothing for a stale generation."""
         ...
+
+    async def reserve(
+        self,
+        host_id: str,
+        generation: int,
+        *,
+        project: str,
+        session_id: str,
+        globs: Sequence[str],
+        mode: Mode,
+        ttl_s: float,
+        reason: str | None,
+        lapsed: Collection[str] = (),
+    ) -> Reserved | None:
+        """Reserve paths of a project for one of the host's sessions, all or none; None for a
+        stale generation (docs/agents.md#path-reservations)."""
+        ...
+
+    async def release(
+        self,
+        host_id: str,
+        generation: int,
+        *,
+        project: str,
+        session_id: str,
+        globs: Sequence[str] | None,
+    ) -> int | None: ...
+
+    async def reservations(
+        self, project: str | None = None, *, lapsed: Collection[str] = ()
+    ) -> list[Held]:
+        """The live reservations, those of hosts in ``lapsed`` (the reader's judgement of their
+        leases) left out."""
+        ...
+
+    async def sweep_reservations(self, host_id: str, generation: int) -> int: ...
 
     async def expire(self) -> int: ...
 

@@ -52,6 +52,7 @@ from crossintercom.storage.tables import (
     hosts,
     messages,
     receipts,
+    reservations,
     roster,
     settings,
 )
@@ -509,6 +510,125 @@ def update_settings(values: dict[str, int]) -> Update:
 
 
 SCHEMA_VERSION = text("SELECT version_num FROM alembic_version")
+
+# -- path reservations (docs/agents.md#path-reservations) -----------------------------------
+
+# A reservation that may still count: its TTL runs, it was made under its host's current
+# generation (a relay restart ends what the one before made), and its session is on the
+# roster (a forgotten session's go). The holder host's lease is judged by the reader, on its
+# own clock (storage/liveness.py). With the holder's name for people.
+_LIVE_RESERVATIONS = (
+    select(
+        reservations.c.id,
+        reservations.c.project,
+        reservations.c.glob,
+        reservations.c.mode,
+        reservations.c.host_id,
+        reservations.c.session_id,
+        reservations.c.expires_at,
+        reservations.c.created,
+        reservations.c.reason,
+        roster.c.name,
+    )
+    .select_from(
+        reservations.join(
+            hosts,
+            (hosts.c.host_id == reservations.c.host_id)
+            & (hosts.c.generation == reservations.c.generation),
+        ).join(
+            roster,
+            (roster.c.host_id == reservations.c.host_id)
+            & (roster.c.session_id == reservations.c.session_id),
+        )
+    )
+    .where(reservations.c.expires_at > bindparam("now"))
+    .order_by(reservations.c.created, reservations.c.id)
+)
+# Params: now, project.
+LIVE_RESERVATIONS: Select[Any] = _LIVE_RESERVATIONS.where(
+    reservations.c.project == bindparam("project")
+)
+# Every project's (the overseer page). Params: now.
+ALL_LIVE_RESERVATIONS: Select[Any] = _LIVE_RESERVATIONS
+
+# One reserving transaction per project at a time (PostgreSQL; SQLite's writers are serial):
+# two sessions reserving overlapping globs cannot both read "no conflict". The two-key form
+# keeps it apart from the migration lock's. Params: project.
+PG_RESERVATION_LOCK_KEY = 0x63690011
+PG_LOCK_PROJECT: TextClause = text(
+    f"SELECT pg_advisory_xact_lock({PG_RESERVATION_LOCK_KEY}, hashtext(:project))"
+)
+
+# A session's earlier reservation of the same glob goes before it is made again (renewal).
+# Params: project, session_id, globs (a list).
+DROP_SAME_RESERVATIONS: Delete = delete(reservations).where(
+    reservations.c.project == bindparam("project"),
+    reservations.c.session_id == bindparam("session_id"),
+    reservations.c.glob.in_(bindparam("globs", expanding=True)),
+)
+
+# Made fenced in the statement: nothing is inserted unless :generation is still the host's
+# current one (the host row read under a share lock, as CURRENT_GENERATION). Run with a list
+# of rows: id, project, glob, mode, session_id, reason, created, expires_at, and host_id,
+# generation.
+INSERT_RESERVATION = reservations.insert().from_select(
+    [
+        "id",
+        "project",
+        "glob",
+        "mode",
+        "host_id",
+        "session_id",
+        "generation",
+        "reason",
+        "created",
+        "expires_at",
+    ],
+    select(
+        bindparam("id", type_=Text),
+        bindparam("project", type_=Text),
+        bindparam("glob", type_=Text),
+        bindparam("mode", type_=Text),
+        hosts.c.host_id,
+        bindparam("session_id", type_=Text),
+        hosts.c.generation,
+        bindparam("reason", type_=Text),
+        bindparam("created", type_=DateTime(timezone=True)),
+        bindparam("expires_at", type_=DateTime(timezone=True)),
+    )
+    .where(hosts.c.host_id == bindparam("host_id"), hosts.c.generation == bindparam("generation"))
+    .with_for_update(read=True),
+)
+
+# `unreserve`: a session's reservations of a project, all or those of :globs. Params:
+# host_id, session_id, project (and globs, a list).
+RELEASE_ALL_RESERVATIONS: Delete = delete(reservations).where(
+    reservations.c.host_id == bindparam("host_id"),
+    reservations.c.session_id == bindparam("session_id"),
+    reservations.c.project == bindparam("project"),
+)
+RELEASE_RESERVATIONS: Delete = RELEASE_ALL_RESERVATIONS.where(
+    reservations.c.glob.in_(bindparam("globs", expanding=True))
+)
+
+# `forget`: the session's reservations go with it. Params: host_id, session_id.
+FORGET_RESERVATIONS: Delete = delete(reservations).where(
+    reservations.c.host_id == bindparam("host_id"),
+    reservations.c.session_id == bindparam("session_id"),
+)
+
+# The host's own reservations that no longer count: past their TTL, of an older generation,
+# or of a session no longer on its roster. Params: host_id, generation, now.
+SWEEP_RESERVATIONS: Delete = delete(reservations).where(
+    reservations.c.host_id == bindparam("host_id"),
+    (reservations.c.expires_at <= bindparam("now"))
+    | (reservations.c.generation != bindparam("generation"))
+    | ~exists().where(
+        roster.c.host_id == reservations.c.host_id,
+        roster.c.session_id == reservations.c.session_id,
+    ),
+)
+
 
 # -- PostgreSQL only -------------------------------------------------------------------------
 

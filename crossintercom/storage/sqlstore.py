@@ -17,7 +17,6 @@ from sqlalchemy import Connection
 from crossintercom.storage import queries as q
 from crossintercom.storage.batches import enqueue_batch, stale_enqueue
 from crossintercom.storage.driver import Driver
-from crossintercom.storage.hosts import SqlHostStore
 from crossintercom.storage.interface import (
     DEFAULT_MAX_PAYLOAD_CHARS,
     Ack,
@@ -30,6 +29,7 @@ from crossintercom.storage.interface import (
     StoreSettings,
     StuckTransaction,
 )
+from crossintercom.storage.reservations import SqlReservations
 from crossintercom.storage.urls import StoreURL
 from crossintercom.storage.wakeup import DELIVERIES, RECEIPTS
 
@@ -102,8 +102,9 @@ def inbound_row(
     return InboundRow(seq, message_id, session, payload, sender_host, None, digest)
 
 
-class SqlMailboxStore(SqlHostStore):
-    """``MailboxStore`` over a driver: the host half (``hosts``) plus the mailbox."""
+class SqlMailboxStore(SqlReservations):
+    """``MailboxStore`` over a driver: the host half (``hosts``), path reservations
+    (``reservations``) and the mailbox."""
 
     def __init__(self, parsed: StoreURL, driver: Driver) -> None:
         super().__init__(parsed, driver)
@@ -277,7 +278,9 @@ class SqlMailboxStore(SqlHostStore):
             now = utcnow()
             params = {"host_id": host_id, "session_id": session_id, "finished": now}
             keys = [(mid, sid) for mid, sid in conn.execute(q.FORGET_DELIVERIES, params)]
-            conn.execute(q.DELETE_ROSTER_SESSION, {"host_id": host_id, "session_id": session_id})
+            forgotten = {"host_id": host_id, "session_id": session_id}
+            conn.execute(q.DELETE_ROSTER_SESSION, forgotten)
+            conn.execute(q.FORGET_RESERVATIONS, forgotten)
             conn.execute(q.BUMP_ROSTER_REV, {"host": host_id, "gen": generation})
             self._notify_roster_in_txn(conn)
             if keys:

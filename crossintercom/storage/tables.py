@@ -163,6 +163,29 @@ host_roles = Table(
     UniqueConstraint("host_id"),
 )
 
+# Path reservations (docs/agents.md#path-reservations): a session's claim on a glob of a
+# project's paths. A row counts while its TTL runs, its ``generation`` is its host's current one
+# and that host's lease holds, and its session is on the roster; the holder's host writes and
+# deletes it (on PostgreSQL, row security of migration 0011). No UPDATE: renewing is a delete
+# and an insert.
+reservations = Table(
+    "reservations",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("project", String(255), nullable=False),
+    Column("glob", Text, nullable=False),
+    Column("mode", String(16), nullable=False),
+    Column("host_id", HOST_ID, nullable=False),
+    Column("session_id", SESSION_ID, nullable=False),
+    Column("generation", BigInteger, nullable=False),
+    Column("reason", Text),
+    Column("created", DateTime(timezone=True), nullable=False),
+    Column("expires_at", DateTime(timezone=True), nullable=False),
+    UniqueConstraint("project", "session_id", "glob"),
+    CheckConstraint("mode IN ('exclusive', 'shared')", name="mode_valid"),
+    Index("ix_reservations_host_id", "host_id", "session_id"),
+)
+
 DEFAULT_MAX_MESSAGE_BYTES = 1_048_576
 DEFAULT_RETENTION_S = 7 * 86400
 
