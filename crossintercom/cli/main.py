@@ -20,6 +20,7 @@ from crossintercom.cli import (
     escalate,
     info,
     messaging,
+    reserve_cmds,
     search,
     service,
     setup_cmd,
@@ -116,6 +117,7 @@ for command in (
     *search.COMMANDS,
     *web_cmd.COMMANDS,
     *coord_cmds.COMMANDS,
+    *reserve_cmds.COMMANDS,
     db,
 ):
     cli.add_command(command)

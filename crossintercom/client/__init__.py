@@ -6,6 +6,15 @@ from crossintercom.client.aio import MAX_ASK_TIMEOUT_S, AsyncClient, Incoming
 from crossintercom.client.deadletters import dead_letter_json, dead_letters, resend
 from crossintercom.client.identity import AttachmentTooLarge, Identity, Marks, load_attachment
 from crossintercom.client.inbound import inbound_json, inbound_policy
+from crossintercom.client.reservations import (
+    project_key,
+    repo_paths,
+    reservation_json,
+    reservation_line,
+    reservations,
+    reserve,
+    unreserve,
+)
 from crossintercom.client.retries import OPERATION_DEADLINE_S, RECONNECT_WAITS_S, RETRY_WAITS_S
 from crossintercom.client.sync import Client, wait_until
 
@@ -28,10 +37,17 @@ __all__ = [
     "inbound_json",
     "inbound_policy",
     "load_attachment",
+    "project_key",
+    "repo_paths",
     "report_shown",
     "resend",
+    "reservation_json",
+    "reservation_line",
+    "reservations",
+    "reserve",
     "sent_awaiting",
     "set_wake",
     "shown_frame",
+    "unreserve",
     "wait_until",
 ]

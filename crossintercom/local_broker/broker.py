@@ -35,6 +35,7 @@ from crossintercom.local_broker.outcomes import Refusal
 from crossintercom.local_broker.registration import Registration
 from crossintercom.local_broker.registry import Registry
 from crossintercom.local_broker.relay_link import RelayLink
+from crossintercom.local_broker.reservations import ReservationDesk
 from crossintercom.local_broker.retirement import retire_idle
 from crossintercom.local_broker.sending import Operations
 from crossintercom.local_broker.state import BrokerState
@@ -75,6 +76,7 @@ class Broker:
         self.acks = self.aftercare.acks = AckBook(state, settings.retention_s)
         self.dead = self.aftercare.dead = DeadLetterBook(state, settings.retention_s)
         self.inbound = InboundPolicy(state, self.registry)
+        self.reservations = ReservationDesk(settings, self.relay)
         self.delivery.screen = self.inbound.screen
         self.relay.traffic = self.delivery.traffic = self.traffic
         self.traffic.archive_copy = self.relay.archive

@@ -1,5 +1,6 @@
-"""Handlers of the coordination frames (docs/delivery.md#acknowledgement, #dead-letters),
-merged into the broker's table so ``broker.py`` keeps to orchestration."""
+"""Handlers of the coordination frames (docs/delivery.md#acknowledgement, #dead-letters;
+docs/agents.md#inbound-policy, #path-reservations), merged into the broker's table so
+``broker.py`` keeps to orchestration."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from crossintercom.local_broker.deadletters import DeadLetterBook
 from crossintercom.local_broker.delivery import Delivery
 from crossintercom.local_broker.inbound_policy import ACTIONS, InboundPolicy, valid_pattern
 from crossintercom.local_broker.registry import Registry
+from crossintercom.local_broker.reservations import ReservationDesk
 from crossintercom.local_broker.sending import Operations
 from crossintercom.models import SendResult
 
@@ -31,6 +33,7 @@ class Broker(Protocol):
     inbound: InboundPolicy
     delivery: Delivery
     registry: Registry
+    reservations: ReservationDesk
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> None: ...
 
@@ -117,10 +120,26 @@ def _sender(body: dict[str, Any]) -> str:
     return f"{s.get('name') or s.get('id')}@{s.get('host')}"
 
 
+async def _on_reservation(
+    broker: Broker, conn: Conn, f: p.Reserve | p.Unreserve | p.Reservations
+) -> None:
+    assert conn.session_id is not None
+    frame = broker.reservations.request(conn.session_id, f)
+    broker.spawn(broker.reservations.answer(conn, f.request_id, frame))
+
+
+async def _on_reservation_reply(broker: Broker, conn: Conn, f: p.ReservationReply) -> None:
+    broker.reservations.answered(f)
+
+
 HANDLERS: dict[type, Callable[[Broker, Conn, Any], Coroutine[Any, Any, None]]] = {
     p.Acknowledge: _on_acknowledge,
     p.AckWaits: _on_ack_waits,
     p.DeadLetters: _on_dead_letters,
     p.Resend: _on_resend,
     p.InboundPolicy: _on_inbound,
+    p.Reserve: _on_reservation,
+    p.Unreserve: _on_reservation,
+    p.Reservations: _on_reservation,
+    p.ReservationReply: _on_reservation_reply,
 }

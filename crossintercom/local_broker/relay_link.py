@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+from collections.abc import Callable
 from typing import Final
 
 import msgspec
@@ -48,6 +49,8 @@ class RelayLink:
         self._refreshes: dict[int, asyncio.Future[None]] = {}
         # Every message this host handles passes ``archive``: the overseer's log sees it there.
         self.traffic: Traffic | None = None
+        # Called when the relay goes: other rooms' requests waiting on it fail then.
+        self.on_detach: list[Callable[[], None]] = []
 
     @property
     def connected(self) -> bool:
@@ -81,6 +84,8 @@ class RelayLink:
         for refresh in self._refreshes.values():
             if not refresh.done():
                 refresh.set_exception(ConnectionError("relay disconnected"))
+        for detached in self.on_detach:
+            detached()
 
     def require(self, conn: Conn) -> None:
         if conn is not self.conn:

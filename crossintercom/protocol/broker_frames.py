@@ -259,6 +259,35 @@ class InboundState(msgspec.Struct, tag="inbound_state", frozen=True):
     released: int = 0
 
 
+class Reservation(msgspec.Struct, frozen=True, omit_defaults=True):
+    """A live path reservation: its project and glob, how it is held, by whom (session id, name
+    and host), why, and when it was made and lapses (Unix seconds)."""
+
+    id: str
+    project: str
+    glob: str
+    mode: str
+    host: str
+    session: str
+    created: float
+    expires_at: float
+    name: str | None = None
+    reason: str | None = None
+
+
+class ReservationList(msgspec.Struct, tag="reservation_list", frozen=True, omit_defaults=True):
+    """The answer to ``reserve`` (the session's reservations of the project after it),
+    ``unreserve`` (how many were ``released``, and the rest) and ``reservations`` (every live
+    one). A refused reserve has ``code`` ``reservation_conflict`` and the ``conflicts``."""
+
+    request_id: RequestId
+    items: list[Reservation]
+    conflicts: list[Reservation] = []
+    released: int = 0
+    code: str | None = None
+    message: str | None = None
+
+
 BrokerFrame = (
     Error
     | Registered
@@ -277,4 +306,5 @@ BrokerFrame = (
     | AckWaitList
     | DeadLetterList
     | InboundState
+    | ReservationList
 )

@@ -184,6 +184,39 @@ class InboundPolicy(msgspec.Struct, tag="inbound_policy", frozen=True, omit_defa
     release: list[MessageId] | None = None
 
 
+# A project key (docs/agents.md#path-reservations): a normalised remote URL or a name.
+Project = Annotated[str, msgspec.Meta(min_length=1, max_length=255)]
+Glob = Annotated[str, msgspec.Meta(min_length=1, max_length=500)]
+ReservationMode = Literal["exclusive", "shared"]
+
+
+class Reserve(msgspec.Struct, tag="reserve", frozen=True, omit_defaults=True):
+    """Reserve ``globs`` of ``project`` for this session, all or none, for ``ttl_s``; answered
+    with ``reservation_list`` (its ``code`` says a clash, and ``conflicts`` with what)."""
+
+    request_id: RequestId
+    project: Project
+    globs: Annotated[list[Glob], msgspec.Meta(min_length=1, max_length=100)]
+    mode: ReservationMode = "exclusive"
+    ttl_s: Annotated[float, msgspec.Meta(gt=0, le=30 * 86400)] = 3600.0
+    reason: Annotated[str, msgspec.Meta(max_length=500)] | None = None
+
+
+class Unreserve(msgspec.Struct, tag="unreserve", frozen=True, omit_defaults=True):
+    """Release this session's reservations of ``project``: those of ``globs``, else all."""
+
+    request_id: RequestId
+    project: Project
+    globs: Annotated[list[Glob], msgspec.Meta(max_length=100)] | None = None
+
+
+class Reservations(msgspec.Struct, tag="reservations", frozen=True, omit_defaults=True):
+    """The live reservations of ``project`` (absent: of every project), every host's."""
+
+    request_id: RequestId
+    project: Project | None = None
+
+
 class SetWake(msgspec.Struct, tag="set_wake", frozen=True):
     """The session's wake policy, kept with a durable session (docs/agents.md#wake-policy)."""
 
@@ -246,6 +279,9 @@ ClientFrame = (
     | DeadLetters
     | Resend
     | InboundPolicy
+    | Reserve
+    | Unreserve
+    | Reservations
 )
 
 # Frames a connection may send before it registers: queries that need no identity
@@ -269,5 +305,8 @@ MAILBOX_TYPES: frozenset[str] = frozenset(
         "dead_letters",
         "resend",
         "inbound_policy",
+        "reserve",
+        "unreserve",
+        "reservations",
     }
 )

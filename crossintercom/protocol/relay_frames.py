@@ -12,7 +12,8 @@ from typing import Literal
 import msgspec
 
 from crossintercom.models import Message, Peer, Receipt, SessionInfo
-from crossintercom.protocol.client_frames import RequestId, SessionId
+from crossintercom.protocol.broker_frames import Reservation
+from crossintercom.protocol.client_frames import RequestId, ReservationMode, SessionId
 
 # What a recipient's host may report to a sender's host after the delivery was acknowledged.
 HostReceiptOutcome = Literal["shown", "expired", "acknowledged"]
@@ -73,6 +74,18 @@ class ArchiveState(msgspec.Struct, tag="archive_state", frozen=True):
     enabled: bool
 
 
+class ReservationReply(msgspec.Struct, tag="reservation_reply", frozen=True, omit_defaults=True):
+    """The relay's answer to a ``reservation_request``: as ``reservation_list`` says, or
+    ``code`` and ``message`` when the store could not be asked."""
+
+    fid: int
+    items: list[Reservation] = []
+    conflicts: list[Reservation] = []
+    released: int = 0
+    code: str | None = None
+    message: str | None = None
+
+
 RelayFrame = (
     RemoteRoster
     | Inbound
@@ -81,6 +94,7 @@ RelayFrame = (
     | RemoteReceipt
     | RosterRefreshed
     | ArchiveState
+    | ReservationReply
 )
 
 # --- broker -> relay --------------------------------------------------------------------------
@@ -141,4 +155,29 @@ class ArchiveCopy(msgspec.Struct, tag="archive", frozen=True):
     receipts: list[Receipt]
 
 
-ToRelayFrame = Forward | LocalRoster | RefreshRoster | SendReceipts | SessionForgotten | ArchiveCopy
+class ReservationRequest(
+    msgspec.Struct, tag="reservation_request", frozen=True, omit_defaults=True
+):
+    """A session's reserve, release or list (``op``), for the relay to run against the store
+    (docs/agents.md#path-reservations); answered with ``reservation_reply``. Globs arrive
+    normalised (``crossintercom.reservations.normalise``)."""
+
+    fid: int
+    op: Literal["reserve", "release", "list"]
+    session: SessionId
+    project: str | None = None
+    globs: list[str] | None = None
+    mode: ReservationMode = "exclusive"
+    ttl_s: float = 3600.0
+    reason: str | None = None
+
+
+ToRelayFrame = (
+    Forward
+    | LocalRoster
+    | RefreshRoster
+    | SendReceipts
+    | SessionForgotten
+    | ArchiveCopy
+    | ReservationRequest
+)

@@ -27,6 +27,7 @@ from crossintercom.relay.core import RelayCore
 from crossintercom.relay.inbound import POLL_BACKSTOP_S, Inbound
 from crossintercom.relay.late import LateReceipts
 from crossintercom.relay.outbound import Outbound
+from crossintercom.relay.reservations import Reservations
 from crossintercom.relay.stuck import StuckWatch
 from crossintercom.runtime import machine_identity
 from crossintercom.storage import (
@@ -82,6 +83,7 @@ class Relay(RelayCore):
         self.inbound = Inbound(self, self.outbound)
         self.late_receipts = LateReceipts(self)
         self.stuck = StuckWatch(self)
+        self.reservations = Reservations(self, self.leases, self._publish_roster)
         self._published: list[SessionInfo] | None = None
         # The other hosts' roster rows as last read, and the revisions they were read at.
         self._roster: list[SessionInfo] = []
@@ -220,6 +222,8 @@ class Relay(RelayCore):
             self.late_receipts.put(frame.receipts)
         elif isinstance(frame, p.SessionForgotten):
             self.late_receipts.forget(frame.session)
+        elif isinstance(frame, p.ReservationRequest):
+            self.spawn(self.reservations.handle(frame))
         else:
             self.spawn(self._refresh_roster(frame.fid))
 
@@ -367,5 +371,6 @@ class Relay(RelayCore):
                     return
                 await self.store.expire()
                 await self.store.purge(older_than_s=keep)
+                await self.reservations.sweep()
             except StoreError as exc:
                 log.warning("housekeeping failed: %s", exc.message, extra={"error": exc.message})

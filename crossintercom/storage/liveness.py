@@ -64,3 +64,8 @@ class LeaseTracker:
 
     def alive_hosts(self) -> set[str]:
         return {h for h in self._seen if not self.lapsed(h)}
+
+    def lapsed_hosts(self) -> set[str]:
+        """The hosts seen whose counter has since stood still for ``lease_s`` (a host not seen
+        yet is not among them: its row is newer than the last observation)."""
+        return {h for h in self._seen if self.lapsed(h)}
