@@ -84,7 +84,13 @@ def test_two_hosts_share_reservations_and_conflicts(cluster: Cluster) -> None:
 
 def _in(host: Any, cwd: Path, *args: str, rc: int = 0) -> Any:
     out = subprocess.run(
-        [*CLI, *args, "--json"], env=host.env, cwd=cwd, capture_output=True, text=True, timeout=60
+        [*CLI, *args, "--json"],
+        env=host.env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
     assert out.returncode == rc, (out.returncode, out.stdout, out.stderr)
     return json.loads(out.stdout)
@@ -111,6 +117,6 @@ def test_checkouts_of_one_repository_share_a_project_key(cluster: Cluster, tmp_p
     assert [(c["path"], c["holder"]) for c in found["conflicts"]] == [("src/x.py", "alice@A")]
     assert _in(b, https, "reservations", "--conflicts", "README.md")["conflicts"] == []
     outside = subprocess.run(
-        [*CLI, "reservations"], env=b.env, cwd=tmp_path, capture_output=True, text=True
+        [*CLI, "reservations"], env=b.env, cwd=tmp_path, capture_output=True, text=True, check=False
     )
     assert outside.returncode == 2 and "--project" in outside.stderr
