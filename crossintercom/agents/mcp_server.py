@@ -20,6 +20,7 @@ from pydantic import ValidationError
 from crossintercom import __version__
 from crossintercom.agents import mcp_results as res
 from crossintercom.agents.mcp_escalation_tools import EscalationTools
+from crossintercom.agents.mcp_reservation_tools import ReservationTools
 from crossintercom.agents.mcp_session_tools import SessionTools
 from crossintercom.agents.mcp_tools import Tools
 from crossintercom.agents.session import AgentSession
@@ -107,6 +108,7 @@ def build_server(session: AgentSession, supervisor: str | None) -> MailboxServer
         **tools.all(),
         **EscalationTools(session, supervisor).all(),
         **SessionTools(session).all(),
+        **ReservationTools(session).all(),
     }
     for name, (fn, read_only) in every.items():
         server.add_tool(

@@ -9,7 +9,16 @@ from typing import Any
 
 from tests.agents.conftest import Cluster, Host, Mcp, mcp_server, parse_mail, until
 
-READ_ONLY = {"whoami", "list_sessions", "pending", "groups", "receipts", "acks", "dead_letters"}
+READ_ONLY = {
+    "whoami",
+    "list_sessions",
+    "pending",
+    "groups",
+    "receipts",
+    "acks",
+    "dead_letters",
+    "reservations",
+}
 QUESTIONS = [
     {"id": "db", "type": "single", "question": "Which database?", "options": ["pg", "sqlite"]},
     {"id": "envs", "type": "multi", "question": "Where?", "options": ["dev", "ci", "prod"]},

@@ -1,0 +1,140 @@
+"""MCP tools for path reservations (docs/agents.md#path-reservations): reserve, unreserve and
+reservations (with a conflict check of paths), the CLI's commands of the same names. Without a
+``project`` the key comes from the checkout the server runs in, as the CLI's does."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Annotated, Literal
+
+from mcp.types import CallToolResult
+from pydantic import Field
+
+from crossintercom.agents import mcp_results as res
+from crossintercom.agents.answered import check_one_line
+from crossintercom.agents.framing import one_line
+from crossintercom.agents.mcp_tools import guarded
+from crossintercom.agents.session import AgentSession
+from crossintercom.client import (
+    project_key,
+    repo_paths,
+    reservation_json,
+    reservation_line,
+    reservations,
+    reserve,
+    unreserve,
+)
+from crossintercom.client.reservations import held
+from crossintercom.codes import Code
+from crossintercom.reservations import path_conflicts
+
+Project = Annotated[
+    str | None,
+    Field(
+        description="Project key, the same on every machine; default: this checkout's origin "
+        "remote (normalised), else its top directory's name."
+    ),
+]
+Globs = Annotated[
+    list[str],
+    Field(
+        description="Globs relative to the checkout's top: src/**, docs/*.md, lib/ (all under).",
+        min_length=1,
+        max_length=100,
+    ),
+]
+
+
+class ReservationTools:
+    def __init__(self, session: AgentSession) -> None:
+        self.session = session
+
+    @guarded
+    async def reserve(
+        self,
+        globs: Globs,
+        mode: Annotated[
+            Literal["exclusive", "shared"],
+            Field(
+                description="exclusive: no one else may reserve an overlapping glob; shared: "
+                "others may share it, none may hold it exclusively."
+            ),
+        ] = "exclusive",
+        ttl_s: Annotated[
+            int, Field(description="Lapses after this many seconds.", gt=0, le=30 * 86400)
+        ] = 3600,
+        reason: Annotated[str | None, Field(description="One line: why, for others.")] = None,
+        project: Project = None,
+    ) -> CallToolResult:
+        """Reserve paths you are about to change, so sessions on every machine see it; all or
+        none. Refused (reservation_conflict) with the clashing reservations when another
+        session holds an overlapping one. Reserving a glob again renews it."""
+        check_one_line("reason", reason)
+        key = project_key(project)
+        async with self.session.operation() as client:
+            state = await reserve(client, key, globs, mode, ttl_s, reason)
+        if state.code == Code.RESERVATION_CONFLICT:
+            rows = [reservation_json(r) for r in state.conflicts]
+            return res.error(state.code, state.message or state.code, conflicts=rows)
+        lines = [f"- {one_line(reservation_line(r))}" for r in state.items]
+        data = {"project": key, "reserved": [reservation_json(r) for r in state.items]}
+        return res.ok(f"Reserved in {one_line(key)}:\n" + "\n".join(lines), data)
+
+    @guarded
+    async def unreserve(
+        self,
+        globs: Annotated[
+            list[str] | None, Field(description="Globs as reserved; omitted: all of yours.")
+        ] = None,
+        project: Project = None,
+    ) -> CallToolResult:
+        """Release your reservations (when the change is committed or abandoned)."""
+        key = project_key(project)
+        async with self.session.operation() as client:
+            state = await unreserve(client, key, globs)
+        data = {
+            "project": key,
+            "released": state.released,
+            "held": [reservation_json(r) for r in state.items],
+        }
+        return res.ok(f"Released {state.released}.", data)
+
+    @guarded
+    async def reservations(
+        self,
+        conflicts: Annotated[
+            list[str] | None,
+            Field(
+                description="Paths you would change: only the reservations of other sessions "
+                "they clash with."
+            ),
+        ] = None,
+        project: Project = None,
+    ) -> CallToolResult:
+        """Every machine's live reservations of the project, or with conflicts=[paths] the
+        other sessions' reservations a change to those paths clashes with."""
+        key = project_key(project)
+        async with self.session.operation() as client:
+            state = await reservations(client, key)
+        if conflicts is None:
+            rows = [reservation_json(r) for r in state.items]
+            lines = [f"- {one_line(reservation_line(r))}" for r in state.items]
+            return res.ok(
+                "\n".join(lines) or "No reservations.", {"project": key, "reservations": rows}
+            )
+        by_id = {r.id: r for r in state.items}
+        me = self.session.identity.id
+        found = path_conflicts([held(r) for r in state.items], me, repo_paths(conflicts))
+        rows = [{"path": path, **reservation_json(by_id[h.id])} for path, h in found]
+        lines = [
+            f"- {one_line(path)}: {one_line(reservation_line(by_id[h.id]))}" for path, h in found
+        ]
+        return res.ok("\n".join(lines) or "No conflicts.", {"project": key, "conflicts": rows})
+
+    def all(self) -> Mapping[str, tuple[Callable[..., Awaitable[CallToolResult]], bool]]:
+        """Tool name -> (function, read-only)."""
+        return {
+            "reserve": (self.reserve, False),
+            "unreserve": (self.unreserve, False),
+            "reservations": (self.reservations, True),
+        }

@@ -1,0 +1,47 @@
+"""The path reservation tools of two `crossintercom mcp` servers on two simulated hosts,
+driven by the MCP SDK's stdio client, on both backends (docs/agents.md#path-reservations)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from tests.agents.conftest import Cluster, Host, mcp_server
+
+P = "git.example.org/team/app"
+
+
+def test_reservation_tools_across_hosts(cluster: Cluster) -> None:
+    a, b = cluster.up("A", "B")
+    asyncio.run(_reservations(a, b))
+
+
+async def _reservations(a: Host, b: Host) -> None:
+    async with (
+        mcp_server(a.env, "worker") as (worker, _),
+        mcp_server(b.env, "lead") as (lead, _),
+    ):
+        made = await worker.data("reserve", globs=["src/**"], reason="refactor", project=P)
+        assert [(r["glob"], r["holder"]) for r in made["reserved"]] == [("src/**", "worker@A")]
+        seen = await lead.data("reservations", project=P)
+        assert [(r["glob"], r["mode"], r["reason"]) for r in seen["reservations"]] == [
+            ("src/**", "exclusive", "refactor")
+        ]
+        found = await lead.data("reservations", conflicts=["src/x.py", "README"], project=P)
+        assert [(c["path"], c["holder"]) for c in found["conflicts"]] == [("src/x.py", "worker@A")]
+        assert (await worker.data("reservations", conflicts=["src/x.py"], project=P)) == {
+            "project": P,
+            "conflicts": [],
+        }
+        refused = await lead.call("reserve", globs=["src/a.py"], project=P)
+        assert refused.is_error
+        error = refused.structured_content["error"]
+        assert error["code"] == "reservation_conflict"
+        assert [c["holder"] for c in error["conflicts"]] == ["worker@A"]
+        assert "worker@A" in refused.content[0].text
+        shared = await lead.data("reserve", globs=["docs/"], mode="shared", project=P)
+        assert [r["glob"] for r in shared["reserved"]] == ["docs/**"]
+        released = await worker.data("unreserve", project=P)
+        assert released["released"] == 1 and released["held"] == []
+        assert (await lead.data("reserve", globs=["src/a.py"], project=P))["reserved"]
+        bad = await lead.call("reserve", globs=["../etc"], project=P)
+        assert bad.is_error and bad.structured_content["error"]["code"] == "invalid_argument"
