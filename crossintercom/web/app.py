@@ -203,6 +203,10 @@ def build_app(overseer: Overseer, guard: Guard, *, manage_lifecycle: bool = True
         return JSONResponse(await overseer.inbound())
 
     @api
+    async def reserved(request: Request) -> Response:
+        return JSONResponse(await overseer.reservations())
+
+    @api
     async def search(request: Request) -> Response:
         return JSONResponse(await overseer.search(_search_query(request)))
 
@@ -249,6 +253,7 @@ def build_app(overseer: Overseer, guard: Guard, *, manage_lifecycle: bool = True
         Route("/api/pending", pending),
         Route("/api/dead-letters", dead),
         Route("/api/inbound", inbound),
+        Route("/api/reservations", reserved),
         Route("/api/search", search),
         Route("/api/compose", compose, methods=["POST"]),
         Route("/api/health", health),

@@ -23,7 +23,15 @@ from datetime import UTC, datetime
 from typing import Any, Literal, Unpack
 
 from crossintercom import history
-from crossintercom.client import AsyncClient, Identity, Marks, dead_letter_json, dead_letters
+from crossintercom.client import (
+    AsyncClient,
+    Identity,
+    Marks,
+    dead_letter_json,
+    dead_letters,
+    reservation_json,
+    reservations,
+)
 from crossintercom.config import Settings
 from crossintercom.errors import CrossintercomError, InboxUnavailable, StoreError, UsageError
 from crossintercom.exits import result_exit_code
@@ -327,6 +335,10 @@ class Overseer:
     async def inbound(self) -> dict[str, dict[str, Any]]:
         """Each session's inbound rules and held mail (docs/agents.md#inbound-policy)."""
         return (await self.client.status()).inbound
+
+    async def reservations(self) -> list[dict[str, Any]]:
+        """Every host's live path reservations of every project (docs/agents.md)."""
+        return [reservation_json(r) for r in (await reservations(self.client)).items]
 
     async def dead_letters(self) -> list[dict[str, Any]]:
         """Every session's dead letters on this host (docs/delivery.md#dead-letters)."""

@@ -185,9 +185,20 @@ async function loadInbound() {
     el("li", {}, `${name}: ${Object.entries(pol.rules).map(([p, a]) => `${p} ${a}`).join(", ") || "no rules"}; ${pol.held} held`)));
 }
 
+async function loadReservations() {
+  const rows = await getJSON("/api/reservations");
+  document.getElementById("reservations").replaceChildren(...(Array.isArray(rows) ? rows : []).map((r) =>
+    el("li", { "data-id": r.id, "data-holder": r.holder },
+      `${r.project}: ${r.glob} ${r.mode} by ${r.holder}, ${Math.ceil(r.expires_in_s / 60)} min left`,
+      r.reason ? el("span", { class: "text" }, `: ${r.reason}`) : "")));
+}
+// A reservation changes no roster: the list is read again every few seconds too.
+setInterval(loadReservations, 5000);
+
 async function loadPending() {
   loadDeadLetters();
   loadInbound();
+  loadReservations();
   const asks = await getJSON("/api/pending");
   const list = document.getElementById("pending");
   list.replaceChildren(...(Array.isArray(asks) ? asks : []).map((m) => {
