@@ -10,7 +10,6 @@ import itertools
 from typing import Final
 
 from crossintercom import protocol as p
-from crossintercom.config import Settings
 from crossintercom.errors import Code, ProtocolError
 from crossintercom.local_broker.conn import Conn
 from crossintercom.local_broker.relay_link import RelayLink
@@ -26,8 +25,7 @@ NO_RELAY: Final = (
 
 
 class ReservationDesk:
-    def __init__(self, settings: Settings, relay: RelayLink) -> None:
-        self.settings = settings
+    def __init__(self, relay: RelayLink) -> None:
         self.relay = relay
         self._ids = itertools.count(1)
         self._waiting: dict[int, asyncio.Future[p.ReservationReply]] = {}

@@ -58,6 +58,9 @@ class Reservations:
         except StoreError as exc:
             log.warning("reservation %s failed: %s", f.op, exc.message)
             reply = p.ReservationReply(f.fid, code=exc.code, message=exc.message)
+        except Exception as exc:  # the session must hear back, not wait for the broker's timeout
+            log.exception("reservation %s failed", f.op)
+            reply = p.ReservationReply(f.fid, code=Code.INTERNAL, message=f"relay error: {exc}")
         if reply is None:
             self.relay.fenced()
             reply = p.ReservationReply(

@@ -93,6 +93,10 @@ SAMPLES: list[Any] = [
     p.DeadLetters(request_id=19, everyone=True),
     p.Resend(request_id=20, id=sid(), new_id=sid()),
     p.InboundPolicy(request_id=21, pattern="pest@h2", action="refuse", release=["*"]),
+    p.Reserve(request_id=22, project="github.com/o/app", globs=["src/**"], reason="split"),
+    p.Unreserve(request_id=23, project="app", globs=["src/**"]),
+    p.Reservations(request_id=24),
+    p.ReservationReply(fid=5, code="reservation_conflict", message="clash"),
     p.RemoteRoster(sessions=[SessionInfo(id="x", host="h2")], request_id=12),
     p.Inbound(
         request_id=13, message=Message(id="m", sender=Peer("s", None, "h2")), recipient=sid()
