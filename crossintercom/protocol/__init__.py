@@ -90,6 +90,8 @@ from crossintercom.protocol.framing import (
 )
 from crossintercom.protocol.relay_frames import (
     ArchiveCopy,
+    ArchiveReceipt,
+    ArchiveReceipts,
     ArchiveState,
     Forward,
     ForwardResult,
@@ -124,6 +126,8 @@ __all__ = [
     "AckWaits",
     "Acknowledge",
     "ArchiveCopy",
+    "ArchiveReceipt",
+    "ArchiveReceipts",
     "ArchiveState",
     "AttachmentBody",
     "BrokerFrame",

@@ -26,6 +26,7 @@ from crossintercom.storage.archive_types import (
     ArchiveSettings,
     ArchiveStore,
     FlowEdge,
+    ReceiptUpdate,
     ThreadSummary,
 )
 from crossintercom.storage.interface import (
@@ -112,6 +113,7 @@ __all__ = [
     "OutboundItem",
     "ReceiptOutcome",
     "ReceiptRow",
+    "ReceiptUpdate",
     "StoreSettings",
     "StuckTransaction",
     "ThreadSummary",

@@ -31,6 +31,7 @@ from crossintercom.inbox import trouble
 from crossintercom.models import SendResult
 from crossintercom.search_model import SearchQuery
 from crossintercom.storage import (
+    ArchivedMessage,
     ArchiveStore,
     LeaseTracker,
     MailboxStore,
@@ -52,8 +53,12 @@ FIRST_PAGE = 100
 ARCHIVE_BATCH = 1000
 # The archive feed re-reads this far below its cursor: sequence values commit out of order.
 FEED_OVERLAP = 500
-# Asks whose timeouts the page keeps (its own and this host's sessions'), the newest.
+# Asks whose timeouts the page keeps (its own, this host's sessions' and, with the archive on,
+# every host's), the newest.
 ASK_TIMEOUTS_KEEP = 5000
+# Of the newest messages held, those whose receipts may still move are re-read from the archive
+# with the roster (a later receipt changes a row the feed's cursor has passed).
+RECEIPTS_RECHECK = 2000
 
 Mode = Literal["send", "ask", "reply"]
 
@@ -172,6 +177,7 @@ class Overseer:
                     next_roster = loop.time() + ROSTER_EVERY_S
                     await self._refresh_archive_state()
                     await self._refresh_roster()
+                    await self._refresh_receipts()
                 self._refresh_attention()
             except (CrossintercomError, OSError) as exc:
                 log.warning("overseer refresh failed: %s", exc)
@@ -203,21 +209,39 @@ class Overseer:
         else:
             self._traffic_after = max(self._traffic_after, log_.last)
         self._merge(sources.from_traffic(log_.events))
-        for e in log_.events:
-            if e.wait_s is not None:  # an ask of this host's sessions: its client's wait
-                self.ask_timeouts.setdefault(e.id, e.wait_s)
+        # An ask's wait: its client's (this host's sessions), or as the archive has it.
+        waits = {e.id: e.wait_s for e in log_.events if e.wait_s is not None}
+        items, archived = await asyncio.to_thread(self._read_new)
+        waits.update((r.message.id, r.wait_s) for r in archived if r.wait_s is not None)
+        for mid, wait_s in waits.items():
+            self.ask_timeouts.setdefault(mid, wait_s)
         while len(self.ask_timeouts) > ASK_TIMEOUTS_KEEP:  # oldest first: a bound
             del self.ask_timeouts[next(iter(self.ask_timeouts))]
-        self._merge(await asyncio.to_thread(self._read_new))
+        self._merge(items + sources.from_archive(archived))
 
-    def _read_new(self) -> list[Item]:
+    def _read_new(self) -> tuple[list[Item], list[ArchivedMessage]]:
         items = self._inboxes.read()
+        rows: list[ArchivedMessage] = []
         if self.archive is not None and self.archive_on:
             rows = self.archive.feed(max(0, self._cursor - FEED_OVERLAP), limit=ARCHIVE_BATCH)
             if rows:
                 self._cursor = max(self._cursor, rows[-1].seq)
-            items += sources.from_archive(rows)
-        return items
+        return items, rows
+
+    async def _refresh_receipts(self) -> None:
+        """Receipts the archive learnt after the page read their messages (``shown`` from a
+        recipient's host, a queued message delivered): docs/web.md."""
+        if self.archive is None or not self.archive_on:
+            return
+        ids = sources.unsettled(self.feed.newest(RECEIPTS_RECHECK))
+        if not ids:
+            return
+        try:
+            found = await asyncio.to_thread(self.archive.receipts_of, ids)
+        except StoreError as exc:
+            log.warning("archive unreadable: %s", exc.message)
+            return
+        self._merge([(mid, None, sources.archived_receipts(rs)) for mid, rs in found.items()])
 
     def _refresh_attention(self) -> None:
         found = attention.attention(
