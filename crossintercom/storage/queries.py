@@ -138,8 +138,14 @@ SET_HOST_MACHINE: Update = (
     .values(machine=bindparam("machine"))
 )
 
-LIST_HOSTS: Select[str, int, int, int] = select(
-    hosts.c.host_id, hosts.c.generation, hosts.c.heartbeat, hosts.c.roster_rev
+# With when each heartbeat last moved and the database's "now", both by the database's clock.
+LIST_HOSTS: Select[str, int, int, int, Any, Any] = select(
+    hosts.c.host_id,
+    hosts.c.generation,
+    hosts.c.heartbeat,
+    hosts.c.roster_rev,
+    hosts.c.beat_at,
+    func.now(),
 ).order_by(hosts.c.host_id)
 
 # A roster change of the host, fenced: the UPDATE's row lock makes a concurrent claim_host

@@ -19,7 +19,6 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime
 from typing import Any, Literal, Unpack
 
 from crossintercom import history
@@ -33,7 +32,6 @@ from crossintercom.search_model import SearchQuery
 from crossintercom.storage import (
     ArchivedMessage,
     ArchiveStore,
-    LeaseTracker,
     MailboxStore,
     open_archive,
     open_store,
@@ -42,6 +40,7 @@ from crossintercom.storage.connection import connection_url
 from crossintercom.storage.poolers import require_own_session
 from crossintercom.web import attention, sources
 from crossintercom.web.feedstore import FeedStore, Filters
+from crossintercom.web.hosts import HostLeases
 from crossintercom.web.sources import Item, message_json, receipt
 
 log = logging.getLogger(__name__)
@@ -79,7 +78,7 @@ class Overseer:
         self.store: MailboxStore | None = None
         self.archive: ArchiveStore | None = None
         self.archive_on = False
-        self.leases = LeaseTracker(settings.lease_s, heartbeat_s=settings.heartbeat_s)
+        self.hosts = HostLeases(settings.lease_s, settings.heartbeat_s, drop_after)
         self.feed = FeedStore()
         self._cursor = 0
         self._traffic_after = 0
@@ -88,8 +87,6 @@ class Overseer:
         self._tasks: list[asyncio.Task[None]] = []
         self.ask_timeouts: dict[str, float] = {}
         self.queued_after = queued_after
-        self.drop_after = drop_after
-        self._beats: dict[str, tuple[Any, float]] = {}
         self.attention: list[dict[str, Any]] = []
         self.roster: dict[str, Any] = {"hosts": [], "sessions": [], "warnings": []}
 
@@ -275,27 +272,8 @@ class Overseer:
             except StoreError as exc:
                 log.warning("hosts unreadable: %s", exc.message)
                 rows = []
-            self.leases.observe(rows)
-            now = time.time()
-            for row in rows:
-                lease = "lapsed" if self.leases.lapsed(row.host_id) else "held"
-                # When this page last saw the host's counter move (its own clock).
-                beat = (row.generation, row.heartbeat)
-                if self._beats.get(row.host_id, (None, 0.0))[0] != beat:
-                    self._beats[row.host_id] = (beat, now)
-                # Lapsed for ``drop_after`` past its lease: long dead, left out of the list
-                # (history and filters still find it; docs/web.md, "Hosts").
-                since = now - self._beats[row.host_id][1] - self.leases.lease_s
-                if lease == "lapsed" and since >= self.drop_after:
-                    dropped.add(row.host_id)
-                    continue
-                hosts[row.host_id] = {
-                    "host": row.host_id,
-                    "generation": row.generation,
-                    "heartbeat": row.heartbeat,
-                    "beat_at": _iso(self._beats[row.host_id][1]),
-                    "lease": lease,
-                }
+            listed, dropped = self.hosts.view(rows, time.time())
+            hosts = {h["host"]: h for h in listed}
         hosts.setdefault(
             self.settings.host_id,
             {
@@ -399,10 +377,6 @@ class Overseer:
             out["reply"] = result.reply.to_dict() if result.reply is not None else None
         out["exit_code"] = result_exit_code(result, with_reply=mode == "ask")
         return out
-
-
-def _iso(t: float) -> str:
-    return datetime.fromtimestamp(t, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 def _settled(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:

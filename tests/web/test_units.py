@@ -1,13 +1,15 @@
 """Parts of the page that need no browser: an ask's overdue mark (pushed again when it flips,
-since the page is sent the attention view only when more than ages changed) and which
-messages' receipts are re-read from the archive."""
+since the page is sent the attention view only when more than ages changed), which messages'
+receipts are re-read from the archive, and a host's lease dated by the store's clock."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from crossintercom.storage import HostRow
 from crossintercom.web import attention, sources
+from crossintercom.web.hosts import HostLeases
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 
@@ -48,3 +50,23 @@ def test_only_messages_whose_receipts_may_move_are_rechecked() -> None:
         ask("empty", 1),
     ]
     assert sources.unsettled(items) == ["moving", "shown"]
+
+
+def test_a_fresh_page_dates_a_dead_host_by_the_stores_clock() -> None:
+    now = NOW.timestamp()
+    leases = HostLeases(lease_s=10.0, heartbeat_s=1.0, drop_after=86_400.0)
+    rows = [HostRow("alive", 1, 5, 0, 0.5), HostRow("dead", 1, 9, 0, 7200.0)]
+    listed, dropped = leases.view(rows, now)
+    by_host = {h["host"]: h for h in listed}
+    assert dropped == set()
+    assert by_host["alive"]["lease"] == "held"
+    # Dead for two hours before this page started: lapsed at once, dated two hours back.
+    assert by_host["dead"]["lease"] == "lapsed"
+    assert by_host["dead"]["beat_at"] == "2026-12-01T10:00:00Z"
+    # Past --drop-hosts-after (counted from its lease's end): left out at once too.
+    short = HostLeases(lease_s=10.0, heartbeat_s=1.0, drop_after=3600.0)
+    assert short.view(rows, now)[1] == {"dead"}
+    # A store without the stamp: judged on this page's sight of the counter (a full lease).
+    old_store = HostLeases(lease_s=10.0, heartbeat_s=1.0, drop_after=3600.0)
+    [row] = old_store.view([HostRow("dead", 1, 9, 0)], now)[0]
+    assert (row["lease"], row["beat_at"]) == ("held", "2026-12-01T12:00:00Z")
