@@ -73,6 +73,8 @@ class Aftercare:
                 )
         self.delivery.notify_senders(local)
         self.relay.send_receipts(remote)
+        # Every recipient here is this host's: the archive learns what only this host knows.
+        self.relay.archive_receipts([r for _, r in receipts])
 
     def shown(self, conn: Conn, frame: p.Shown) -> None:
         """The session's agent was shown these messages: tell each sender (``shown``)."""

@@ -318,6 +318,7 @@ class Broker:
 
     async def _on_archive_state(self, conn: Conn, f: p.ArchiveState) -> None:
         self.relay.archive_enabled = f.enabled
+        self.relay.archive_receipts_ok = f.receipts
 
     async def _on_remote_receipt(self, conn: Conn, f: p.RemoteReceipt) -> None:
         receipts = [

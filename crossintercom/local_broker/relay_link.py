@@ -40,6 +40,8 @@ class RelayLink:
         self.store_status: str | None = None
         # Told by the relay (``archive_state``); copies go out only while it is on.
         self.archive_enabled = False
+        # The relay takes ``archive_receipts`` (``archive_state.receipts``).
+        self.archive_receipts_ok = False
         self._ids = itertools.count(1)
         self._forwards: dict[int, asyncio.Future[list[Receipt]]] = {}
         # fid -> when its forward counts as lost, in fid order (each deadline the same span
@@ -173,12 +175,24 @@ class RelayLink:
     def archive(self, msg: Message, receipts: list[Receipt]) -> None:
         """Hand the relay a copy for the archive: a buffered write, never awaited, so neither a
         slow relay nor a slow archive reaches the sender (docs/archive.md)."""
-        if self.traffic is not None:
-            self.traffic.message(msg, receipts)
+        wait_s = self.traffic.message(msg, receipts) if self.traffic is not None else None
         if self.conn is None or not self.archive_enabled:
             return
         if any(r.outcome in _ARCHIVED_OUTCOMES for r in receipts):
-            self.conn.write(p.ArchiveCopy(msg, receipts))
+            self.conn.write(p.ArchiveCopy(msg, receipts, wait_s))
+
+    def archive_receipts(self, receipts: list[Receipt]) -> None:
+        """Later outcomes of mail delivered here (``shown``, …) for the archive, so pages on
+        other hosts see them too (docs/archive.md); a buffered write, never awaited."""
+        if self.conn is None or not (self.archive_enabled and self.archive_receipts_ok):
+            return
+        out = [
+            p.ArchiveReceipt(r.id, r.recipient, r.outcome.value, r.code)
+            for r in receipts
+            if r.recipient is not None
+        ]
+        if out:
+            self.conn.write(p.ArchiveReceipts(out))
 
     def send_local_roster(self) -> None:
         if self.conn is not None:

@@ -52,9 +52,10 @@ class Traffic:
             self._waits.clear()
         self._waits[mid] = wait_s
 
-    def message(self, msg: Message, receipts: Iterable[Receipt]) -> None:
-        """A message sent from, received by or refused on this host, with its receipts."""
-        self._add(msg.id, [self._receipt(r) for r in receipts], msg)
+    def message(self, msg: Message, receipts: Iterable[Receipt]) -> float | None:
+        """A message sent from, received by or refused on this host, with its receipts; the
+        ask's wait when its client told one (the archive keeps it too)."""
+        return self._add(msg.id, [self._receipt(r) for r in receipts], msg)
 
     def receipts(self, receipts: Iterable[Receipt]) -> None:
         """Later receipts (``shown``, ``expired``, delivered from a queue, from other hosts)."""
@@ -115,7 +116,7 @@ class Traffic:
             message=r.message,
         )
 
-    def _add(self, mid: str, receipts: list[p.TrafficReceipt], msg: Message | None) -> None:
+    def _add(self, mid: str, receipts: list[p.TrafficReceipt], msg: Message | None) -> float | None:
         wait_s = self._waits.pop(mid, None) if msg is not None else None
         event = p.TrafficEvent(next(self._seq), round(time.time(), 3), mid, receipts, msg, wait_s)
         cost = _OVERHEAD
@@ -133,6 +134,7 @@ class Traffic:
                     self._ids[old.id] = left
                 else:
                     self._ids.pop(old.id, None)
+        return wait_s
 
     # --- reading --------------------------------------------------------------------------------
 

@@ -95,6 +95,8 @@ from crossintercom.protocol.framing import (
 )
 from crossintercom.protocol.relay_frames import (
     ArchiveCopy,
+    ArchiveReceipt,
+    ArchiveReceipts,
     ArchiveState,
     Forward,
     ForwardResult,
@@ -131,6 +133,8 @@ __all__ = [
     "AckWaits",
     "Acknowledge",
     "ArchiveCopy",
+    "ArchiveReceipt",
+    "ArchiveReceipts",
     "ArchiveState",
     "AttachmentBody",
     "BrokerFrame",

@@ -68,10 +68,13 @@ class RosterRefreshed(msgspec.Struct, tag="roster_refreshed", frozen=True):
     fid: int
 
 
-class ArchiveState(msgspec.Struct, tag="archive_state", frozen=True):
-    """Whether the store-wide archive is on: the broker sends ``archive`` copies only then."""
+class ArchiveState(msgspec.Struct, tag="archive_state", frozen=True, omit_defaults=True):
+    """Whether the store-wide archive is on: the broker sends ``archive`` copies only then.
+    ``receipts``: the relay also takes ``archive_receipts`` (an older one leaves it out, and
+    would drop the link on a frame it does not know)."""
 
     enabled: bool
+    receipts: bool = False
 
 
 class ReservationReply(msgspec.Struct, tag="reservation_reply", frozen=True, omit_defaults=True):
@@ -147,12 +150,14 @@ class SessionForgotten(msgspec.Struct, tag="session_forgotten", frozen=True):
     session: SessionId
 
 
-class ArchiveCopy(msgspec.Struct, tag="archive", frozen=True):
+class ArchiveCopy(msgspec.Struct, tag="archive", frozen=True, omit_defaults=True):
     """A message this host's sessions sent, with its receipts, for the archive. Sent after the
-    sender has its outcome and never answered: archiving is off the delivery path."""
+    sender has its outcome and never answered: archiving is off the delivery path. ``wait_s``:
+    an ask's wait as its client told the broker (the sender's host only; docs/web.md)."""
 
     message: Message
     receipts: list[Receipt]
+    wait_s: float | None = None
 
 
 class ReservationRequest(
@@ -170,6 +175,22 @@ class ReservationRequest(
     mode: ReservationMode = "exclusive"
     ttl_s: float = 3600.0
     reason: str | None = None
+class ArchiveReceipt(msgspec.Struct, frozen=True, omit_defaults=True):
+    """A later outcome of a message delivered to a session on this host."""
+
+    id: str
+    recipient: str
+    outcome: str
+    code: str | None = None
+
+
+class ArchiveReceipts(msgspec.Struct, tag="archive_receipts", frozen=True):
+    """Receipts this host produced after the delivery (``shown``, ``acknowledged``,
+    ``expired``), for the archive: the only way one between two other hosts reaches a page
+    elsewhere (docs/archive.md). Sent only to a relay whose ``archive_state`` said
+    ``receipts``; never answered."""
+
+    receipts: list[ArchiveReceipt]
 
 
 ToRelayFrame = (
@@ -180,4 +201,5 @@ ToRelayFrame = (
     | SessionForgotten
     | ArchiveCopy
     | ReservationRequest
+    | ArchiveReceipts
 )

@@ -21,7 +21,7 @@ from typing import Final
 from crossintercom import protocol as p
 from crossintercom.errors import StoreError
 from crossintercom.models import SessionInfo
-from crossintercom.storage import ArchiveEntry, ArchiveRecipient, ArchiveStore
+from crossintercom.storage import ArchiveEntry, ArchiveRecipient, ArchiveStore, ReceiptUpdate
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +39,7 @@ class Archiver:
         self.enabled = False
         self.dropped = 0
         self.written = 0
-        self._queue: asyncio.Queue[ArchiveEntry] = asyncio.Queue(QUEUE_LIMIT)
+        self._queue: asyncio.Queue[ArchiveEntry | ReceiptUpdate] = asyncio.Queue(QUEUE_LIMIT)
         # One thread of its own: a hung archive statement blocks only this thread.
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="relay-archive")
         self._sessions: dict[str, SessionInfo] = {}
@@ -48,10 +48,17 @@ class Archiver:
         """Sessions whose names a copy's recipients are shown with."""
         self._sessions.update((s.id, s) for s in sessions)
 
-    def put(self, frame: p.ArchiveCopy) -> None:
-        """Take a copy; never blocks, never raises."""
+    def put(self, frame: p.ArchiveCopy | p.ArchiveReceipts) -> None:
+        """Take a copy or later receipts; never blocks, never raises. What this host may say
+        is about its own sessions' messages and deliveries to its own sessions (the trust rule
+        of docs/operations.md): a receipt about any other is left out."""
         if not self.enabled:
             return
+        if isinstance(frame, p.ArchiveReceipts):
+            for r in frame.receipts:
+                self._put(ReceiptUpdate(r.id, r.recipient, self.host, r.outcome, r.code))
+            return
+        own = frame.message.sender.host == self.host
         recipients = tuple(
             ArchiveRecipient(
                 r.recipient or "",
@@ -61,10 +68,13 @@ class Archiver:
                 r.code,
             )
             for r in frame.receipts
-            if r.recipient
+            if r.recipient and (own or (r.host or self.host) == self.host)
         )
+        self._put(ArchiveEntry(frame.message, recipients, frame.wait_s if own else None))
+
+    def _put(self, item: ArchiveEntry | ReceiptUpdate) -> None:
         try:
-            self._queue.put_nowait(ArchiveEntry(frame.message, recipients))
+            self._queue.put_nowait(item)
         except asyncio.QueueFull:
             self.dropped += 1
             if self.dropped % 1000 == 1:
@@ -128,7 +138,7 @@ class Archiver:
             with contextlib.suppress(Exception):
                 await asyncio.get_running_loop().run_in_executor(self._pool, self.archive.release)
 
-    async def _take(self, timeout: float) -> list[ArchiveEntry]:
+    async def _take(self, timeout: float) -> list[ArchiveEntry | ReceiptUpdate]:
         try:
             first = await asyncio.wait_for(self._queue.get(), timeout)
         except TimeoutError:

@@ -206,7 +206,7 @@ class Relay(RelayCore):
     def _on_frame(self, frame: p.ToRelayFrame) -> None:
         if isinstance(frame, p.Forward):
             self.outbound.put(frame)
-        elif isinstance(frame, p.ArchiveCopy):
+        elif isinstance(frame, p.ArchiveCopy | p.ArchiveReceipts):
             if self.archiver is not None:
                 self.archiver.put(frame)
         elif isinstance(frame, p.LocalRoster):
@@ -281,7 +281,7 @@ class Relay(RelayCore):
 
     def _archive_changed(self, enabled: bool) -> None:
         if self.client is not None:
-            self.client.post(p.ArchiveState(enabled))
+            self.client.post(p.ArchiveState(enabled, receipts=True))
 
     def _post_remote_roster(self) -> None:
         if self.archiver is not None:

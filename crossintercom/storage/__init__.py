@@ -27,6 +27,7 @@ from crossintercom.storage.archive_types import (
     ArchiveSettings,
     ArchiveStore,
     FlowEdge,
+    ReceiptUpdate,
     ThreadSummary,
 )
 from crossintercom.storage.interface import (
@@ -114,6 +115,7 @@ __all__ = [
     "OutboundItem",
     "ReceiptOutcome",
     "ReceiptRow",
+    "ReceiptUpdate",
     "Reserved",
     "StoreSettings",
     "StuckTransaction",

@@ -23,7 +23,9 @@ from crossintercom.storage.archive_types import (
     ArchiveRecipient,
     ArchiveSettings,
     FlowEdge,
+    ReceiptUpdate,
     ThreadSummary,
+    further,
 )
 from crossintercom.storage.driver import BlockingRunner
 from crossintercom.storage.urls import StoreURL, parse_store_url
@@ -68,19 +70,27 @@ class SqlArchive:
 
     # -- writing --------------------------------------------------------------------------
 
-    def archive(self, entries: Sequence[ArchiveEntry]) -> int:
+    def archive(self, entries: Sequence[ArchiveEntry | ReceiptUpdate]) -> int:
         """Copy a batch in one transaction; returns how many messages it held."""
         if not entries:
             return 0
         now = datetime.now(UTC)
         rows: dict[str, dict[str, Any]] = {}
         recipients: dict[tuple[str, str], dict[str, Any]] = {}
+        updates: dict[tuple[str, str], dict[str, Any]] = {}
         for entry in entries:
-            rows.setdefault(entry.message.id, _message_row(entry.message, now))
+            if isinstance(entry, ReceiptUpdate):
+                key = (entry.message_id, entry.session_id)
+                if key not in updates or further(entry.outcome, updates[key]["new_outcome"]):
+                    updates[key] = _update_row(entry)
+                continue
+            row = _message_row(entry.message, now, entry.wait_s)
+            if entry.wait_s is not None or entry.message.id not in rows:
+                rows[entry.message.id] = row
             for r in entry.recipients:
                 key = (entry.message.id, r.session_id)
-                # Within one batch, too, delivered wins.
-                if key in recipients and recipients[key]["outcome"] == "delivered":
+                # Within one batch, too, the furthest outcome wins.
+                if key in recipients and not further(r.outcome, recipients[key]["outcome"]):
                     continue
                 recipients[key] = {
                     "message_id": entry.message.id,
@@ -90,13 +100,20 @@ class SqlArchive:
                     "outcome": r.outcome,
                     "code": r.code,
                 }
+        plain = [r for r in rows.values() if "wait_s" not in r["payload"]]
+        waits = [r for r in rows.values() if "wait_s" in r["payload"]]
 
         def write(conn: Connection) -> None:
             if self.dialect == "postgresql":
                 conn.execute(q.PG_ARCHIVE_STATEMENT_TIMEOUT)
-            conn.execute(q.archive_messages_if_absent(self.dialect), list(rows.values()))
+            if plain:
+                conn.execute(q.archive_messages_if_absent(self.dialect), plain)
+            if waits:
+                conn.execute(q.archive_messages_with_wait(self.dialect), waits)
             if recipients:
                 conn.execute(q.archive_recipients_upsert(self.dialect), list(recipients.values()))
+            if updates:
+                conn.execute(q.ARCHIVE_RECEIPT_UPDATE, list(updates.values()))
 
         self._run(write)
         return len(rows)
@@ -157,25 +174,41 @@ class SqlArchive:
 
         return self._run(read, single_statement=True)
 
+    def receipts_of(self, message_ids: Sequence[str]) -> dict[str, tuple[ArchiveRecipient, ...]]:
+        ids = list(message_ids)
+        if not ids:
+            return {}
+        return self._run(lambda conn: _recipients(conn, ids), single_statement=True)
+
     def _archived(self, stmt: Any, params: dict[str, Any]) -> list[ArchivedMessage]:
         def read(conn: Connection) -> list[ArchivedMessage]:
             rows = conn.execute(stmt, params).all()
             ids = [Message.from_dict(payload).id for _seq, payload in rows]
-            by_id: dict[str, list[ArchiveRecipient]] = {}
-            if ids:
-                for mid, sid, host, outcome, name, code in conn.execute(
-                    q.ARCHIVE_RECIPIENTS_OF, {"message_ids": ids}
-                ):
-                    by_id.setdefault(mid, []).append(
-                        ArchiveRecipient(sid, host, outcome, name, code)
-                    )
+            by_id = _recipients(conn, ids) if ids else {}
             out = []
             for seq, payload in rows:
                 msg = Message.from_dict(payload)
-                out.append(ArchivedMessage(int(seq), msg, tuple(by_id.get(msg.id, ()))))
+                wait = payload.get("wait_s") if isinstance(payload, dict) else None
+                out.append(
+                    ArchivedMessage(
+                        int(seq),
+                        msg,
+                        by_id.get(msg.id, ()),
+                        float(wait) if isinstance(wait, int | float) else None,
+                    )
+                )
             return out
 
         return self._run(read)
+
+
+def _recipients(conn: Connection, ids: list[str]) -> dict[str, tuple[ArchiveRecipient, ...]]:
+    by_id: dict[str, list[ArchiveRecipient]] = {}
+    for mid, sid, host, outcome, name, code in conn.execute(
+        q.ARCHIVE_RECIPIENTS_OF, {"message_ids": ids}
+    ):
+        by_id.setdefault(mid, []).append(ArchiveRecipient(sid, host, outcome, name, code))
+    return {mid: tuple(rs) for mid, rs in by_id.items()}
 
 
 def _capped(query: SearchQuery) -> SearchQuery:
@@ -184,7 +217,21 @@ def _capped(query: SearchQuery) -> SearchQuery:
     return msgspec.structs.replace(query, limit=MAX_SEARCH_RESULTS)
 
 
-def _message_row(msg: Message, now: datetime) -> dict[str, Any]:
+def _update_row(u: ReceiptUpdate) -> dict[str, Any]:
+    return {
+        "mid": u.message_id,
+        "sid": u.session_id,
+        "host": u.host_id,
+        "new_outcome": u.outcome,
+        "new_code": u.code,
+    }
+
+
+def _message_row(msg: Message, now: datetime, wait_s: float | None = None) -> dict[str, Any]:
+    payload = msg.to_dict()
+    if wait_s is not None:
+        # Beside the message's own fields (Message.from_dict leaves it out): docs/archive.md.
+        payload["wait_s"] = wait_s
     return {
         "message_id": msg.id,
         "thread_id": msg.thread,
@@ -198,7 +245,7 @@ def _message_row(msg: Message, now: datetime) -> dict[str, Any]:
         "expects_reply": msg.expects_reply,
         "sent_at": parse_sent_at(msg.sent_at),
         "archived_at": now,
-        "payload": msg.to_dict(),
+        "payload": payload,
     }
 
 

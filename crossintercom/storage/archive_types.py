@@ -32,12 +32,46 @@ class ArchiveRecipient:
     code: str | None = None
 
 
+# How far along a recipient's outcome is: the archive keeps the furthest any host reported, so
+# a copy that arrives late never takes a receipt back (docs/archive.md). Failures are final.
+OUTCOME_RANK: dict[str, int] = {
+    "unknown": 0,
+    "queued": 1,
+    "delivered": 2,
+    "shown": 3,
+    "acknowledged": 4,
+    "refused": 5,
+    "expired": 5,
+    "not_sent": 5,
+}
+
+
+def further(new: str, old: str) -> bool:
+    """Whether outcome ``new`` replaces ``old`` (the rule the store's upsert applies too)."""
+    return OUTCOME_RANK.get(new, 0) > OUTCOME_RANK.get(old, 0)
+
+
 @dataclass(frozen=True, slots=True)
 class ArchiveEntry:
-    """What a relay copies: a message its host saw and what it knows of its recipients."""
+    """What a relay copies: a message its host saw and what it knows of its recipients;
+    ``wait_s``: an ask's wait, known to the sender's host only."""
 
     message: Message
     recipients: tuple[ArchiveRecipient, ...] = ()
+    wait_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ReceiptUpdate:
+    """A later outcome (``shown``, ``acknowledged``, ``expired``) of a message already archived
+    for a recipient on ``host_id``, the writing relay's own host: it moves only that host's
+    recipients' rows, and only further along (``further``)."""
+
+    message_id: str
+    session_id: str
+    host_id: str
+    outcome: str
+    code: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +79,7 @@ class ArchivedMessage:
     seq: int
     message: Message
     recipients: tuple[ArchiveRecipient, ...] = ()
+    wait_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,7 +114,10 @@ class ArchiveStore(Protocol):
 
     def set_archive(self, *, enabled: bool, retention_s: int | None = None) -> ArchiveSettings: ...
 
-    def archive(self, entries: Sequence[ArchiveEntry]) -> int: ...
+    def archive(self, entries: Sequence[ArchiveEntry | ReceiptUpdate]) -> int: ...
+
+    def receipts_of(self, message_ids: Sequence[str]) -> dict[str, tuple[ArchiveRecipient, ...]]:
+        """The recipients of these messages as the archive has them now."""
 
     def search(self, query: SearchQuery) -> list[SearchHit]: ...
 

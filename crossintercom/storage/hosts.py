@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Collection, Sequence
+from datetime import UTC, datetime
 
 from sqlalchemy import Connection, inspect
 
@@ -138,9 +139,13 @@ class SqlHostStore:
         return bool(conn.execute(q.PG_ARCHIVE_READABLE).scalar())
 
     async def hosts(self) -> list[HostRow]:
-        return await self._run(
-            lambda c: [HostRow(*row) for row in c.execute(q.LIST_HOSTS)], single_statement=True
-        )
+        def read(conn: Connection) -> list[HostRow]:
+            return [
+                HostRow(host, gen, beat, rev, _age(beat_at, now))
+                for host, gen, beat, rev, beat_at, now in conn.execute(q.LIST_HOSTS)
+            ]
+
+        return await self._run(read, single_statement=True)
 
     @staticmethod
     def _is_current(conn: Connection, host_id: str, generation: int) -> bool:
@@ -221,3 +226,12 @@ class SqlHostStore:
 
     def waiter(self, host_id: str) -> Waiter:
         raise NotImplementedError
+
+
+def _age(then: datetime | None, now: datetime | None) -> float | None:
+    """Seconds from ``then`` to ``now``, both the database's (SQLite's come without a zone:
+    UTC, as CURRENT_TIMESTAMP writes them)."""
+    if then is None or now is None:
+        return None
+    then, now = (t if t.tzinfo else t.replace(tzinfo=UTC) for t in (then, now))
+    return max(0.0, (now - then).total_seconds())

@@ -40,6 +40,7 @@ from sqlalchemy.sql.expression import ColumnClause
 
 from crossintercom.errors import Code
 from crossintercom.search_model import MARK_END, MARK_START, SearchQuery, search_terms
+from crossintercom.storage.archive_types import OUTCOME_RANK
 from crossintercom.storage.interface import DeliveryState, ReceiptOutcome
 from crossintercom.storage.tables import (
     ARCHIVE_FTS_TABLE,
@@ -138,8 +139,14 @@ SET_HOST_MACHINE: Update = (
     .values(machine=bindparam("machine"))
 )
 
-LIST_HOSTS: Select[str, int, int, int] = select(
-    hosts.c.host_id, hosts.c.generation, hosts.c.heartbeat, hosts.c.roster_rev
+# With when each heartbeat last moved and the database's "now", both by the database's clock.
+LIST_HOSTS: Select[str, int, int, int, Any, Any] = select(
+    hosts.c.host_id,
+    hosts.c.generation,
+    hosts.c.heartbeat,
+    hosts.c.roster_rev,
+    hosts.c.beat_at,
+    func.now(),
 ).order_by(hosts.c.host_id)
 
 # A roster change of the host, fenced: the UPDATE's row lock makes a concurrent claim_host
@@ -905,19 +912,54 @@ def archive_messages_if_absent(dialect: str) -> Any:
 
 
 @cache
+def archive_messages_with_wait(dialect: str) -> Any:
+    """Run with a list of rows: an ask's copy from its sender's host, whose payload holds the
+    ask's wait (``wait_s``), replaces the payload of a copy a recipient's host wrote first.
+    Subject and body are the same message's, so the full-text entry stays right; only a copy
+    naming the same sender's host replaces one."""
+    stmt = _insert(dialect, archive_messages)
+    return stmt.on_conflict_do_update(
+        index_elements=[archive_messages.c.message_id],
+        set_={"payload": stmt.excluded.payload},
+        where=archive_messages.c.sender_host == stmt.excluded.sender_host,
+    )
+
+
+def _rank(outcome: Any) -> Any:
+    return case(OUTCOME_RANK, value=outcome, else_=0)
+
+
+@cache
 def archive_recipients_upsert(dialect: str) -> Any:
-    """Run with a list of rows. A recipient's outcome only gets better: ``delivered`` (told by
-    the recipient's host) is never overwritten by a ``queued`` the sender's host saw first."""
+    """Run with a list of rows. A recipient's outcome only moves further along (``OUTCOME_RANK``:
+    queued, delivered, shown, acknowledged; failures final): a copy that arrives late, such as
+    the sender's host's ``queued`` after the recipient's host's ``delivered``, changes nothing."""
     stmt = _insert(dialect, archive_recipients)
     r = archive_recipients.c
+    further = _rank(stmt.excluded.outcome) > _rank(r.outcome)
     return stmt.on_conflict_do_update(
         index_elements=[r.message_id, r.session_id],
         set_={
-            "outcome": case((r.outcome == "delivered", r.outcome), else_=stmt.excluded.outcome),
-            "code": case((r.outcome == "delivered", r.code), else_=stmt.excluded.code),
+            "outcome": case((further, stmt.excluded.outcome), else_=r.outcome),
+            "code": case((further, stmt.excluded.code), else_=r.code),
             "name": func.coalesce(stmt.excluded.name, r.name),
         },
     )
+
+
+# Run with a list of rows (mid, sid, host, new_outcome, new_code): a later receipt from the
+# recipient's host. It moves only a row of a recipient on ``host`` (the writing relay's own
+# host) and only further along; a message not archived stays absent.
+ARCHIVE_RECEIPT_UPDATE = (
+    update(archive_recipients)
+    .where(
+        archive_recipients.c.message_id == bindparam("mid"),
+        archive_recipients.c.session_id == bindparam("sid"),
+        archive_recipients.c.host_id == bindparam("host"),
+        _rank(archive_recipients.c.outcome) < _rank(bindparam("new_outcome")),
+    )
+    .values(outcome=bindparam("new_outcome"), code=bindparam("new_code"))
+)
 
 
 # An archive batch stuck behind a lock gives up instead of holding its thread (and the relay's

@@ -65,6 +65,9 @@ hosts = Table(
     Column("machine", String(255)),
     # Bumped by every roster change of the host, so other relays re-read rosters only then.
     Column("roster_rev", BigInteger, nullable=False, server_default="0"),
+    # When the heartbeat last moved, by the database's clock: set by a trigger (migration 0012),
+    # never by a host; read by people (the page's "dead since"), never to judge a lease.
+    Column("beat_at", DateTime(timezone=True)),
 )
 
 roster = Table(

@@ -73,7 +73,10 @@ def attention(
         if esc is not None and (esc["kind"] == "progress_update" or not closed):
             escalations.append(_entry("escalation", m, now, escalation=esc, answerable=mine))
         elif m.get("expects_reply") and not closed:
-            asks.append(_entry("ask", m, now, timeout_s=timeouts.get(m["id"]), answerable=mine))
+            wait = timeouts.get(m["id"])
+            # Part of what the page is pushed again when it changes (unlike the age).
+            overdue = wait is not None and age > wait
+            asks.append(_entry("ask", m, now, timeout_s=wait, overdue=overdue, answerable=mine))
         for r in rs:
             outcome = r.get("outcome")
             if outcome == "queued":

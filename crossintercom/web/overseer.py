@@ -19,7 +19,6 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime
 from typing import Any, Literal, Unpack
 
 from crossintercom import history
@@ -39,8 +38,8 @@ from crossintercom.inbox import trouble
 from crossintercom.models import SendResult
 from crossintercom.search_model import SearchQuery
 from crossintercom.storage import (
+    ArchivedMessage,
     ArchiveStore,
-    LeaseTracker,
     MailboxStore,
     open_archive,
     open_store,
@@ -49,6 +48,7 @@ from crossintercom.storage.connection import connection_url
 from crossintercom.storage.poolers import require_own_session
 from crossintercom.web import attention, sources
 from crossintercom.web.feedstore import FeedStore, Filters
+from crossintercom.web.hosts import HostLeases
 from crossintercom.web.sources import Item, message_json, receipt
 
 log = logging.getLogger(__name__)
@@ -60,8 +60,12 @@ FIRST_PAGE = 100
 ARCHIVE_BATCH = 1000
 # The archive feed re-reads this far below its cursor: sequence values commit out of order.
 FEED_OVERLAP = 500
-# Asks whose timeouts the page keeps (its own and this host's sessions'), the newest.
+# Asks whose timeouts the page keeps (its own, this host's sessions' and, with the archive on,
+# every host's), the newest.
 ASK_TIMEOUTS_KEEP = 5000
+# Of the newest messages held, those whose receipts may still move are re-read from the archive
+# with the roster (a later receipt changes a row the feed's cursor has passed).
+RECEIPTS_RECHECK = 2000
 
 Mode = Literal["send", "ask", "reply"]
 
@@ -82,7 +86,7 @@ class Overseer:
         self.store: MailboxStore | None = None
         self.archive: ArchiveStore | None = None
         self.archive_on = False
-        self.leases = LeaseTracker(settings.lease_s, heartbeat_s=settings.heartbeat_s)
+        self.hosts = HostLeases(settings.lease_s, settings.heartbeat_s, drop_after)
         self.feed = FeedStore()
         self._cursor = 0
         self._traffic_after = 0
@@ -91,8 +95,6 @@ class Overseer:
         self._tasks: list[asyncio.Task[None]] = []
         self.ask_timeouts: dict[str, float] = {}
         self.queued_after = queued_after
-        self.drop_after = drop_after
-        self._beats: dict[str, tuple[Any, float]] = {}
         self.attention: list[dict[str, Any]] = []
         self.roster: dict[str, Any] = {"hosts": [], "sessions": [], "warnings": []}
 
@@ -180,6 +182,7 @@ class Overseer:
                     next_roster = loop.time() + ROSTER_EVERY_S
                     await self._refresh_archive_state()
                     await self._refresh_roster()
+                    await self._refresh_receipts()
                 self._refresh_attention()
             except (CrossintercomError, OSError) as exc:
                 log.warning("overseer refresh failed: %s", exc)
@@ -211,21 +214,39 @@ class Overseer:
         else:
             self._traffic_after = max(self._traffic_after, log_.last)
         self._merge(sources.from_traffic(log_.events))
-        for e in log_.events:
-            if e.wait_s is not None:  # an ask of this host's sessions: its client's wait
-                self.ask_timeouts.setdefault(e.id, e.wait_s)
+        # An ask's wait: its client's (this host's sessions), or as the archive has it.
+        waits = {e.id: e.wait_s for e in log_.events if e.wait_s is not None}
+        items, archived = await asyncio.to_thread(self._read_new)
+        waits.update((r.message.id, r.wait_s) for r in archived if r.wait_s is not None)
+        for mid, wait_s in waits.items():
+            self.ask_timeouts.setdefault(mid, wait_s)
         while len(self.ask_timeouts) > ASK_TIMEOUTS_KEEP:  # oldest first: a bound
             del self.ask_timeouts[next(iter(self.ask_timeouts))]
-        self._merge(await asyncio.to_thread(self._read_new))
+        self._merge(items + sources.from_archive(archived))
 
-    def _read_new(self) -> list[Item]:
+    def _read_new(self) -> tuple[list[Item], list[ArchivedMessage]]:
         items = self._inboxes.read()
+        rows: list[ArchivedMessage] = []
         if self.archive is not None and self.archive_on:
             rows = self.archive.feed(max(0, self._cursor - FEED_OVERLAP), limit=ARCHIVE_BATCH)
             if rows:
                 self._cursor = max(self._cursor, rows[-1].seq)
-            items += sources.from_archive(rows)
-        return items
+        return items, rows
+
+    async def _refresh_receipts(self) -> None:
+        """Receipts the archive learnt after the page read their messages (``shown`` from a
+        recipient's host, a queued message delivered): docs/web.md."""
+        if self.archive is None or not self.archive_on:
+            return
+        ids = sources.unsettled(self.feed.newest(RECEIPTS_RECHECK))
+        if not ids:
+            return
+        try:
+            found = await asyncio.to_thread(self.archive.receipts_of, ids)
+        except StoreError as exc:
+            log.warning("archive unreadable: %s", exc.message)
+            return
+        self._merge([(mid, None, sources.archived_receipts(rs)) for mid, rs in found.items()])
 
     def _refresh_attention(self) -> None:
         found = attention.attention(
@@ -259,27 +280,8 @@ class Overseer:
             except StoreError as exc:
                 log.warning("hosts unreadable: %s", exc.message)
                 rows = []
-            self.leases.observe(rows)
-            now = time.time()
-            for row in rows:
-                lease = "lapsed" if self.leases.lapsed(row.host_id) else "held"
-                # When this page last saw the host's counter move (its own clock).
-                beat = (row.generation, row.heartbeat)
-                if self._beats.get(row.host_id, (None, 0.0))[0] != beat:
-                    self._beats[row.host_id] = (beat, now)
-                # Lapsed for ``drop_after`` past its lease: long dead, left out of the list
-                # (history and filters still find it; docs/web.md, "Hosts").
-                since = now - self._beats[row.host_id][1] - self.leases.lease_s
-                if lease == "lapsed" and since >= self.drop_after:
-                    dropped.add(row.host_id)
-                    continue
-                hosts[row.host_id] = {
-                    "host": row.host_id,
-                    "generation": row.generation,
-                    "heartbeat": row.heartbeat,
-                    "beat_at": _iso(self._beats[row.host_id][1]),
-                    "lease": lease,
-                }
+            listed, dropped = self.hosts.view(rows, time.time())
+            hosts = {h["host"]: h for h in listed}
         hosts.setdefault(
             self.settings.host_id,
             {
@@ -387,10 +389,6 @@ class Overseer:
             out["reply"] = result.reply.to_dict() if result.reply is not None else None
         out["exit_code"] = result_exit_code(result, with_reply=mode == "ask")
         return out
-
-
-def _iso(t: float) -> str:
-    return datetime.fromtimestamp(t, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 def _settled(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:

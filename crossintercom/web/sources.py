@@ -18,7 +18,7 @@ from typing import Any
 from crossintercom import protocol as p
 from crossintercom.inbox import Inbox, session_ids
 from crossintercom.models import Message
-from crossintercom.storage import ArchivedMessage
+from crossintercom.storage import ArchivedMessage, ArchiveRecipient
 
 log = logging.getLogger(__name__)
 
@@ -63,13 +63,24 @@ def from_traffic(events: Iterable[p.TrafficEvent]) -> list[Item]:
 
 
 def from_archive(rows: Iterable[ArchivedMessage]) -> list[Item]:
+    return [(r.message.id, message_json(r.message), archived_receipts(r.recipients)) for r in rows]
+
+
+def archived_receipts(recipients: Iterable[ArchiveRecipient]) -> list[dict[str, Any]]:
+    return [receipt(x.outcome, x.session_id, x.host_id, x.name, x.code) for x in recipients]
+
+
+# Outcomes that never move again (docs/archive.md): their messages' receipts are not re-read.
+_FINAL = frozenset({"refused", "expired", "not_sent", "acknowledged"})
+
+
+def unsettled(items: Iterable[dict[str, Any]]) -> list[str]:
+    """Ids of the messages (as the feed holds them) whose receipts may still move on: the
+    archive is asked for these again, since a later receipt changes a row, not the feed."""
     return [
-        (
-            r.message.id,
-            message_json(r.message),
-            [receipt(x.outcome, x.session_id, x.host_id, x.name, x.code) for x in r.recipients],
-        )
-        for r in rows
+        m["id"]
+        for m in items
+        if any(r.get("outcome") not in _FINAL for r in m.get("recipients") or ())
     ]
 
 

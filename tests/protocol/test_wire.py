@@ -421,3 +421,23 @@ def test_receipt_pushed_to_a_sender_that_dies_before_acking_comes_back(
         third.sock.settimeout(0.5)
         with pytest.raises(TimeoutError):
             third.recv()
+
+
+def test_the_archive_frames_round_trip_and_stay_readable_both_ways() -> None:
+    """``archive_receipts``, an ask's ``wait_s`` and ``archive_state.receipts`` are new: left
+    out when unset, so an older peer reads the rest as before, and an older peer's frames
+    read as "no wait" and "no receipts frames" (docs/protocol.md)."""
+    msg = Message(id="m", sender=Peer("s", None, "h1"))
+    copy = p.ArchiveCopy(msg, [Receipt(id="m", outcome=Outcome.QUEUED)], wait_s=30.0)
+    later = p.ArchiveReceipts([p.ArchiveReceipt("m", "r", "shown")])
+    for frame in (copy, later):
+        assert p.decode_broker_frame(p.encode(frame)[4:]) == frame
+    plain = msgspec.json.decode(p.encode(p.ArchiveCopy(msg, []))[4:])
+    assert "wait_s" not in plain
+    assert msgspec.json.decode(p.encode(p.ArchiveState(True))[4:]) == {
+        "type": "archive_state",
+        "enabled": True,
+    }
+    assert p.decode_client_frame(b'{"type": "archive_state", "enabled": true}') == (
+        p.ArchiveState(True, receipts=False)
+    )

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from crossintercom.storage import MailboxStore, migrate, open_store
+from crossintercom.storage import ArchiveStore, MailboxStore, migrate, open_archive, open_store
 from crossintercom.storage.blocking import run
 
 REPO = Path(__file__).resolve().parents[2]
@@ -68,6 +68,15 @@ def store_url(request: pytest.FixtureRequest) -> str:
     name = "sqlite_url" if request.param == "sqlite" else "pg_url"
     url: str = request.getfixturevalue(name)
     return url
+
+
+@pytest.fixture
+def archive(store_url: str) -> Iterator[ArchiveStore]:
+    a = open_archive(store_url)
+    try:
+        yield a
+    finally:
+        a.close()
 
 
 @pytest.fixture

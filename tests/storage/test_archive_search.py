@@ -4,7 +4,6 @@ with snippets and filters, queries full of SQL and full-text syntax, threads, fl
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
 import msgspec
@@ -13,7 +12,7 @@ from sqlalchemy import text
 
 from crossintercom.models import Message, Peer
 from crossintercom.search_model import MARK_END, MARK_START, SearchQuery
-from crossintercom.storage import ArchiveEntry, ArchiveRecipient, ArchiveStore, open_archive
+from crossintercom.storage import ArchiveEntry, ArchiveRecipient, ArchiveStore
 from crossintercom.storage import engine as db
 from crossintercom.storage.urls import parse_store_url
 
@@ -29,15 +28,6 @@ FILLER = [
     "review the onboarding document",
     "calendar invite for the retro",
 ]
-
-
-@pytest.fixture
-def archive(store_url: str) -> Iterator[ArchiveStore]:
-    a = open_archive(store_url)
-    try:
-        yield a
-    finally:
-        a.close()
 
 
 def msg(

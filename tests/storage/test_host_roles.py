@@ -17,8 +17,17 @@ import pytest
 from sqlalchemy.engine import make_url
 
 from crossintercom.errors import StoreError
-from crossintercom.models import SessionInfo
-from crossintercom.storage import Ack, MailboxStore, OutboundItem, open_store
+from crossintercom.models import Message, Peer, SessionInfo
+from crossintercom.storage import (
+    Ack,
+    ArchiveEntry,
+    ArchiveRecipient,
+    MailboxStore,
+    OutboundItem,
+    ReceiptUpdate,
+    open_archive,
+    open_store,
+)
 from crossintercom.storage.blocking import run
 from crossintercom.storage.roles import role_name
 from tests.hostroles import drop_host_roles
@@ -154,6 +163,8 @@ def test_plain_sql_attacks_as_a_host_role(hosts: dict[str, HostRole]) -> None:
         for stmt in (
             f"UPDATE deliveries SET recipient_host = '{a.host}' WHERE message_id = 'secret'",
             f"UPDATE roster SET name = 'x' WHERE host_id = '{b.host}'",
+            # its own lease time is the store's to stamp (migration 0012), never a host's
+            f"UPDATE hosts SET beat_at = now() + interval '1 day' WHERE host_id = '{a.host}'",
             f"INSERT INTO roster (host_id, session_id, purpose, groups, durable, online) "
             f"VALUES ('{b.host}', 'evil', 'agent', '[]', false, true)",
             f"INSERT INTO messages (message_id, sender_host, digest, payload, size, created) "
@@ -215,3 +226,35 @@ def test_a_host_roles_heartbeat_answers_without_the_archive(hosts: dict[str, Hos
         assert a.host in {h.host_id for h in beat.hosts}
     finally:
         run(sa.aclose())
+
+
+def test_a_host_role_can_write_no_archive_receipt(hosts: dict[str, HostRole], pg_url: str) -> None:
+    """The archive is the admin's (docs/archive.md): a host role may not move a receipt of its
+    own recipients either, through the archive's writer or in plain SQL, nor read one."""
+    admin = open_archive(pg_url)
+    try:
+        msg = Message("archived", Peer("sid-b", "bob", hosts["B"].host), "carol", "hi")
+        recipient = ArchiveRecipient("sid-c", hosts["C"].host, "delivered", "carol")
+        admin.archive([ArchiveEntry(msg, (recipient,))])
+    finally:
+        admin.close()
+    c = hosts["C"]
+    as_c = open_archive(c.url)
+    try:
+        with pytest.raises(StoreError):
+            as_c.archive([ReceiptUpdate("archived", "sid-c", c.host, "shown")])
+    finally:
+        as_c.close()
+    with psycopg.connect(c.libpq(), autocommit=True) as conn:
+        for stmt in (
+            "UPDATE archive_recipients SET outcome = 'shown'",
+            "SELECT outcome FROM archive_recipients",
+            "UPDATE archive_messages SET payload = '{}'",
+        ):
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                conn.execute(stmt)
+    check = open_archive(pg_url)
+    try:
+        assert [r.outcome for r in check.receipts_of(["archived"])["archived"]] == ["delivered"]
+    finally:
+        check.close()

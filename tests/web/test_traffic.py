@@ -4,7 +4,9 @@ other hosts and received from them, a refused send with its code, the overseer's
 a group message's receipts merged per recipient, a queued message turning ``delivered`` once
 its session is back, all in time order and by name, never a session id; hostile text in a
 subject stays text. With the archive on, on five hosts, the page shows traffic between two
-other hosts, and search finds mail received before the archive was turned on.
+other hosts with the receipts only their hosts know (``shown``, a queued message delivered, on
+another host and on one host), an ask between them with its asker's timeout and once it passed,
+and search finds mail received before the archive was turned on.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from tests.conftest import background_cli
 from tests.relay.conftest import Cluster, wait_for
 from tests.web.conftest import WebServer, hosts_for, open_page, start_web
 
@@ -120,7 +123,8 @@ def test_with_the_archive_the_page_shows_every_hosts_traffic(
     bob.next_message()
     assert a.cli_json("archive", "on")["enabled"] is True
     d.listen("dan")
-    e.listen("eve")
+    d.listen("dora").stop()
+    eve = e.listen("eve")
     e.listen("erin").stop()
     d.wait_sees("eve", "E")
     web = start_web(b, "--as", "boss")
@@ -128,10 +132,11 @@ def test_with_the_archive_the_page_shows_every_hosts_traffic(
     page = open_page(browser, web)
     page.wait_for_selector("#archive-state.on")
 
-    # Between two other hosts: D to E, on the page on B.
+    # Between two other hosts: D to E, on the page on B; shown to eve on E, which only E knows.
     far = d.cli_json("send", "--as", "dan", "--to", "eve@E", "from D to E")
     item(page, far["id"])
-    wait_for(lambda: any(r.startswith("eve@E: ") for r in receipts(page, far["id"])), 30, "E")
+    assert eve.next_message()["id"] == far["id"]
+    wait_receipt(page, far["id"], "eve@E: shown")
     # Queued for a session on E, then delivered when she is back: the archive learns it.
     d.wait_sees("erin", "E", online=False)
     later = d.cli_json("send", "--as", "dan", "--to", "erin@E", "when you are back")
@@ -139,13 +144,37 @@ def test_with_the_archive_the_page_shows_every_hosts_traffic(
     item(page, later["id"])
     wait_receipt(page, later["id"], "erin@E: queued")
     e.listen("erin")
-    wait_receipt(page, later["id"], "erin@E: delivered")
+    wait_arrived(page, later["id"], "erin@E")
+    # Queued on D for a session on D (it never touches the store), then delivered.
+    local = d.cli_json("send", "--as", "dan", "--to", "dora", "same host, later")
+    assert local["outcome"] == "queued", local
+    wait_receipt(page, local["id"], "dora@D: queued")
+    d.listen("dora")
+    wait_arrived(page, local["id"], "dora@D")
     # On this host, shown arrives.
     here = a.cli_json("send", "--as", "ann", "--to", "bob@B", "to bob")
     bob.next_message()
     wait_receipt(page, here["id"], "bob@B: shown")
 
+    # An ask between two other hosts shows its asker's timeout, and passes it.
+    for wait, late in (("600", False), ("2", True)):
+        with background_cli(
+            d.env, "ask", "--as", "dan", "--to", "eve@E", "--timeout", wait, "--json", "far?"
+        ):
+            ask = eve.next_message()
+            sel = f'#attention-list li[data-kind="ask"][data-id="{ask["id"]}"] .timeout'
+            shown = page.wait_for_selector(sel + (".late" if late else ""), timeout=30_000)
+            assert "timeout" in shown.inner_text()
+            assert ("passed" in shown.inner_text()) is late
+
     page.fill('#search-form [name="q"]', "quokka")
     page.click('#search-form button[type="submit"]')
     page.wait_for_selector(f'#results li[data-id="{early["id"]}"] mark')
     page.close()
+
+
+def wait_arrived(page: Any, mid: str, who: str) -> None:
+    """Until ``who`` has it: ``delivered``, or already ``shown`` (a listener shows what it
+    prints)."""
+    wanted = (f"{who}: delivered", f"{who}: shown")
+    wait_for(lambda: any(r in wanted for r in receipts(page, mid)), 30, f"{mid} to {who}")

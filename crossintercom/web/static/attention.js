@@ -106,7 +106,7 @@ function entry(e) {
     return li;
   }
   if (e.kind === "ask") {
-    const late = e.timeout_s && e.age_s > e.timeout_s;
+    const late = e.overdue;
     li.append(el("span", { class: "kind ask" }, "ask waiting"), " ", ...head,
       el("span", { class: "waited" }, `waiting ${seconds(e.age_s)}`),
       e.timeout_s ? el("span", { class: late ? "timeout late" : "timeout" }, ` · timeout ${seconds(e.timeout_s)}${late ? " (passed)" : ""}`) : "",
