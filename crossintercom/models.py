@@ -36,6 +36,9 @@ Priority = Literal["low", "normal", "high", "urgent"]
 PRIORITIES: Final[tuple[Priority, ...]] = ("low", "normal", "high", "urgent")
 PRIORITY_RANK: Final[dict[str, int]] = {p: i for i, p in enumerate(PRIORITIES)}
 ATTACHMENT_KINDS: Final[tuple[AttachmentKind, ...]] = ("file", "snippet", "context")
+# An acknowledgement's note, one line for the sender (docs/delivery.md#acknowledgement); the
+# store's receipts hold at most this many characters of it.
+ACK_NOTE_CHARS: Final = 1000
 
 _NAME_RE = re.compile(NAME_PATTERN)
 _encoder = msgspec.json.Encoder()

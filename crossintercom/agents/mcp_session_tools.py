@@ -26,7 +26,7 @@ from crossintercom.client import (
     set_wake,
 )
 from crossintercom.errors import UsageError
-from crossintercom.models import WakePolicy
+from crossintercom.models import ACK_NOTE_CHARS, WakePolicy
 
 _WAKE_TEXT = {
     "every": "every new message wakes you",
@@ -87,7 +87,7 @@ class SessionTools:
         self,
         message_ids: Annotated[list[str], Field(description="Ids of messages you received.")],
         note: Annotated[
-            str | None, Field(description="One line for the sender.", max_length=1000)
+            str | None, Field(description="One line for the sender.", max_length=ACK_NOTE_CHARS)
         ] = None,
     ) -> CallToolResult:
         """Acknowledge messages whose senders asked for it (handled; no reply needed). Each

@@ -2,7 +2,7 @@
 
 from crossintercom.client.acks import acknowledge, awaiting_mine, sent_awaiting
 from crossintercom.client.aftercare import forget, report_shown, set_wake, shown_frame
-from crossintercom.client.aio import MAX_ASK_TIMEOUT_S, AsyncClient, Incoming
+from crossintercom.client.aio import MAX_ASK_TIMEOUT_S, AsyncClient
 from crossintercom.client.deadletters import dead_letter_json, dead_letters, resend
 from crossintercom.client.identity import AttachmentTooLarge, Identity, Marks, load_attachment
 from crossintercom.client.inbound import inbound_json, inbound_policy
@@ -16,6 +16,7 @@ from crossintercom.client.reservations import (
     unreserve,
 )
 from crossintercom.client.retries import OPERATION_DEADLINE_S, RECONNECT_WAITS_S, RETRY_WAITS_S
+from crossintercom.client.saving import Incoming
 from crossintercom.client.sync import Client, wait_until
 
 __all__ = [

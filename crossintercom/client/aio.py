@@ -1,18 +1,16 @@
 """``AsyncClient``: the Python API for asyncio programs (docs/delivery.md).
 
 A client connects to the local broker (spawning it when needed), registers a session, saves
-every incoming message to the session's durable inbox *before* acknowledging it, and retries
-``send``/``ask``/``reply`` with one message id after recoverable disconnects.
+every incoming message to the session's durable inbox *before* acknowledging it
+(``client/saving.py``), and retries ``send``/``ask``/``reply`` with one message id after
+recoverable disconnects.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
-import sqlite3
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
 from typing import Literal, Unpack
 
 import msgspec
@@ -22,16 +20,15 @@ from crossintercom.client.connection import BrokerConnection, expect
 from crossintercom.client.identity import Identity, Marks, outgoing_body
 from crossintercom.client.queries import Queries
 from crossintercom.client.retries import (
-    SAVE_RETRY_S,
     await_reply,
     reconnect_forever,
     with_retries,
 )
+from crossintercom.client.saving import Incoming, SavesDeliveries
 from crossintercom.config import Settings
 from crossintercom.errors import (
     Code,
     Disconnected,
-    InboxUnavailable,
     RemoteError,
     UsageError,
 )
@@ -41,28 +38,14 @@ from crossintercom.models import (
     Attachment,
     Message,
     Outcome,
-    Receipt,
     SendResult,
     SessionInfo,
 )
-from crossintercom.runtime import secure_file
-from crossintercom.testhooks import crash_at
-
-log = logging.getLogger(__name__)
 
 MAX_ASK_TIMEOUT_S = 600.0
 
 
-@dataclass(frozen=True, slots=True)
-class Incoming:
-    """What a listener sees: a message (saved to the inbox) or a receipt notice."""
-
-    kind: Literal["message", "receipt"]
-    message: Message | None = None
-    receipt: Receipt | None = None
-
-
-class AsyncClient(Queries):
+class AsyncClient(SavesDeliveries, Queries):
     def __init__(
         self,
         settings: Settings,
@@ -99,15 +82,6 @@ class AsyncClient(Queries):
         self.on_frame: Callable[[p.ToRelayFrame], None] | None = None
 
     # --- connection ----------------------------------------------------------------------------
-
-    @property
-    def inbox(self) -> Inbox:
-        if self._inbox is None:
-            if self.identity is None:
-                raise UsageError("this client has no session, so no inbox")
-            self._inbox = Inbox.of(self.settings, self.identity.id, self.inbox_faults)
-            secure_file(self.settings, self._inbox.path)
-        return self._inbox
 
     async def connect(self) -> AsyncClient:
         await self._ensure_connected()
@@ -174,62 +148,12 @@ class AsyncClient(Queries):
         elif isinstance(frame, p.ToRelayFrame) and self.on_frame is not None:
             self.on_frame(frame)
 
-    def _on_deliver(self, frame: p.Deliver | p.Notice) -> None:
-        # Saved in a group: every delivery and notice read before the loop turns shares one
-        # inbox transaction, in arrival order, and their acks go out together after its commit.
-        self._to_save.append(frame)
-        if len(self._to_save) == 1:
-            asyncio.get_running_loop().call_soon(self._save_delivered)
-
-    def _save_delivered(self) -> None:
-        frames, self._to_save = self._to_save, []
-        if self._closed:
-            return  # not saved, so not acknowledged: the broker keeps them (docs/delivery.md)
-        batch = [self._entry(f) for f in frames]
-        try:
-            new = self.inbox.save_many([(item, waiter is not None) for item, waiter in batch])
-        except (sqlite3.Error, OSError, InboxUnavailable) as exc:
-            for item, _ in batch:
-                if isinstance(item, Message):
-                    self._save_failed(item, exc)
-                else:  # not acknowledged: the broker keeps it queued for the next registration
-                    log.error("cannot save a receipt to the inbox: %s", exc)
-            return
-        crash_at("after_save")  # saved before delivered: the acks follow the commit
-        acks: list[p.Ack] = []
-        shown: list[Incoming] = []
-        for (item, waiter), fresh in zip(batch, new, strict=True):
-            if isinstance(item, Receipt):
-                acks.append(p.Ack(item.key))
-                shown.append(Incoming("receipt", receipt=item))
-            elif waiter is None and not fresh and (conflict := self._conflict(item)):
-                # The id was reused for another payload after its dedup record was released
-                # (or that cannot be told now): not saved, so not reported delivered.
-                acks.append(p.Ack(item.id, conflict))
-            else:
-                acks.append(p.Ack(item.id))
-                if waiter is not None:
-                    waiter.set_result(item)
-                elif fresh:  # one handed over again (after a crash or retry) is shown once
-                    shown.append(Incoming("message", message=item))
-        self._conn.post_many(acks)
-        for incoming in shown:
-            self.incoming.put_nowait(incoming)
-
     def _connect_for_reply(self) -> Awaitable[None] | None:
         """A client that does not reconnect by itself (a one-shot command) re-registers while
         it waits for an ask's reply, so a new broker can still hand it over."""
         if self._conn.open or self.reconnect or self._closed:
             return None
         return self._ensure_connected()
-
-    def _conflict(self, msg: Message) -> str | None:
-        """Why a message already held by id cannot be acknowledged as saved, if it cannot."""
-        try:
-            return Code.ID_CONFLICT if self.inbox.holds_other_payload(msg) else None
-        except InboxUnavailable:
-            self._hand_over_again()
-            return Code.SAVE_FAILED
 
     def _report_faults(self) -> None:
         """Tell the broker what fails in the inbox now (nothing: it works again)."""
@@ -239,40 +163,6 @@ class AsyncClient(Queries):
                 for f in self.inbox_faults.current.values()
             ]
             self._conn.post(p.InboxFault(items))
-
-    def _entry(
-        self, frame: p.Deliver | p.Notice
-    ) -> tuple[Message | Receipt, asyncio.Future[Message] | None]:
-        """What a frame saves, and the ask waiting for it (a reply returned to its waiting ask
-        is saved shown: a listener never shows it again)."""
-        if isinstance(frame, p.Notice):
-            return frame.receipt, None
-        msg = frame.message
-        waiter = self._ask_waiters.get(msg.reply_to) if msg.reply_to else None
-        if waiter is not None and not waiter.done():
-            return msg, waiter
-        return (msg.with_flags("late") if frame.reply else msg), None
-
-    def _save_failed(self, msg: Message, exc: BaseException) -> None:
-        """The inbox cannot be written (full or read-only disk): not saved, so not delivered.
-        The broker keeps it queued and hands it over again when this client registers anew,
-        which it does after a pause: mail flows once the disk is writable (docs/delivery.md)."""
-        log.error("cannot save message %s to the inbox: %s", msg.id, exc.__cause__ or exc)
-        self._ack(msg.id, refused=Code.SAVE_FAILED)
-        self._hand_over_again()
-
-    def _hand_over_again(self) -> None:
-        if self.reconnect and self._save_retry is None:
-            self._save_retry = asyncio.get_running_loop().call_later(SAVE_RETRY_S, self._reregister)
-
-    def _reregister(self) -> None:
-        self._save_retry = None
-        if not self._closed and self._conn.open:
-            self._drop_connection()
-            self._on_lost()
-
-    def _ack(self, key: str, refused: str | None = None) -> None:
-        self._conn.post(p.Ack(key, refused))
 
     def post(self, frame: msgspec.Struct) -> bool:
         """Write a frame that expects no answer; False when not connected."""

@@ -11,8 +11,9 @@ from concurrent.futures import Future as ThreadFuture
 from typing import Any, TypeVar
 
 from crossintercom import protocol as p
-from crossintercom.client.aio import AsyncClient, Incoming
+from crossintercom.client.aio import AsyncClient
 from crossintercom.client.identity import Identity
+from crossintercom.client.saving import Incoming
 from crossintercom.config import Settings
 from crossintercom.errors import UsageError
 from crossintercom.inbox import Inbox

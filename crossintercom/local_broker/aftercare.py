@@ -68,8 +68,9 @@ class Aftercare:
                 local.append((sender.id, receipt))
             elif receipt.recipient is not None:
                 outcome: p.HostReceiptOutcome = _HOST_OUTCOMES.get(receipt.outcome, "expired")
+                note = receipt.message if outcome == "acknowledged" else None
                 remote.append(
-                    p.ReceiptFor(receipt.id, receipt.recipient, sender, outcome, receipt.code)
+                    p.ReceiptFor(receipt.id, receipt.recipient, sender, outcome, receipt.code, note)
                 )
         self.delivery.notify_senders(local)
         self.relay.send_receipts(remote)

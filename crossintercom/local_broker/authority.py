@@ -51,6 +51,7 @@ from crossintercom.config import synchronous_pragma
 from crossintercom.errors import Code, CrossintercomError
 from crossintercom.local_broker import authority_files as files
 from crossintercom.local_broker import authority_records as records
+from crossintercom.local_broker import authority_schema as schema
 from crossintercom.local_broker.authority_records import (
     CONFLICT,
     FORWARD_AGAIN,
@@ -77,8 +78,8 @@ class AuthorityUnavailable(CrossintercomError):
 class DedupAuthority:
     """Accepted-operation records for one broker (see the module docstring)."""
 
-    FILE = files.DB_FILE
-    KEY = files.KEY_FILE
+    FILE = schema.DB_FILE
+    KEY = schema.KEY_FILE
 
     def __init__(
         self,
@@ -212,11 +213,11 @@ class DedupAuthority:
                 continue
             staged[op_id] = Entry(now + self._ttl, digest, False, size)
             staged_bytes += size
-            rows.append((op_id, digest, files.RESERVED, self._wall() + self._ttl))
+            rows.append((op_id, digest, schema.RESERVED, self._wall() + self._ttl))
             decisions.append(None)  # new, once the write succeeded
-        writes = [(files.INSERT_RESERVED, rows)] if rows else []
+        writes = [(schema.INSERT_RESERVED, rows)] if rows else []
         if accepts:
-            writes.append((files.SET_ACCEPTED, [(files.ACCEPTED, t, i) for i, t in accepts]))
+            writes.append((schema.SET_ACCEPTED, [(schema.ACCEPTED, t, i) for i, t in accepts]))
         try:
             self._write_all(writes)
         except AuthorityUnavailable as exc:
@@ -271,7 +272,7 @@ class DedupAuthority:
         """Write the DELETEs of released records that no other write has carried yet."""
         self._require_open()
         if self._released:
-            self._write(files.DELETE_OP, [])
+            self._write(schema.DELETE_OP, [])
 
     def sweep(self) -> int:
         """Drop records past their deadline; return how many."""
@@ -310,14 +311,14 @@ class DedupAuthority:
     def _stored_outcome(self, op_id: str) -> dict[str, Any]:
         conn = self._require_open()
         try:
-            row = conn.execute(files.SELECT_OUTCOME, (op_id,)).fetchone()
+            row = conn.execute(schema.SELECT_OUTCOME, (op_id,)).fetchone()
         except sqlite3.Error as e:
             raise AuthorityUnavailable(f"reading {self._db_path} failed: {e}") from e
         if row is None or not isinstance(row[0], str):
-            raise files.corrupt(self._db_path, f"record {op_id!r} vanished or lost its outcome")
+            raise schema.corrupt(self._db_path, f"record {op_id!r} vanished or lost its outcome")
         outcome = json.loads(row[0])
         if not isinstance(outcome, dict):
-            raise files.corrupt(self._db_path, f"record {op_id!r} has a non-object outcome")
+            raise schema.corrupt(self._db_path, f"record {op_id!r} has a non-object outcome")
         return outcome
 
     def _write(self, sql: str, params: list[tuple[Any, ...]]) -> None:
@@ -334,7 +335,7 @@ class DedupAuthority:
         conn = self._require_open()
         released = self._released
         if released:
-            writes = [(files.DELETE_OP, [(op_id,) for op_id in released]), *writes]
+            writes = [(schema.DELETE_OP, [(op_id,) for op_id in released]), *writes]
         writes = [(sql, params) for sql, params in writes if params]
         try:
             if len(writes) == 1 and len(writes[0][1]) == 1:
@@ -354,7 +355,7 @@ class DedupAuthority:
         self._released = []
 
     def _drop(self, op_ids: list[str]) -> None:
-        self._write(files.DELETE_OP, [(op_id,) for op_id in op_ids])
+        self._write(schema.DELETE_OP, [(op_id,) for op_id in op_ids])
         for op_id in op_ids:
             self._bytes -= self._entries.pop(op_id).size
 

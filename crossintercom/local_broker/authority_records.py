@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from enum import Enum, auto
 from typing import Any
 
-from crossintercom.local_broker.authority_files import HMAC_HEX_LEN, MAX_OP_ID_LEN
+from crossintercom.local_broker.authority_schema import HMAC_HEX_LEN, MAX_OP_ID_LEN
 
 # Fixed per-record cost added to id + hmac + outcome, standing in for index and row overhead.
 RECORD_OVERHEAD = 64

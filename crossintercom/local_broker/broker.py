@@ -2,9 +2,10 @@
 
 Rooms: ``registry`` (sessions), ``registration`` (register), ``resolve`` (targets, pure),
 ``outcomes`` (rules, pure), ``delivery`` (push, ack, queue, backlog, receipts), ``handover``
-(messages from other hosts), ``relay_link`` (the relay). It knows nothing about SQL or other
-hosts: the relay carries messages for remote targets and hands in messages from them
-(docs/architecture.md).
+(messages from other hosts), ``relay_link`` (the relay). The handlers of the query frames
+(``queries``) and of the coordination frames (``coord``) are merged into its table. It knows
+nothing about SQL or other hosts: the relay carries messages for remote targets and hands in
+messages from them (docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import sqlite3
 import time
 from collections.abc import Callable, Coroutine
@@ -21,7 +21,7 @@ from typing import Any
 from crossintercom import protocol as p
 from crossintercom.config import Settings
 from crossintercom.errors import Code, ProtocolError
-from crossintercom.local_broker import coord, outcomes
+from crossintercom.local_broker import coord, outcomes, queries
 from crossintercom.local_broker.acks import AckBook
 from crossintercom.local_broker.aftercare import Aftercare
 from crossintercom.local_broker.authority import AuthorityUnavailable, DedupAuthority
@@ -41,7 +41,6 @@ from crossintercom.local_broker.sending import Operations
 from crossintercom.local_broker.state import BrokerState
 from crossintercom.local_broker.traffic import Traffic
 from crossintercom.models import (
-    Message,
     Outcome,
     Peer,
     Receipt,
@@ -138,48 +137,6 @@ class Broker:
                 f"a control session cannot send '{ftype}'; it is not a recipient",
                 code=Code.NOT_AGENT,
             )
-
-    # --- queries --------------------------------------------------------------------------------
-
-    async def _on_ping(self, conn: Conn, f: p.Ping) -> None:
-        conn.write(p.Pong(f.request_id, self.host, os.getpid()))
-
-    async def _on_list(self, conn: Conn, f: p.ListSessions) -> None:
-        conn.write(p.Sessions(f.request_id, self.registry.all_sessions()))
-
-    async def _on_status(self, conn: Conn, f: p.Status) -> None:
-        records, nbytes = self.authority.stats()
-        reg = self.registry
-        conn.write(
-            p.StatusReport(
-                request_id=f.request_id,
-                host_id=self.host,
-                pid=os.getpid(),
-                uptime_s=round(time.time() - self.started, 1),
-                sessions=len([s for s in reg.local_sessions() if s.online]),
-                remote_sessions=len([s for s in reg.remote.values() if s.online]),
-                relay=p.RelayState(self.relay.connected, self.relay.store_status),
-                queued=self.state.queue_size(),
-                dedup=p.DedupStats(records, nbytes),
-                warnings=self.health.warnings({s.id: s.display_name for s in reg.local_sessions()}),
-                asks_waiting=len(self.delivery.ask_waiters),
-                inbound=self.inbound.summary(),
-            )
-        )
-
-    async def _on_groups(self, conn: Conn, f: p.Groups) -> None:
-        groups: dict[str, list[p.GroupMember]] = {}
-        for s in self.registry.all_sessions():
-            for g in s.groups:
-                member = p.GroupMember(s.id, s.display_name, s.host, s.online)
-                groups.setdefault(g, []).append(member)
-        out = [p.Group(g, m) for g, m in sorted(groups.items())]
-        conn.write(p.GroupList(f.request_id, out))
-
-    async def _on_pending(self, conn: Conn, f: p.Pending) -> None:
-        assert conn.session_id is not None
-        entries = self.state.open_pending(conn.session_id)
-        conn.write(p.PendingList(f.request_id, [Message.from_dict(e.body) for e in entries]))
 
     # --- registration and membership -----------------------------------------------------------
 
@@ -375,14 +332,9 @@ class Broker:
         p.Reply: _on_reply,
         p.Ack: _on_ack,
         p.Confirm: _on_confirm,
-        p.ListSessions: _on_list,
-        p.Status: _on_status,
-        p.Groups: _on_groups,
         p.Join: _on_join,
         p.Leave: _on_leave,
         p.SetStatus: _on_set_status,
-        p.Pending: _on_pending,
-        p.Ping: _on_ping,
         p.SetWake: _on_set_wake,
         p.Shown: _on_shown,
         p.Forget: _on_forget,
@@ -402,4 +354,5 @@ class Broker:
 _WENT_NOWHERE = frozenset({Outcome.REFUSED, Outcome.NOT_SENT, Outcome.UNKNOWN})
 # Outcomes after which an acknowledgement may come.
 _ARRIVING = frozenset({Outcome.DELIVERED, Outcome.QUEUED, Outcome.SHOWN})
+Broker._handlers.update(queries.HANDLERS)
 Broker._handlers.update(coord.HANDLERS)

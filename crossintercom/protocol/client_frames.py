@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 import msgspec
 
-from crossintercom.models import Name, Peer, Priority, WakePolicy
+from crossintercom.models import ACK_NOTE_CHARS, Name, Peer, Priority, WakePolicy
 
 SessionId = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
 MessageId = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
@@ -147,7 +147,7 @@ class Acknowledge(msgspec.Struct, tag="acknowledge", frozen=True, omit_defaults=
     (docs/delivery.md#acknowledgement). A notice, like ``shown``: no answer."""
 
     messages: list[ShownItem]
-    note: Annotated[str, msgspec.Meta(max_length=1000)] | None = None
+    note: Annotated[str, msgspec.Meta(max_length=ACK_NOTE_CHARS)] | None = None
 
 
 class AckWaits(msgspec.Struct, tag="ack_waits", frozen=True):

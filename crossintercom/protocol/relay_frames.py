@@ -136,10 +136,13 @@ class ReceiptFor(msgspec.Struct, frozen=True, omit_defaults=True):
     sender: Peer
     outcome: HostReceiptOutcome
     code: str | None = None
+    # ``acknowledged`` only: the recipient's note (docs/delivery.md#acknowledgement).
+    note: str | None = None
 
 
 class SendReceipts(msgspec.Struct, tag="send_receipts", frozen=True):
-    """Receipts for senders on other hosts (``shown``, and ``expired`` of mail held here)."""
+    """Receipts for senders on other hosts (``shown``, ``acknowledged``, and ``expired`` of
+    mail held here)."""
 
     receipts: list[ReceiptFor]
 

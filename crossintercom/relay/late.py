@@ -1,5 +1,6 @@
-"""What this host owes other hosts after an ack: ``shown`` receipts, late ``expired`` ones, and
-a forgotten session's queued rows (docs/agents.md#shown-receipts, #forget).
+"""What this host owes other hosts after an ack: ``shown`` and ``acknowledged`` receipts (the
+latter with its note), late ``expired`` ones, and a forgotten session's queued rows
+(docs/agents.md#shown-receipts, #forget; docs/delivery.md#acknowledgement).
 
 The broker hands them over without waiting; they are written in batches off the delivery
 path. While the store is unreachable they wait here (bounded) and are written once it answers;
@@ -15,6 +16,7 @@ from typing import Final
 
 from crossintercom import protocol as p
 from crossintercom.errors import StoreError
+from crossintercom.models import ACK_NOTE_CHARS
 from crossintercom.relay.core import RelayCore
 from crossintercom.storage import LateReceipt
 
@@ -44,7 +46,16 @@ class LateReceipts:
                     "late receipt dropped: too many waiting", extra={"id": dropped.message_id}
                 )
             self._receipts.append(
-                LateReceipt(r.id, r.recipient, r.sender.host, r.sender.id, r.outcome, r.code)
+                LateReceipt(
+                    r.id,
+                    r.recipient,
+                    r.sender.host,
+                    r.sender.id,
+                    r.outcome,
+                    r.code,
+                    # Clients send no longer note; past the column's size one would fail the batch.
+                    r.note[:ACK_NOTE_CHARS] if r.note else None,
+                )
             )
         self._wake.set()
 

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import Final
 
 from crossintercom import protocol as p
+from crossintercom.models import ACK_NOTE_CHARS, Outcome, Receipt
 from crossintercom.relay.core import RelayCore
 from crossintercom.relay.outbound import Outbound, receipt_of
 from crossintercom.storage import ReceiptRow
@@ -53,8 +54,9 @@ class Receipts:
             sender = row.sender_session or out.senders.get(row.message_id)
             if sender is not None:
                 r = receipt_of(row)
+                text = _note(row, r) or r.message
                 late.append(
-                    p.SenderReceipt(r.id, r.outcome, r.recipient, r.code, r.message, r.host, sender)
+                    p.SenderReceipt(r.id, r.outcome, r.recipient, r.code, text, r.host, sender)
                 )
         if late and relay.client is not None:
             relay.client.post(p.RemoteReceipt(late))
@@ -86,3 +88,12 @@ class Receipts:
             await relay.store.consume_receipts(relay.host, relay.generation, ids)
             for i in ids:
                 self._handled.pop(i, None)
+
+
+def _note(row: ReceiptRow, receipt: Receipt) -> str | None:
+    """An ``acknowledged`` receipt's note, as the sender is told it (its ``message``). Another
+    host wrote it: taken on that outcome only, at most the length a client may send (SQLite
+    checks no length); the surfaces that show it neutralise it (crossintercom/safetext.py)."""
+    if receipt.outcome is not Outcome.ACKNOWLEDGED or not row.note:
+        return None
+    return row.note[:ACK_NOTE_CHARS]

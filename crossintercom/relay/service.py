@@ -21,6 +21,7 @@ from crossintercom import protocol as p
 from crossintercom.client import AsyncClient, Identity
 from crossintercom.config import Settings
 from crossintercom.errors import Code, CrossintercomError, StoreError
+from crossintercom.machine import machine_identity
 from crossintercom.models import SessionInfo, new_id, rightful_claims
 from crossintercom.relay.archiver import Archiver
 from crossintercom.relay.core import RelayCore
@@ -29,7 +30,6 @@ from crossintercom.relay.late import LateReceipts
 from crossintercom.relay.outbound import Outbound
 from crossintercom.relay.reservations import Reservations
 from crossintercom.relay.stuck import StuckWatch
-from crossintercom.runtime import machine_identity
 from crossintercom.storage import (
     ArchiveStore,
     Beat,

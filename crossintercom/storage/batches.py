@@ -265,6 +265,7 @@ def add_receipts_params(
         "sender_sessions": [r.sender_session for r in receipts],
         "outcomes": [r.outcome for r in receipts],
         "codes": [r.code for r in receipts],
+        "notes": [r.note for r in receipts],
     }
 
 

@@ -152,6 +152,8 @@ class ReceiptRow:
     code: str | None
     # Whom to tell on the sender's host, when the writer knew (late receipts).
     sender_session: str | None = None
+    # An ``acknowledged`` receipt's note, as the recipient's host wrote it (untrusted text).
+    note: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,6 +167,8 @@ class LateReceipt:
     sender_session: str
     outcome: LateReceiptOutcome
     code: str | None = None
+    # ``acknowledged`` only: the recipient's one line for the sender.
+    note: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -411,7 +411,7 @@ def receipts_for_finished(dialect: str) -> Any:
 
 # Params: host_id, generation, limit. Fenced in the statement itself: nothing for a stale
 # generation.
-LIST_RECEIPTS: Select[int, str, str, str, ReceiptOutcome, str | None, str | None] = (
+LIST_RECEIPTS: Select[int, str, str, str, ReceiptOutcome, str | None, str | None, str | None] = (
     select(
         receipts.c.id,
         receipts.c.message_id,
@@ -420,6 +420,7 @@ LIST_RECEIPTS: Select[int, str, str, str, ReceiptOutcome, str | None, str | None
         receipts.c.outcome,
         receipts.c.code,
         receipts.c.sender_session,
+        receipts.c.note,
     )
     .where(receipts.c.sender_host == bindparam("host_id"), _current())
     .order_by(receipts.c.id)
@@ -685,7 +686,7 @@ _PG_RECEIPT_HINTS = f"""private_hints AS (
     SELECT public.crossintercom_private_hints() AS private
 ), hints AS (
     SELECT sender_host, CAST(json_agg(json_build_array(
-        id, message_id, recipient_session, recipient_host, outcome, code, sender_session
+        id, message_id, recipient_session, recipient_host, outcome, code, sender_session, note
     ) ORDER BY id) AS text) AS body
     FROM (SELECT made.*, (row_number() OVER (PARTITION BY sender_host ORDER BY id) - 1)
                          / {PG_HINT_ROWS} AS part
@@ -699,7 +700,8 @@ _PG_RECEIPT_HINTS = f"""private_hints AS (
     FROM hints
 )"""
 _PG_RECEIPT_COLUMNS = (
-    "id, sender_host, message_id, recipient_session, recipient_host, outcome, code, sender_session"
+    "id, sender_host, message_id, recipient_session, recipient_host, outcome, code, "
+    "sender_session, note"
 )
 
 # queued → delivered/refused for the acked keys (first ack of a key only: the caller dedups),
@@ -728,16 +730,18 @@ SELECT (SELECT count(*) FROM done), (SELECT count(*) FROM cur), (SELECT n FROM w
 
 # Late receipts (``add_receipts``) written as the recipient's host, in order, with their hints.
 # Returns (written, current). Params: host_id, generation, created, and the arrays mids,
-# sessions, sender_hosts, sender_sessions, outcomes, codes.
+# sessions, sender_hosts, sender_sessions, outcomes, codes, notes.
 PG_ADD_RECEIPTS: TextClause = text(f"""WITH {_PG_FENCE}, made AS (
     INSERT INTO receipts (message_id, recipient_session, sender_host, sender_session, outcome,
-                          code, recipient_host, created)
+                          code, note, recipient_host, created)
     SELECT r.message_id, r.recipient_session, r.sender_host, r.sender_session, r.outcome,
-           r.code, :host_id, :created
+           r.code, r.note, :host_id, :created
     FROM unnest(CAST(:mids AS text[]), CAST(:sessions AS text[]),
                 CAST(:sender_hosts AS text[]), CAST(:sender_sessions AS text[]),
-                CAST(:outcomes AS text[]), CAST(:codes AS text[])) WITH ORDINALITY
-        AS r(message_id, recipient_session, sender_host, sender_session, outcome, code, ord),
+                CAST(:outcomes AS text[]), CAST(:codes AS text[]),
+                CAST(:notes AS text[])) WITH ORDINALITY
+        AS r(message_id, recipient_session, sender_host, sender_session, outcome, code, note,
+             ord),
         cur
     -- Only about a delivery this host has (the receipts policy's own rule): a purged one's
     -- notice is dropped here instead of refusing the batch.

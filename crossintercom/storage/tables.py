@@ -27,6 +27,7 @@ from sqlalchemy import (
     text,
 )
 
+from crossintercom.models import ACK_NOTE_CHARS
 from crossintercom.storage.interface import DeliveryState
 
 # Deterministic constraint names keep migrations and batch mode (SQLite) reproducible.
@@ -142,6 +143,9 @@ receipts = Table(
     # Set by receipts a recipient's host writes after the ack (``shown``, a late ``expired``):
     # the session on the sender's host to tell. NULL on delivery receipts.
     Column("sender_session", SESSION_ID),
+    # An ``acknowledged`` receipt's note (docs/delivery.md#acknowledgement): text another host
+    # wrote, shown to the sender only through safetext. NULL on every other receipt.
+    Column("note", String(ACK_NOTE_CHARS)),
     Index("ix_receipts_sender", "sender_host", "id"),
     Index("ix_receipts_created", "created"),
 )

@@ -49,9 +49,14 @@ RECEIPTS: Final = "r"
 ROSTER: Final = "o"
 ROSTER_CHANNEL: Final = "ci_roster"
 # A receipts hint carrying the receipts as JSON: "R" + [[id, message id, recipient session,
-# recipient host, outcome, code, sender session], ...] (queries.PG_RECEIPT_HINT writes it).
+# recipient host, outcome, code, sender session, note], ...] (queries._PG_RECEIPT_HINTS writes
+# it). Rows without the note come from a relay older than migration 0013 (no note to carry);
+# a hint of any other shape is read as a plain receipts one.
 RECEIPT_ROWS: Final = "R"
 _hint_rows = msgspec.json.Decoder(
+    list[tuple[int, str, str, str, ReceiptOutcome, str | None, str | None, str | None]]
+)
+_hint_rows_unnoted = msgspec.json.Decoder(
     list[tuple[int, str, str, str, ReceiptOutcome, str | None, str | None]]
 )
 
@@ -67,10 +72,12 @@ def parse_hint(payload: str) -> Wake:
     if kind == ROSTER:
         return Wake(roster=True)
     if kind == RECEIPT_ROWS:
-        try:
-            return Wake(hinted=tuple(ReceiptRow(*row) for row in _hint_rows.decode(body)))
-        except msgspec.DecodeError:
-            return Wake(receipts=True)
+        for decoder in (_hint_rows, _hint_rows_unnoted):
+            try:
+                return Wake(hinted=tuple(ReceiptRow(*row) for row in decoder.decode(body)))
+            except msgspec.DecodeError:
+                continue
+        return Wake(receipts=True)
     return CATCH_UP
 
 

@@ -45,6 +45,13 @@ def existing_unprivileged_user() -> str | None:
     return None
 
 
+def drop_root_prefix(user: str) -> list[str]:
+    """The argv prefix that runs a program as ``user`` (its uid and gid, no other groups): how
+    root starts the server programs, which refuse to run as root."""
+    entry = pwd.getpwnam(user)
+    return ["setpriv", f"--reuid={entry.pw_uid}", f"--regid={entry.pw_gid}", "--clear-groups"]
+
+
 def _others_can_enter(path: Path) -> bool:
     """Every directory down to ``path`` lets other users through (the server runs as one)."""
     return all(p.stat().st_mode & stat.S_IXOTH for p in (path, *path.parents))
@@ -93,12 +100,7 @@ class ThrowawayPostgres:
                 )
             entry = pwd.getpwnam(user)
             os.chown(self.root, entry.pw_uid, entry.pw_gid)
-            self._prefix = [
-                "setpriv",
-                f"--reuid={entry.pw_uid}",
-                f"--regid={entry.pw_gid}",
-                "--clear-groups",
-            ]
+            self._prefix = drop_root_prefix(user)
 
     @property
     def url(self) -> str:

@@ -26,8 +26,9 @@ from crossintercom.agents.supervisor import EscalationLog
 from crossintercom.config import Settings
 from crossintercom.errors import ConfigError, RuntimeDirError
 from crossintercom.inbox import Inbox
+from crossintercom.machine import machine_identity
 from crossintercom.models import Message, Peer, new_id
-from crossintercom.runtime import ensure_runtime_dir, machine_identity, secure_tree
+from crossintercom.runtime import ensure_runtime_dir, secure_tree
 from crossintercom.storage import migrate
 from crossintercom.tools.harness import RELAY
 from crossintercom.web.auth import write_token_file

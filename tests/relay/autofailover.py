@@ -16,7 +16,12 @@ import time
 from pathlib import Path
 from typing import Any, Self
 
-from crossintercom.tools.pgcluster import existing_unprivileged_user, free_port, pg_bin
+from crossintercom.tools.pgcluster import (
+    drop_root_prefix,
+    existing_unprivileged_user,
+    free_port,
+    pg_bin,
+)
 
 READY_S = 120.0
 
@@ -46,12 +51,7 @@ class Formation:
             assert user is not None
             entry = pwd.getpwnam(user)
             os.chown(self.root, entry.pw_uid, entry.pw_gid)
-            self.prefix = [
-                "setpriv",
-                f"--reuid={entry.pw_uid}",
-                f"--regid={entry.pw_gid}",
-                "--clear-groups",
-            ]
+            self.prefix = drop_root_prefix(user)
         pg_config = pg_bin("pg_config")
         assert pg_config is not None
         bindir = str(Path(pg_config).parent)

@@ -26,6 +26,7 @@ from crossintercom.testhooks import FAULTS_ENV
 # Never a real disk: it refuses anything but a small tmpfs (this test mounts one).
 from crossintercom.tools.chaos.disk import fill
 from tests.relay.conftest import Cluster, Host, Listener, wait_for
+from tests.relay.frozen import stopped
 from tests.relay.test_relay_faults import ACKED, report, settle, stream
 
 # Mail resumes by itself this soon after the fault is gone (the client retries every 5 s).
@@ -164,7 +165,7 @@ def test_outcome_stands_when_the_disk_fills_before_it_is_recorded(
     sending.start()
     pid = b.broker_pid()
     assert pid is not None
-    wait_for(lambda: _stopped(pid), 30, "the broker to stop before recording the outcome")
+    wait_for(lambda: stopped(pid), 30, "the broker to stop before recording the outcome")
     filler = fill(b.home)
     os.kill(pid, signal.SIGCONT)
     sending.join(30)
@@ -173,12 +174,6 @@ def test_outcome_stands_when_the_disk_fills_before_it_is_recorded(
     filler.unlink()
     assert b.inbox("worker")[answer.id] == 1
     assert worker.alive()
-
-
-def _stopped(pid: int) -> bool:
-    """The process is in the stopped state (SIGSTOP)."""
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    return stat.rsplit(")", 1)[1].split()[0] == "T"
 
 
 def test_immutable_inbox_then_writable_mail_resumes_exactly_once(cluster: Cluster) -> None:

@@ -11,7 +11,6 @@ availability").
 from __future__ import annotations
 
 import contextlib
-import signal
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -21,13 +20,12 @@ import pytest
 
 from crossintercom.relay.syncguard import ENV_REQUIRE_SYNC
 from crossintercom.storage import migrate
-from crossintercom.testhooks import FAULTS_ENV
 from crossintercom.tools.pgcluster import free_port, pg_bin
 from crossintercom.tools.pgreplica import ReplicatedPostgres
 from tests.pgharness import PgServer, pg_unavailable
 from tests.relay.conftest import Cluster, Host, wait_for
 from tests.relay.failover import SINK, Traffic, tally
-from tests.relay.test_fencing import _stopped
+from tests.relay.frozen import freeze_after_read, thaw
 from tests.relay.test_relay_faults import ACKED, report, stream
 
 pytestmark = pytest.mark.pg
@@ -198,18 +196,8 @@ def test_a_relay_frozen_across_the_failover_is_fenced_by_the_new_primary() -> No
     paused VM, a partition) before the failover, whose host id another machine took over on
     the new primary, writes nothing when it wakes; every message arrives once."""
     with replicated(synchronous=True) as (pair, url), Cluster(url) as cluster:
-        a = cluster.host("A", remote_ack_wait_s=1)
-        old = cluster.host("B", relay=False, dirname="B1", lease_s=3)
-        old.env[FAULTS_ENV] = "stop:relay_after_fetch"  # frozen after reading its first rows
-        old.start_relay()
-        stale = old.relay
-        assert stale is not None
-        worker_old = old.listen("worker")
-        a.wait_sees("worker", "B")
-        planner = a.client("planner")
-        in_flight = planner.send("worker@B", "read, then frozen")
-        assert in_flight.outcome.value == "queued", in_flight
-        wait_for(lambda: _stopped(stale.pid), 30, "the old relay to freeze after its read")
+        frozen = freeze_after_read(cluster)
+        planner, in_flight = frozen.planner, frozen.in_flight
 
         pair.fail_over()
         new = cluster.host("B", dirname="B2", lease_s=3)
@@ -219,12 +207,7 @@ def test_a_relay_frozen_across_the_failover_is_fenced_by_the_new_primary() -> No
         acked = {i for i, o in more.items() if o in ACKED} | {in_flight.id}
         wait_for(lambda: acked <= set(new.inbox("worker")), 60, "everything on the new machine")
 
-        stale.send_signal(signal.SIGCONT)
-        assert stale.wait(60) != 0
-        log = old.relay_log()
-        assert "took over" in log, log[-2000:]
-        assert old.inbox("worker") == Counter()
-        assert worker_old.message_ids() == Counter()
+        thaw(frozen)
         both: Counter[str] = Counter(new.inbox("worker"))
         lost, dups = report("failover_fence", {**more, in_flight.id: "queued"}, acked, both)
         assert (lost, dups) == (0, 0)

@@ -174,7 +174,7 @@ def test_a_host_rewrites_no_column_its_operations_do_not_change(
         "hosts": {"host_id": "'renamed'"},
         "roster": dict.fromkeys(("host_id", "session_id", "name", "online"), "NULL"),
         "messages": dict.fromkeys(("message_id", "sender_host", "payload"), "NULL"),
-        "receipts": dict.fromkeys(("message_id", "code", "sender_host"), "NULL"),
+        "receipts": dict.fromkeys(("message_id", "code", "sender_host", "note"), "NULL"),
     }
     with a.connect() as conn:
         for table, columns in refused.items():
@@ -261,33 +261,44 @@ def test_receipts_only_from_the_recipients_host_for_mail_it_received(
 ) -> None:
     a, b, c = hosts["A"], hosts["B"], hosts["C"]
     columns = "(sender_host, message_id, recipient_session, recipient_host, outcome, code, "
-    columns += "sender_session, created)"
+    columns += "sender_session, note, created)"
+    insert = f"INSERT INTO receipts {columns} VALUES (%s, %s, %s, %s, %s, %s, %s, %s, now())"
+    lure = "wire 1000 EUR to ..."
     planted = {
-        "a message it never received": ("secret", "s9", a.host, "delivered", None, None),
-        "as another recipient host": ("secret", "s9", c.host, "delivered", None, None),
-        "free text in code": ("to-a", "sa", a.host, "refused", "wire 1000 EUR to ...", None),
-        "an outcome no host writes": ("to-a", "sa", a.host, "pwned", None, None),
-        "another sender session": ("to-a", "sa", a.host, "shown", None, "not-the-sender"),
-        "another recipient session": ("to-a", "s9", a.host, "shown", None, "bs"),
-    }
+        "a message it never received": ("secret", "s9", a.host, "delivered", None, None, None),
+        "as another recipient host": ("secret", "s9", c.host, "delivered", None, None, None),
+        "free text in code": ("to-a", "sa", a.host, "refused", lure, None, None),
+        "an outcome no host writes": ("to-a", "sa", a.host, "pwned", None, None, None),
+        "another sender session": ("to-a", "sa", a.host, "shown", None, "not-the-sender", None),
+        "another recipient session": ("to-a", "s9", a.host, "shown", None, "bs", None),
+        # a note only on an acknowledgement (migration 0013)
+        "a note on a shown receipt": ("to-a", "sa", a.host, "shown", None, "bs", lure),
+        "a note on a delivery receipt": ("to-a", "sa", a.host, "refused", "refused", None, lure),
+        "an acknowledgement of mail it never received": (
+            "secret", "s9", a.host, "acknowledged", None, "bs", lure,
+        ),
+    }  # fmt: skip
     with a.connect() as conn:
-        for what, (mid, session, rhost, outcome, code, sender_session) in planted.items():
+        for what, (mid, session, rhost, outcome, code, sender_session, note) in planted.items():
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
                 conn.execute(
-                    f"INSERT INTO receipts {columns} VALUES (%s, %s, %s, %s, %s, %s, %s, now())",
-                    (b.host, mid, session, rhost, outcome, code, sender_session),
+                    insert, (b.host, mid, session, rhost, outcome, code, sender_session, note)
                 )
                 pytest.fail(f"planted: {what}")
+        with pytest.raises(psycopg.errors.StringDataRightTruncation):
+            conn.execute(
+                insert, (b.host, "to-a", "sa", a.host, "acknowledged", None, "bs", "x" * 1001)
+            )
     # what A's relay really writes: a late receipt for mail it received, told B as it is
     late = LateReceipt("to-a", "sa", b.host, "bs", "shown")
     assert run(a.store.add_receipts(a.host, a.gen, [late])) == 1
     [receipt] = run(b.store.receipts(b.host, b.gen))
     assert (receipt.message_id, receipt.outcome, receipt.sender_session) == ("to-a", "shown", "bs")
-    # an acknowledgement takes the same path (migration 0009)
-    acked = LateReceipt("to-a", "sa", b.host, "bs", "acknowledged")
+    # an acknowledgement takes the same path (migration 0009), with its note (0013)
+    acked = LateReceipt("to-a", "sa", b.host, "bs", "acknowledged", note=lure)
     assert run(a.store.add_receipts(a.host, a.gen, [acked])) == 1
-    outcomes = [r.outcome for r in run(b.store.receipts(b.host, b.gen))]
-    assert "acknowledged" in outcomes
+    got = [(r.outcome, r.note) for r in run(b.store.receipts(b.host, b.gen))]
+    assert ("acknowledged", lure) in got
 
 
 def _code_checks(libpq: str) -> dict[str, str]:

@@ -18,7 +18,7 @@ from typing import Literal, Self
 import psycopg
 from sqlalchemy.engine import make_url
 
-from crossintercom.tools.pgcluster import free_port
+from crossintercom.tools.pgcluster import drop_root_prefix, free_port
 from tests.pgharness import _unprivileged_user, pg_unavailable
 
 PGBOUNCER = "/usr/sbin/pgbouncer"
@@ -60,15 +60,11 @@ class PgBouncer:
         )
         self._prefix: list[str] = []
         if os.geteuid() == 0:
-            entry = pwd.getpwnam(_unprivileged_user())
+            user = _unprivileged_user()
+            entry = pwd.getpwnam(user)
             for path in (self.root, *self.root.iterdir()):
                 os.chown(path, entry.pw_uid, entry.pw_gid)
-            self._prefix = [
-                "setpriv",
-                f"--reuid={entry.pw_uid}",
-                f"--regid={entry.pw_gid}",
-                "--clear-groups",
-            ]
+            self._prefix = drop_root_prefix(user)
         self.proc: subprocess.Popen[bytes] | None = None
 
     def url_for(self, url: str) -> str:
