@@ -106,7 +106,16 @@ HOSTS = {
     ("scale 6 hosts", "idle commits/s per relay"),
     ("scale 6 hosts", "connections per host"),
 }
-CEILINGS = {"idle commits/s per relay", "connections per host"}
+CEILINGS = {
+    "idle commits/s per relay",
+    "connections per host",
+    "statements per message",
+    "commits per message",
+}
+# Store work per delivered message, beside its ceiling; statements only where the server counts
+# them (pg_stat_statements loaded).
+STORE_WORK = {("cross-host postgres", "commits per message")}
+STATEMENTS = ("cross-host postgres", "statements per message")
 
 
 def check_bench(report: dict[str, Any], backends: list[str], scale: bool = False) -> None:
@@ -114,6 +123,10 @@ def check_bench(report: dict[str, Any], backends: list[str], scale: bool = False
     assert report["quick"] is True
     figures = {(f["path"], f["metric"]): f for f in report["figures"]}
     expected = SAME_HOST | {(f"cross-host {b}", m) for b in backends for m in CROSS_METRICS}
+    if "postgres" in backends:
+        expected |= STORE_WORK
+        if report["details"]["store_work"]["statements_per_message"] is not None:
+            expected.add(STATEMENTS)
     if scale:
         expected |= SCALE
         details = report["details"]["scale"]
@@ -138,10 +151,14 @@ def check_bench(report: dict[str, Any], backends: list[str], scale: bool = False
     targets = {k: f["target"] for k, f in figures.items() if f["target"] is not None}
     assert targets[("same-host", "one-way p50")] == 2.0
     assert targets[("cross-host sqlite", "throughput")] == 3.0
+    assert targets[("cross-host sqlite", "one-way p50")] == 2.5
     machine = report["machine"]
     assert machine["cpus"] >= 1 and machine["python"] and machine["durability"]
     if "postgres" in backends:
-        assert targets[("cross-host postgres", "delivered p50")] == 2.0
+        assert targets[("cross-host postgres", "delivered p50")] == 3.0
+        assert targets[("cross-host postgres", "one-way p50")] == 2.5
+        assert targets[("cross-host postgres", "backlog catch-up")] == 0.5
+        assert figures[("cross-host postgres", "commits per message")]["baseline"] == 3
         assert machine["postgres_server_version"] and machine["postgres_synchronous_commit"]
         work = report["details"]["store_work"]
         assert work["delivered"] == work["messages"] > 0

@@ -5,11 +5,12 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+from collections import deque
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Final
 
 from crossintercom import protocol as p
-from crossintercom.local_broker.outcomes import AckResult
+from crossintercom.local_broker.outcomes import AckResult, Push
 
 log = logging.getLogger(__name__)
 
@@ -17,6 +18,9 @@ log = logging.getLogger(__name__)
 # that it is disconnected, so a client that never reads cannot grow the broker without bound
 # (docs/reliability.md, "Memory under socket hostility").
 WRITE_BACKLOG_FRAMES = 2
+# Pushes' ack deadlines are swept this many times per timeout, not timed one by one: a push
+# times out at most a tenth of its timeout late (docs/performance.md, "Catch-up pipelined").
+SWEEPS_PER_TIMEOUT: Final = 10
 
 
 class Conn:
@@ -41,6 +45,9 @@ class Conn:
         self.closed = False
         # message id (or receipt key) -> future resolved by the ack (None) or its refusal code.
         self.acks: dict[str, asyncio.Future[AckResult]] = {}
+        # (deadline, key, future) in the order the pushes were written (one timeout for all).
+        self._due: deque[tuple[float, str, asyncio.Future[AckResult]]] = deque()
+        self._sweep_at: asyncio.TimerHandle | None = None
 
     def write(self, frame: p.BrokerFrame | p.ToRelayFrame | Any) -> bool:
         """Queue a frame; False if the connection can no longer be written."""
@@ -67,10 +74,32 @@ class Conn:
             return False
         return True
 
-    def expect_ack(self, key: str) -> asyncio.Future[AckResult]:
-        """The future a coming ``ack`` for ``key`` resolves (one per key at a time)."""
+    def expect_ack(self, key: str, timeout: float | None = None) -> asyncio.Future[AckResult]:
+        """The future a coming ``ack`` for ``key`` resolves (one per key at a time); with
+        ``timeout`` (the same on every call) resolved ``Push.TIMEOUT`` and forgotten once that
+        passes without one."""
         fut = self.acks.get(key)
+        loop = asyncio.get_running_loop()
         if fut is None or fut.done():
-            fut = asyncio.get_running_loop().create_future()
+            fut = loop.create_future()
             self.acks[key] = fut
+        if timeout is not None:
+            self._due.append((loop.time() + timeout, key, fut))
+            if self._sweep_at is None:
+                self._sweep_at = loop.call_later(timeout, self._sweep, timeout)
         return fut
+
+    def _sweep(self, timeout: float) -> None:
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        due = self._due
+        while due and due[0][0] <= now:
+            _, key, fut = due.popleft()
+            if not fut.done():  # written, but not acknowledged in time
+                if self.acks.get(key) is fut:
+                    del self.acks[key]
+                fut.set_result(Push.TIMEOUT)
+        self._sweep_at = None
+        if due:
+            at = max(due[0][0], now + timeout / SWEEPS_PER_TIMEOUT)
+            self._sweep_at = loop.call_at(at, self._sweep, timeout)

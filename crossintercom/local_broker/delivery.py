@@ -54,7 +54,7 @@ class Delivery:
     async def push(self, conn: Conn, msg: Message, *, reply: bool = False) -> outcomes.Push | str:
         """Write a deliver frame and wait for the ack: ``Push.ACKED``, the ack's refusal code, or
         another ``Push`` (nothing reached the recipient's inbox)."""
-        fut = conn.expect_ack(msg.id)
+        fut = conn.expect_ack(msg.id, self.settings.ack_timeout_s)
         if not conn.write(p.Deliver(msg, reply=reply)):
             self._retire(conn)
             return outcomes.Push.CONNECTION_LOST
@@ -66,12 +66,9 @@ class Delivery:
             except OSError:  # TimeoutError included: a client that stops reading cannot be written
                 self._retire(conn)  # a write that fails retires the session at once
                 return outcomes.Push.CONNECTION_LOST
-        try:
-            async with asyncio.timeout(self.settings.ack_timeout_s):
-                code = await asyncio.shield(fut)
-        except TimeoutError:  # written, but not acknowledged in time: the session stays
-            conn.acks.pop(msg.id, None)
-            return outcomes.Push.TIMEOUT
+        # Resolved by the ack, or ``Push.TIMEOUT`` by the connection's sweep (no timer per
+        # push: docs/performance.md, "Catch-up pipelined"); on a timeout the session stays.
+        code = await fut
         return outcomes.Push.ACKED if code is None else code
 
     async def deliver(self, msg: Message, recipient: str, *, asker_host: str) -> Receipt:
@@ -167,7 +164,11 @@ class Delivery:
                 code = await asyncio.wait_for(fut, self.settings.ack_timeout_s * 3)
             except TimeoutError:
                 return  # left queued; the next registration hands it over again
-            if code is outcomes.Push.CONNECTION_LOST or code == Code.SAVE_FAILED:
+            if code in (outcomes.Push.CONNECTION_LOST, outcomes.Push.TIMEOUT):
+                # Not known saved (a live push of the same id shares this future and timed
+                # out): it stays queued, and the next registration hands it over again.
+                return
+            if code == Code.SAVE_FAILED:
                 # Not saved (the inbox cannot be written): it stays queued, and the client's
                 # next registration is handed it again.
                 return

@@ -67,6 +67,9 @@ class InboundPolicy:
         self.db = state.db
         self.registry = registry
         self.db.executescript(_SCHEMA)
+        # Each session's rules as last read: every message handed over asks for them, and
+        # only ``set`` changes them (docs/performance.md, "Catch-up pipelined").
+        self._rules: dict[str, dict[str, str]] = {}
 
     def screen(self, msg: Message, recipient: str) -> Receipt | None:
         """``Delivery.screen``: None to deliver, else the receipt of a hold or a refusal."""
@@ -88,6 +91,13 @@ class InboundPolicy:
         return None
 
     def set(self, session: str, pattern: str, action: Action | None) -> None:
+        self._rules.pop(session, None)
+        try:
+            self._write(session, pattern, action)
+        finally:
+            self._rules.pop(session, None)
+
+    def _write(self, session: str, pattern: str, action: Action | None) -> None:
         if action is None:
             self.db.execute(
                 "DELETE FROM inbound_rules WHERE session = ? AND pattern = ?", (session, pattern)
@@ -99,11 +109,14 @@ class InboundPolicy:
             )
 
     def rules(self, session: str) -> dict[str, str]:
-        cur = self.db.execute(
-            "SELECT pattern, action FROM inbound_rules WHERE session = ? ORDER BY pattern",
-            (session,),
-        )
-        return dict(cur.fetchall())
+        cached = self._rules.get(session)
+        if cached is None:
+            cur = self.db.execute(
+                "SELECT pattern, action FROM inbound_rules WHERE session = ? ORDER BY pattern",
+                (session,),
+            )
+            cached = self._rules[session] = dict(cur.fetchall())
+        return dict(cached)
 
     def verdict(self, session: str, sender: Peer, groups: tuple[str, ...]) -> str:
         rules = self.rules(session)

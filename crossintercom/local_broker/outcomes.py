@@ -30,7 +30,7 @@ class Push(Enum):
 
 # A pending ack resolves to None (acknowledged), the refusal code it carried, or a lost
 # connection (the broker retires it).
-AckResult = str | Literal[Push.CONNECTION_LOST] | None
+AckResult = str | Literal[Push.CONNECTION_LOST, Push.TIMEOUT] | None
 
 
 class Refusal(Exception):

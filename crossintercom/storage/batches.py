@@ -242,10 +242,11 @@ def ack_params(
         "host_id": host_id,
         "generation": generation,
         "finished": now,
-        "mids": [a.message_id for a in first.values()],
-        "sessions": [a.recipient_session for a in first.values()],
-        "states": [a.outcome for a in first.values()],
-        "codes": [a.code for a in first.values()],
+        # One JSON array of rows, not a text[] per column: the driver dumps a text[] element
+        # by element in Python (docs/performance.md, "Catch-up pipelined").
+        "rows": _json.encode(
+            [[a.message_id, a.recipient_session, a.outcome, a.code] for a in first.values()]
+        ).decode(),
     }
 
 
@@ -259,13 +260,20 @@ def add_receipts_params(
         "host_id": host_id,
         "generation": generation,
         "created": now,
-        "mids": [r.message_id for r in receipts],
-        "sessions": [r.recipient_session for r in receipts],
-        "sender_hosts": [r.sender_host for r in receipts],
-        "sender_sessions": [r.sender_session for r in receipts],
-        "outcomes": [r.outcome for r in receipts],
-        "codes": [r.code for r in receipts],
-        "notes": [r.note for r in receipts],
+        "rows": _json.encode(
+            [
+                (
+                    r.message_id,
+                    r.recipient_session,
+                    r.sender_host,
+                    r.sender_session,
+                    r.outcome,
+                    r.code,
+                    r.note,
+                )
+                for r in receipts
+            ]
+        ).decode(),
     }
 
 

@@ -706,11 +706,11 @@ _PG_RECEIPT_COLUMNS = (
 
 # queued → delivered/refused for the acked keys (first ack of a key only: the caller dedups),
 # a receipt per finished row for its sender's host in seq order, the hints. Returns (finished,
-# current). Params: host_id, generation, finished, mids, sessions, states, codes (arrays).
+# current). Params: host_id, generation, finished, rows (a JSON array of [message_id,
+# recipient_session, state, code] arrays).
 PG_ACK: TextClause = text(f"""WITH {_PG_FENCE}, acks AS (
-    SELECT * FROM unnest(CAST(:mids AS text[]), CAST(:sessions AS text[]),
-                         CAST(:states AS text[]), CAST(:codes AS text[]))
-        AS a(message_id, recipient_session, state, reason)
+    SELECT r->>0 AS message_id, r->>1 AS recipient_session, r->>2 AS state, r->>3 AS reason
+    FROM json_array_elements(CAST(:rows AS json)) AS r
 ), done AS (
     UPDATE deliveries AS d SET state = a.state, reason = a.reason, finished_at = :finished
     FROM acks AS a, cur
@@ -729,19 +729,17 @@ PG_ACK: TextClause = text(f"""WITH {_PG_FENCE}, acks AS (
 SELECT (SELECT count(*) FROM done), (SELECT count(*) FROM cur), (SELECT n FROM woken)""")
 
 # Late receipts (``add_receipts``) written as the recipient's host, in order, with their hints.
-# Returns (written, current). Params: host_id, generation, created, and the arrays mids,
-# sessions, sender_hosts, sender_sessions, outcomes, codes, notes.
+# Returns (written, current). Params: host_id, generation, created, and rows: a JSON array of
+# [message_id, recipient_session, sender_host, sender_session, outcome, code, note] arrays.
 PG_ADD_RECEIPTS: TextClause = text(f"""WITH {_PG_FENCE}, made AS (
     INSERT INTO receipts (message_id, recipient_session, sender_host, sender_session, outcome,
                           code, note, recipient_host, created)
     SELECT r.message_id, r.recipient_session, r.sender_host, r.sender_session, r.outcome,
            r.code, r.note, :host_id, :created
-    FROM unnest(CAST(:mids AS text[]), CAST(:sessions AS text[]),
-                CAST(:sender_hosts AS text[]), CAST(:sender_sessions AS text[]),
-                CAST(:outcomes AS text[]), CAST(:codes AS text[]),
-                CAST(:notes AS text[])) WITH ORDINALITY
-        AS r(message_id, recipient_session, sender_host, sender_session, outcome, code, note,
-             ord),
+    FROM (SELECT e->>0 AS message_id, e->>1 AS recipient_session, e->>2 AS sender_host,
+                 e->>3 AS sender_session, e->>4 AS outcome, e->>5 AS code, e->>6 AS note,
+                 n AS ord
+          FROM json_array_elements(CAST(:rows AS json)) WITH ORDINALITY AS j(e, n)) AS r,
         cur
     -- Only about a delivery this host has (the receipts policy's own rule): a purged one's
     -- notice is dropped here instead of refusing the batch.
