@@ -178,6 +178,8 @@ class ReservationRequest(
     mode: ReservationMode = "exclusive"
     ttl_s: float = 3600.0
     reason: str | None = None
+
+
 class ArchiveReceipt(msgspec.Struct, frozen=True, omit_defaults=True):
     """A later outcome of a message delivered to a session on this host."""
 
