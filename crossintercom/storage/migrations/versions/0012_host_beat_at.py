@@ -6,7 +6,7 @@ started. A trigger sets it on every claim and heartbeat, so no statement of a ho
 and no host role is granted it: a host cannot make itself look alive (docs/web.md, "Hosts").
 
 Revision ID: 0012
-Revises: 0010
+Revises: 0011
 Create Date: 2026-12-02
 """
 
@@ -18,7 +18,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0012"
-down_revision: str | None = "0010"
+down_revision: str | None = "0011"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

@@ -8,7 +8,7 @@ the column under that policy and cannot update it (0007 grants UPDATE column by 
 note is not among them).
 
 Revision ID: 0013
-Revises: 0010
+Revises: 0012
 Create Date: 2026-12-02
 """
 
@@ -22,7 +22,7 @@ from alembic import op
 from crossintercom.storage.policy_revisions import Policy, load_revision, replace_policies
 
 revision: str = "0013"
-down_revision: str | None = "0010"
+down_revision: str | None = "0012"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
