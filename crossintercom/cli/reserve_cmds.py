@@ -182,9 +182,12 @@ def reservations_cmd(
     if not conflicts:
         if as_json:
             emit_json({"project": key, "reservations": [reservation_json(r) for r in state.items]})
-        elif not state.items:
+            return
+        if not state.items:
             click.echo("no reservations")
-        _show([] if as_json else state.items)
+        for r in state.items:
+            where = f"{r.project}: " if all_projects else ""
+            click.echo(terminal_line(where + reservation_line(r)))
         return
     by_id = {r.id: r for r in state.items}
     mode: Mode = "exclusive" if exclusive else "shared"

@@ -54,6 +54,8 @@ def test_two_hosts_see_each_others_reservations_and_conflicts(cluster: Cluster) 
         ("src/**", "exclusive", "alice@A")
     ]
     assert _seen(b) == [("src/**", "alice@A")]  # the store is the authority: no waiting
+    listed = b.cli("reservations", "--all-projects").stdout
+    assert listed.startswith(f"{P}: src/** exclusive by alice@A, ") and "refactor" in listed
 
     # B's conflict check (a pre-commit hook's): exit 3 and a readable list
     found = b.cli_json(

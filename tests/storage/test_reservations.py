@@ -4,10 +4,11 @@ off the roster or forgotten, a host the reader judges lapsed)."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from crossintercom.models import SessionInfo
-from crossintercom.storage import MailboxStore
+from crossintercom.storage import MailboxStore, open_store
 from crossintercom.storage.blocking import run
 
 P = "git.example.org/team/app"
@@ -70,3 +71,27 @@ def test_release_and_what_stops_counting(store: MailboxStore) -> None:
     assert _reserve(store, "h1", g1, "a", "x/**") is None
     assert run(store.sweep_reservations("h1", g1b)) == 2  # src/** and old/** (TTL 0)
     assert run(store.sweep_reservations("h1", g1)) == 0  # stale: nothing
+
+
+def test_concurrent_overlapping_reserves_one_wins(store: MailboxStore, store_url: str) -> None:
+    """Two hosts' relays (two stores, two connections) reserve overlapping globs at once: the
+    project's lock (PostgreSQL) or the file's write lock (SQLite) lets exactly one in."""
+    g1, g2 = _hosts(store)
+    other = run(open_store(store_url))
+    try:
+
+        async def race(n: int) -> list[Any]:
+            kw: dict[str, Any] = {"project": P, "mode": "exclusive", "ttl_s": 600, "reason": None}
+            return list(
+                await asyncio.gather(
+                    store.reserve("h1", g1, session_id="a", globs=[f"r{n}/**"], **kw),
+                    other.reserve("h2", g2, session_id="b", globs=[f"r{n}/x.py"], **kw),
+                )
+            )
+
+        for n in range(6):
+            first, second = run(race(n))
+            assert [bool(first.conflicts), bool(second.conflicts)].count(True) == 1, n
+        assert len(run(store.reservations(P))) == 6
+    finally:
+        run(other.aclose())

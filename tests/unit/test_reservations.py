@@ -13,6 +13,7 @@ from crossintercom.reservations import (
     overlap,
     path_conflicts,
 )
+from crossintercom.storage import HostRow, LeaseTracker
 
 
 @pytest.mark.parametrize(
@@ -71,3 +72,12 @@ def test_conflicts_by_mode_and_holder() -> None:
     assert [(p, h.session) for p, h in found] == [("src/x.py", "a")]
     found = path_conflicts(held, None, ["docs/a.md"], "exclusive")
     assert [(p, h.session) for p, h in found] == [("docs/a.md", "b")]
+
+
+def test_lapsed_hosts_are_those_seen_whose_counter_stood_still() -> None:
+    now = [0.0]
+    leases = LeaseTracker(lease_s=10, clock=lambda: now[0], heartbeat_s=1)
+    leases.observe([HostRow("A", 1, 1), HostRow("B", 1, 1)])
+    now[0] = 11.0
+    leases.observe([HostRow("A", 1, 2), HostRow("B", 1, 1)])
+    assert leases.lapsed_hosts() == {"B"}  # a host never seen is not counted lapsed
