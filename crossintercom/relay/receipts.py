@@ -94,6 +94,6 @@ def _note(row: ReceiptRow, receipt: Receipt) -> str | None:
     """An ``acknowledged`` receipt's note, as the sender is told it (its ``message``). Another
     host wrote it: taken on that outcome only, at most the length a client may send (SQLite
     checks no length); the surfaces that show it neutralise it (crossintercom/safetext.py)."""
-    if receipt.outcome is not Outcome.ACKNOWLEDGED or not row.note:
-        return None
+    if receipt.outcome is not Outcome.ACKNOWLEDGED or not isinstance(row.note, str):
+        return None  # a SQLite file takes any type in any column
     return row.note[:ACK_NOTE_CHARS]
