@@ -3,7 +3,7 @@
 An ``acknowledged`` receipt brings the recipient's note to a sender on another host
 (docs/delivery.md#acknowledgement): ``receipts.note``, at most 1,000 characters. It is the one
 free text a host writes into another host's receipts, so on PostgreSQL ``receipts_write`` (as
-0010 left it) also requires the note to be empty on every other outcome. A host role inserts
+0011 left it) also requires the note to be empty on every other outcome. A host role inserts
 the column under that policy and cannot update it (0007 grants UPDATE column by column; the
 note is not among them).
 
@@ -32,11 +32,9 @@ NOTE_OK = "(note IS NULL OR outcome = 'acknowledged')"
 
 
 def _receipts_policies() -> tuple[Policy, Policy]:
-    """(``receipts_write`` as 0010 left it, the same with the note's rule)."""
+    """(``receipts_write`` as 0011 left it, the same with the note's rule)."""
     (before,) = [
-        p
-        for p in load_revision("0010_sender_refused.py")._policies()[1]
-        if p[1] == "receipts_write"
+        p for p in load_revision("0011_reservations.py")._codes()[1] if p[1] == "receipts_write"
     ]
     table, name, command, using, check = before
     assert check is not None
