@@ -103,3 +103,10 @@ def test_an_asks_wait_from_its_senders_host_survives_a_recipients_copy(
     # Read back the same way in a thread; the message itself is unchanged.
     [in_thread] = archive.thread("ask")
     assert (in_thread.wait_s, in_thread.message) == (90.0, row.message)
+
+
+def test_receipts_of_many_messages_are_read_in_bounded_lists(archive: ArchiveStore) -> None:
+    ids = [f"many{i}" for i in range(1200)]
+    archive.archive([ArchiveEntry(msg(mid), carol("delivered")) for mid in ids])
+    found = archive.receipts_of([*ids, "absent"])
+    assert set(found) == set(ids)
