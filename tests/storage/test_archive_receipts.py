@@ -66,6 +66,9 @@ def test_a_later_receipt_moves_only_its_own_hosts_recipients_forward(
     archive.archive([ReceiptUpdate("m1", "sid-dan", "hostC", "shown")])
     archive.archive([ReceiptUpdate("m1", "sid-dan", "hostB", "expired", "expired")])
     assert outcome(archive, "m1", "sid-dan") == "delivered"
+    # Nor a copy that places dan on C.
+    archive.archive([ArchiveEntry(msg("m1"), (ArchiveRecipient("sid-dan", "hostC", "shown"),))])
+    assert outcome(archive, "m1", "sid-dan") == "delivered"
     # Never back, and never into a final one.
     archive.archive([ReceiptUpdate("m1", "sid-carol", "hostC", "delivered")])
     assert outcome(archive, "m1") == "shown"
