@@ -12,6 +12,7 @@ from crossintercom import protocol as p
 from crossintercom.models import Message, Outcome, Peer, Receipt
 from crossintercom.relay.archiver import Archiver
 from crossintercom.storage import ArchiveEntry, ReceiptUpdate
+from crossintercom.storage.blocking import run
 
 
 class Recorder:
@@ -38,7 +39,7 @@ def written(frames: list[p.ArchiveCopy | p.ArchiveReceipts]) -> list[ArchiveEntr
         archiver.close()
         return out
 
-    return asyncio.run(go())
+    return run(go())  # a loop of its own: another test's may be running in this thread
 
 
 def test_a_relay_archives_only_what_its_host_may_say() -> None:
