@@ -5,7 +5,6 @@ one) gets the rest dropped before the store is touched."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 
 from crossintercom import protocol as p
