@@ -32,6 +32,7 @@ from crossintercom.storage.urls import StoreURL, parse_store_url
 from crossintercom.timeparse import parse_sent_at
 
 MAX_SEARCH_RESULTS = 200
+RECEIPTS_CHUNK = 500
 
 
 class SqlArchive:
@@ -176,9 +177,14 @@ class SqlArchive:
 
     def receipts_of(self, message_ids: Sequence[str]) -> dict[str, tuple[ArchiveRecipient, ...]]:
         ids = list(message_ids)
-        if not ids:
-            return {}
-        return self._run(lambda conn: _recipients(conn, ids), single_statement=True)
+
+        def read(conn: Connection) -> dict[str, tuple[ArchiveRecipient, ...]]:
+            out: dict[str, tuple[ArchiveRecipient, ...]] = {}
+            for i in range(0, len(ids), RECEIPTS_CHUNK):  # bounded lists of bound values
+                out.update(_recipients(conn, ids[i : i + RECEIPTS_CHUNK]))
+            return out
+
+        return self._run(read) if ids else {}
 
     def _archived(self, stmt: Any, params: dict[str, Any]) -> list[ArchivedMessage]:
         def read(conn: Connection) -> list[ArchivedMessage]:

@@ -946,6 +946,8 @@ def archive_recipients_upsert(dialect: str) -> Any:
             "code": case((further, stmt.excluded.code), else_=r.code),
             "name": func.coalesce(stmt.excluded.name, r.name),
         },
+        # Every writer names the recipient's own host: a copy naming another moves nothing.
+        where=r.host_id == stmt.excluded.host_id,
     )
 
 

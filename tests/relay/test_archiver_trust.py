@@ -5,13 +5,13 @@ one) gets the rest dropped before the store is touched."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 
 from crossintercom import protocol as p
 from crossintercom.models import Message, Outcome, Peer, Receipt
 from crossintercom.relay.archiver import Archiver
 from crossintercom.storage import ArchiveEntry, ReceiptUpdate
+from crossintercom.storage.blocking import run
 
 
 class Recorder:
@@ -38,7 +38,7 @@ def written(frames: list[p.ArchiveCopy | p.ArchiveReceipts]) -> list[ArchiveEntr
         archiver.close()
         return out
 
-    return asyncio.run(go())
+    return run(go())  # a loop of its own: another test's may be running in this thread
 
 
 def test_a_relay_archives_only_what_its_host_may_say() -> None:

@@ -66,6 +66,9 @@ def test_a_later_receipt_moves_only_its_own_hosts_recipients_forward(
     archive.archive([ReceiptUpdate("m1", "sid-dan", "hostC", "shown")])
     archive.archive([ReceiptUpdate("m1", "sid-dan", "hostB", "expired", "expired")])
     assert outcome(archive, "m1", "sid-dan") == "delivered"
+    # Nor a copy that places dan on C.
+    archive.archive([ArchiveEntry(msg("m1"), (ArchiveRecipient("sid-dan", "hostC", "shown"),))])
+    assert outcome(archive, "m1", "sid-dan") == "delivered"
     # Never back, and never into a final one.
     archive.archive([ReceiptUpdate("m1", "sid-carol", "hostC", "delivered")])
     assert outcome(archive, "m1") == "shown"
@@ -103,3 +106,10 @@ def test_an_asks_wait_from_its_senders_host_survives_a_recipients_copy(
     # Read back the same way in a thread; the message itself is unchanged.
     [in_thread] = archive.thread("ask")
     assert (in_thread.wait_s, in_thread.message) == (90.0, row.message)
+
+
+def test_receipts_of_many_messages_are_read_in_bounded_lists(archive: ArchiveStore) -> None:
+    ids = [f"many{i}" for i in range(1200)]
+    archive.archive([ArchiveEntry(msg(mid), carol("delivered")) for mid in ids])
+    found = archive.receipts_of([*ids, "absent"])
+    assert set(found) == set(ids)

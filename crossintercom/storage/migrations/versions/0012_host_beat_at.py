@@ -23,8 +23,10 @@ branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
 PG = (
-    "CREATE FUNCTION crossintercom_host_beat_at() RETURNS trigger LANGUAGE plpgsql AS "
-    "$$ BEGIN NEW.beat_at := now(); RETURN NEW; END $$",
+    # Its own search_path and a qualified now(): a host role's session cannot shadow it.
+    "CREATE FUNCTION crossintercom_host_beat_at() RETURNS trigger LANGUAGE plpgsql "
+    "SET search_path = pg_catalog, pg_temp "
+    "AS $$ BEGIN NEW.beat_at := pg_catalog.now(); RETURN NEW; END $$",
     "CREATE TRIGGER hosts_beat_at BEFORE INSERT OR UPDATE OF heartbeat, generation ON hosts "
     "FOR EACH ROW EXECUTE FUNCTION crossintercom_host_beat_at()",
 )
