@@ -68,7 +68,7 @@ class InboundPolicy:
         self.registry = registry
         self.db.executescript(_SCHEMA)
         # Each session's rules as last read: every message handed over asks for them, and
-        # only ``set`` changes them (docs/performance.md, "Catch-up pipelined").
+        # only ``set`` changes them (docs/performance.md, "The hand-over's Python per message").
         self._rules: dict[str, dict[str, str]] = {}
 
     def screen(self, msg: Message, recipient: str) -> Receipt | None:

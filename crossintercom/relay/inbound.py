@@ -35,7 +35,7 @@ STORE_LIMIT_TTL_S: Final = 30.0
 
 
 class _Stale(Exception):
-    """A row read too long ago to be handed over (see ``Inbound._hand_over_batch``)."""
+    """A row read too long ago to be handed over (see ``Inbound._fetch_once``)."""
 
 
 class Inbound:
@@ -119,41 +119,14 @@ class Inbound:
                 self.poke(Wake(wake.deliveries, wake.receipts))
 
     async def _fetch_all(self) -> None:
-        """Batches one after the other, pipelined: while one is handed over the next is read
-        (skipping the rows handed over and those the ack under way finishes, all still queued
-        in its snapshot), and one ack runs while the next batch is handed over. The last ack is
-        waited for before the loop looks for more: going back to the wake-ups while it runs
-        made smaller batches and measured worse (docs/performance.md, "Cross-host throughput:
-        the cycle")."""
-        ahead: asyncio.Future[tuple[list[InboundRow], float] | None] | None = None
+        # The last batch's ack is waited for before the loop looks for more: going back to the
+        # wake-ups while it runs made smaller batches and measured worse (docs/performance.md,
+        # "Cross-host throughput: the cycle").
         try:
-            reading = ahead = asyncio.ensure_future(self._read(frozenset()))
-            while True:
-                got = await reading
-                ahead = None
-                if got is None:
-                    return
-                rows, read_at = got
-                full = len(rows) == INBOUND_BATCH
-                if full:
-                    handing = frozenset((r.message_id, r.recipient_session) for r in rows)
-                    reading = ahead = asyncio.ensure_future(
-                        self._read(handing | self._acking_now())
-                    )
-                acks = await self._hand_over_batch(rows, read_at)
-                if not full or len(acks) != len(rows):
-                    # A row left queued: what was read ahead waits for the next look, so a
-                    # recipient's later rows never pass it (per-recipient order).
-                    return
+            while await self._fetch_once():
+                pass
         finally:
-            if ahead is not None:
-                ahead.cancel()
-                with contextlib.suppress(BaseException):
-                    await ahead
             await self._acked()
-
-    def _acking_now(self) -> frozenset[tuple[str, str]]:
-        return self._acking_keys if self._acking is not None else frozenset()
 
     async def _acked(self) -> None:
         """Wait for the ack under way, if any (its failure raises here: the rows it named stay
@@ -162,34 +135,28 @@ class Inbound:
         if task is not None:
             await task
 
-    async def _read(
-        self, skip: frozenset[tuple[str, str]]
-    ) -> tuple[list[InboundRow], float] | None:
-        """Up to a batch of rows queued for this host's sessions, less ``skip`` (rows handed
-        over or being acknowledged: still queued in the read's snapshot), and when the read
-        began; None when there are none or no broker to hand them to."""
+    async def _fetch_once(self) -> bool:
+        """Hand one batch of inbound rows to the broker; True if a full batch was moved."""
         relay = self.relay
         local_ids = [s.id for s in relay.local_sessions]
         if not local_ids or relay.client is None or not relay.client.connected.is_set():
-            return None
+            return False
         await self._refresh_store_limit()
+        if self._acking is not None and self._acking.done():
+            await self._acked()  # settled: the read need not skip its rows (a failure raises)
         read_at = self._fetched_at = time.monotonic()
+        acking = self._acking_keys if self._acking is not None else frozenset()
         rows = await relay.store.fetch_inbound(
             relay.host,
             relay.generation,
-            limit=INBOUND_BATCH + len(skip),
+            limit=INBOUND_BATCH + len(acking),
             session_ids=local_ids,
             max_payload=relay.settings.max_frame_bytes,
         )
-        if skip:
-            rows = [r for r in rows if (r.message_id, r.recipient_session) not in skip]
-        del rows[INBOUND_BATCH:]
-        return (rows, read_at) if rows else None
-
-    async def _hand_over_batch(self, rows: list[InboundRow], read_at: float) -> list[Ack]:
-        """Hand ``rows`` over, recipient by recipient, then start their ack (after the one under
-        way: one at a time)."""
-        relay = self.relay
+        # Rows the ack under way finishes are still queued in this read: they were handed over.
+        rows = [r for r in rows if (r.message_id, r.recipient_session) not in acking]
+        if not rows:
+            return False
         stop_at("relay_after_fetch")
         # A batch is handed over only while it is fresh: rows read longer ago than a third of
         # the lease may since belong to a newer relay (this one was frozen, SIGSTOP or a paused
@@ -210,7 +177,7 @@ class Inbound:
             self._acking = asyncio.ensure_future(
                 relay.store.ack(relay.host, relay.generation, acks)
             )
-        return acks
+        return len(rows) == INBOUND_BATCH and len(acks) == len(rows)
 
     async def _hand_over(self, rows: list[InboundRow], fresh_until: float) -> list[Ack]:
         """One recipient's rows in one ``inbound_batch`` frame (more only past the frame size);
