@@ -9,6 +9,7 @@ no test leaks processes into the next.
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import os
 import queue
@@ -33,6 +34,8 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from crossintercom.client import wait_until  # noqa: E402
+from crossintercom.client.sync import CLIENT_THREAD  # noqa: E402
 from crossintercom.tools.harness import CLI, ListenerProcess, sees  # noqa: E402
 
 # The process helpers live in tests/soak.py, which must run as a plain script without pytest.
@@ -203,6 +206,22 @@ def cli_json(env: dict[str, str], *args: str, expect_rc: int = 0, **kw: Any) -> 
     out = run_cli(env, *args, "--json", **kw)
     assert out.returncode == expect_rc, (out.returncode, out.stdout, out.stderr)
     return json.loads(out.stdout)
+
+
+def _client_threads() -> int:
+    return sum(t.name == CLIENT_THREAD for t in threading.enumerate())
+
+
+@pytest.fixture(autouse=True)
+def _no_client_left_running() -> Iterator[None]:
+    """Fails a test that leaves a blocking ``Client``'s loop thread running after its teardown:
+    a Client kept referenced and never closed (one merely dropped ends when collected)."""
+    before = _client_threads()
+    yield
+    if _client_threads() > before:
+        gc.collect()
+        if not wait_until(lambda: _client_threads() <= before, 10):
+            pytest.fail(f"{_client_threads() - before} Client loop thread(s) left running")
 
 
 _LISTENERS: list[Listener] = []

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import threading
 import time
+import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import Future as ThreadFuture
 from typing import Any, TypeVar
@@ -20,6 +21,31 @@ from crossintercom.inbox import Inbox
 from crossintercom.models import Attachment, Message, SendResult, SessionInfo
 
 T = TypeVar("T")
+# The name of a Client's loop thread (the tests count those left running).
+CLIENT_THREAD = "crossintercom-client"
+
+
+def _run_loop(loop: asyncio.AbstractEventLoop, made: list[AsyncClient]) -> None:
+    """The loop thread: runs until stopped, then ends the client and closes the loop itself,
+    so a client that was never closed (only collected) leaves no thread and no descriptor."""
+    try:
+        loop.run_forever()
+    finally:
+        with contextlib.suppress(Exception):
+            for aio in made:
+                loop.run_until_complete(aio.close())
+            tasks = asyncio.all_tasks(loop)
+            for task in tasks:
+                task.cancel()
+            loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+            # The threads of `to_thread` calls (spawning a broker) end too.
+            loop.run_until_complete(loop.shutdown_default_executor())
+        loop.close()
+
+
+def _stop_loop(loop: asyncio.AbstractEventLoop) -> None:
+    with contextlib.suppress(RuntimeError):  # already closed
+        loop.call_soon_threadsafe(loop.stop)
 
 
 class Client:
@@ -27,11 +53,21 @@ class Client:
 
     def __init__(self, settings: Settings, identity: Identity | None = None, **kw: Any) -> None:
         self._loop = asyncio.new_event_loop()
+        made: list[AsyncClient] = []
+        # Neither the thread nor the finalizer holds the Client, so dropping it stops the loop.
         self._thread = threading.Thread(
-            target=self._loop.run_forever, daemon=True, name="crossintercom-client"
+            target=_run_loop, args=(self._loop, made), daemon=True, name=CLIENT_THREAD
         )
         self._thread.start()
-        self._async = self._call(self._make(settings, identity, kw))
+        self._finalizer = weakref.finalize(self, _stop_loop, self._loop)
+        try:
+            self._async = self._call(self._make(settings, identity, kw))
+        except BaseException:
+            self._finalizer()
+            self._thread.join(5)
+            raise
+        made.append(self._async)
+        self._made = made
         # Each calling thread gets its own view of the inbox: an SQLite connection is bound to
         # the thread that opened it, and the loop thread keeps its own for saving deliveries.
         self._views = threading.local()
@@ -66,7 +102,12 @@ class Client:
         return self
 
     def __enter__(self) -> Client:
-        return self.connect()
+        try:
+            return self.connect()
+        except BaseException:
+            # `with` calls __exit__ only after __enter__ returned.
+            self.close()
+            raise
 
     def __exit__(self, *exc: object) -> None:
         self.close()
@@ -80,9 +121,9 @@ class Client:
             self._views.inbox = None
         with contextlib.suppress(Exception):
             self._call(self._async.close())
-        self._loop.call_soon_threadsafe(self._loop.stop)
+            self._made.clear()
+        self._finalizer()  # the loop thread closes the loop once it stops
         self._thread.join(5)
-        self._loop.close()
 
     def send(
         self, to: str, text: str, attachments: Sequence[Attachment] = (), **kw: Any

@@ -191,6 +191,9 @@ class TcpProxy:
         self._stopping.set()
         self._flowing.set()
         with contextlib.suppress(OSError):
+            # close() alone does not wake the accept() blocked in the accept thread; shutdown does.
+            self._listener.shutdown(socket.SHUT_RDWR)
+        with contextlib.suppress(OSError):
             self._listener.close()
         self.cut()
         for t in self._threads:
