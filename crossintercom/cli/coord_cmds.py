@@ -20,6 +20,7 @@ from crossintercom.client import (
     inbound_policy,
     resend,
     sent_awaiting,
+    synced_inbox,
 )
 from crossintercom.errors import RemoteError
 from crossintercom.safetext import terminal_line
@@ -47,6 +48,7 @@ def ack_cmd(
     cfg = settings()
 
     async def run(c: AsyncClient) -> list[str]:
+        await synced_inbox(c)
         return acknowledge(c, ids, note)
 
     with one_shot(cfg, identity(cfg, as_name, session_id)) as client:
@@ -67,10 +69,12 @@ def acks_cmd(as_name: str, session_id: str | None, sent: bool, as_json: bool) ->
     (--sent) those NAME sent with --ack-required and what became of them. Overdue ones are
     marked; exit 0 either way."""
     cfg = settings()
+
+    async def mine(c: AsyncClient) -> list[dict[str, Any]]:
+        return awaiting_mine(await synced_inbox(c))
+
     with one_shot(cfg, identity(cfg, as_name, session_id)) as client:
-        rows: list[dict[str, Any]] = (
-            client.run(sent_awaiting) if sent else awaiting_mine(client.inbox)
-        )
+        rows: list[dict[str, Any]] = client.run(sent_awaiting if sent else mine)
     if as_json:
         emit_json(rows)
         return

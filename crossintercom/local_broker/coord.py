@@ -50,9 +50,21 @@ async def _on_acknowledge(broker: Broker, conn: Conn, f: p.Acknowledge) -> None:
     broker.aftercare.acknowledged(conn, f)
 
 
+def _by_name(registry: Registry, wait: p.AckWait) -> p.AckWait:
+    """The acknowledging session by NAME@HOST where the roster still knows it: receipts name
+    a session id, which means nothing to a person reading `acks --sent`."""
+    if wait.by is None:
+        return wait
+    info = registry.snapshot().by_id.get(wait.by.split("@", 1)[0])
+    if info is None or info.name is None:
+        return wait
+    return msgspec.structs.replace(wait, by=f"{info.name}@{info.host}")
+
+
 async def _on_ack_waits(broker: Broker, conn: Conn, f: p.AckWaits) -> None:
     assert conn.session_id is not None
-    conn.write(p.AckWaitList(f.request_id, broker.acks.of(conn.session_id)))
+    waits = [_by_name(broker.registry, w) for w in broker.acks.of(conn.session_id)]
+    conn.write(p.AckWaitList(f.request_id, waits))
 
 
 async def _on_dead_letters(broker: Broker, conn: Conn, f: p.DeadLetters) -> None:
