@@ -104,7 +104,7 @@ async def _on_inbound(broker: Broker, conn: Conn, f: p.InboundPolicy) -> None:
     if f.pattern is not None:
         if not valid_pattern(f.pattern):
             raise ProtocolError(
-                f"{f.pattern!r} is not NAME, NAME@HOST, *@HOST, group:NAME or *",
+                f"{f.pattern[:80]!r} is not NAME, NAME@HOST, *@HOST, group:NAME or *",
                 code=Code.INVALID_ARGUMENT,
             )
         action = next((a for a in ACTIONS if a == f.action), None)
