@@ -83,8 +83,17 @@ async def _on_resend(broker: Broker, conn: Conn, f: p.Resend) -> None:
         if d.id == f.id and f.recipient in (None, d.recipient)
     ]
     if not found:
-        raise ProtocolError(f"no dead letter {f.id} sent by this session", code=Code.NOT_FOUND)
+        to = "" if f.recipient is None else f" to {f.recipient[:80]!r}"
+        raise ProtocolError(f"no dead letter {f.id}{to} sent by this session", code=Code.NOT_FOUND)
     dead = found[0]
+    # A second resend would deliver a second copy; a retry of the same resend (same new id) is
+    # answered by the dedup authority as a send's retry is.
+    if dead.resent_as not in (None, f.new_id):
+        raise ProtocolError(
+            f"dead letter {f.id} was already resent as {dead.resent_as}; "
+            "if that one failed too, resend it",
+            code=Code.INVALID_ARGUMENT,
+        )
     body = msgspec.structs.replace(
         dead.message,
         id=f.new_id,
