@@ -38,7 +38,7 @@ def normalise(glob: str) -> str:
     if g.endswith("/"):
         g += "**"
     if not g or len(g) > MAX_GLOB:
-        raise BadGlob(f"a glob is 1 to {MAX_GLOB} characters: {glob!r}")
+        raise BadGlob(f"a glob is 1 to {MAX_GLOB} characters: {glob[:80]!r}")
     if g.startswith("/") or "\\" in g:
         raise BadGlob(f"a glob is relative to the repository's top, with '/': {glob!r}")
     parts = g.split("/")

@@ -20,8 +20,9 @@ from crossintercom.client import (
     inbound_policy,
     resend,
     sent_awaiting,
+    synced_inbox,
 )
-from crossintercom.errors import RemoteError
+from crossintercom.errors import Code, RemoteError, UsageError
 from crossintercom.safetext import terminal_line
 
 
@@ -47,6 +48,7 @@ def ack_cmd(
     cfg = settings()
 
     async def run(c: AsyncClient) -> list[str]:
+        await synced_inbox(c)
         return acknowledge(c, ids, note)
 
     with one_shot(cfg, identity(cfg, as_name, session_id)) as client:
@@ -67,10 +69,12 @@ def acks_cmd(as_name: str, session_id: str | None, sent: bool, as_json: bool) ->
     (--sent) those NAME sent with --ack-required and what became of them. Overdue ones are
     marked; exit 0 either way."""
     cfg = settings()
+
+    async def mine(c: AsyncClient) -> list[dict[str, Any]]:
+        return awaiting_mine(await synced_inbox(c))
+
     with one_shot(cfg, identity(cfg, as_name, session_id)) as client:
-        rows: list[dict[str, Any]] = (
-            client.run(sent_awaiting) if sent else awaiting_mine(client.inbox)
-        )
+        rows: list[dict[str, Any]] = client.run(sent_awaiting if sent else mine)
     if as_json:
         emit_json(rows)
         return
@@ -137,7 +141,7 @@ def resend_cmd(
     result_exit(result, as_json)
 
 
-def _inbound_out(state: Any, as_json: bool) -> None:
+def _inbound_out(state: Any, as_json: bool, releasing: bool = False) -> None:
     out = inbound_json(state)
     if as_json:
         emit_json(out)
@@ -147,10 +151,21 @@ def _inbound_out(state: Any, as_json: bool) -> None:
         click.echo(f"{f(pattern)}: {f(action)}")
     if not out["rules"]:
         click.echo("no rules: every sender is accepted")
-    if out["released"]:
+    if releasing:
         click.echo(f"released {out['released']}")
     for h in out["held"]:
         click.echo(f"held {f(h['id'])} from {f(h['from'])}: {f(h['message'])[:120]}")
+
+
+def _policy(client: Any, **change: Any) -> Any:
+    """The broker's answer to an inbound-policy change; a pattern it refuses is a usage
+    error (exit 2), as a bad argument is everywhere else."""
+    try:
+        return client.run(functools.partial(inbound_policy, **change))
+    except RemoteError as exc:
+        if exc.code == Code.INVALID_ARGUMENT:
+            raise UsageError(exc.message) from None
+        raise
 
 
 @click.command("inbound")
@@ -173,8 +188,7 @@ def inbound_cmd(
         raise click.UsageError("give PATTERN and ACTION together, or --remove PATTERN")
     cfg = settings()
     with one_shot(cfg, identity(cfg, as_name, session_id)) as client:
-        run = functools.partial(inbound_policy, pattern=remove or pattern, action=action)
-        state = client.run(run)
+        state = _policy(client, pattern=remove or pattern, action=action)
     _inbound_out(state, as_json)
 
 
@@ -192,9 +206,13 @@ def release_cmd(
         raise click.UsageError("give IDs or --all")
     cfg = settings()
     with one_shot(cfg, identity(cfg, as_name, session_id)) as client:
-        run = functools.partial(inbound_policy, release=["*"] if everything else list(ids))
-        state = client.run(run)
-    _inbound_out(state, as_json)
+        if ids:  # all or none, as `ack`: an id that is not held is a mistake worth saying
+            held = {h.id for h in _policy(client).held}
+            missing = [terminal_line(i) for i in ids if i not in held]
+            if missing:
+                raise UsageError(f"no held message {', '.join(missing)} for {as_name}")
+        state = _policy(client, release=["*"] if everything else list(ids))
+    _inbound_out(state, as_json, releasing=True)
 
 
 COMMANDS = (ack_cmd, acks_cmd, dead_letters_cmd, resend_cmd, inbound_cmd, release_cmd)

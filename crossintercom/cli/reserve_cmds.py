@@ -24,7 +24,7 @@ from crossintercom.client import (
 from crossintercom.client.reservations import held
 from crossintercom.codes import Code
 from crossintercom.exits import EXIT_REFUSED
-from crossintercom.reservations import Mode, path_conflicts
+from crossintercom.reservations import BadGlob, Mode, normalise, path_conflicts
 from crossintercom.safetext import terminal_line
 from crossintercom.timeparse import parse_age
 
@@ -91,6 +91,11 @@ def reserve_cmd(
     """Reserve paths of this project for NAME (relative to the checkout's top: src/**,
     docs/*.md, lib/), all or none. Exit 3 and the clashing reservations when another
     session's clashes. Reserving a glob again renews it."""
+    for glob in globs:  # a bad glob is a usage error (exit 2), found before any relay is asked
+        try:
+            normalise(glob)
+        except BadGlob as exc:
+            raise click.BadParameter(str(exc), param_hint="GLOB") from None
     cfg = settings()
     key = project_key(project)
     mode: Mode = "exclusive" if exclusive else "shared"

@@ -1,6 +1,6 @@
 """The Python API: ``AsyncClient`` for asyncio services, ``Client`` for scripts."""
 
-from crossintercom.client.acks import acknowledge, awaiting_mine, sent_awaiting
+from crossintercom.client.acks import acknowledge, awaiting_mine, sent_awaiting, synced_inbox
 from crossintercom.client.aftercare import forget, report_shown, set_wake, shown_frame
 from crossintercom.client.aio import MAX_ASK_TIMEOUT_S, AsyncClient
 from crossintercom.client.deadletters import dead_letter_json, dead_letters, resend
@@ -49,6 +49,7 @@ __all__ = [
     "sent_awaiting",
     "set_wake",
     "shown_frame",
+    "synced_inbox",
     "unreserve",
     "wait_until",
 ]

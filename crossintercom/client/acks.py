@@ -15,7 +15,7 @@ from crossintercom.client.aio import AsyncClient
 from crossintercom.client.connection import expect
 from crossintercom.errors import BrokerUnavailable, Code, UsageError
 from crossintercom.inbox import Inbox
-from crossintercom.models import Peer
+from crossintercom.models import ACK_NOTE_CHARS, Peer
 from crossintercom.timeparse import parse_sent_at
 
 ACK_FLAG = "acknowledged"
@@ -29,6 +29,13 @@ class NotInInbox(UsageError):
 
 def _overdue(ack_by: object, now: float) -> bool:
     return isinstance(ack_by, str) and parse_sent_at(ack_by).timestamp() < now
+
+
+async def synced_inbox(client: AsyncClient) -> Inbox:
+    """This session's inbox once the broker has handed over what it queued while the session
+    was away: a one-shot command connects and reads at once, before that backlog is saved."""
+    await client.request(p.Ping(0))
+    return client.inbox
 
 
 def awaiting_mine(box: Inbox, now: float | None = None) -> list[dict[str, Any]]:
@@ -60,8 +67,13 @@ def ack_frame(bodies: Iterable[Mapping[str, Any]], note: str | None = None) -> p
 
 def acknowledge(client: AsyncClient, ids: Iterable[str], note: str | None = None) -> list[str]:
     """Acknowledge messages in this session's inbox: their senders get an ``acknowledged``
-    receipt. Raises ``NotInInbox`` for an id not in the inbox, ``BrokerUnavailable`` when the
-    broker cannot be reached (nothing is marked then)."""
+    receipt. Raises ``NotInInbox`` for an id not in the inbox, ``UsageError`` for a note over
+    ``ACK_NOTE_CHARS``, ``BrokerUnavailable`` when the broker cannot be reached (nothing is
+    marked then)."""
+    if note is not None and len(note) > ACK_NOTE_CHARS:
+        # The broker drops a frame over the limit without an answer: refuse it here, before
+        # anything is marked acknowledged.
+        raise UsageError(f"the note is longer than {ACK_NOTE_CHARS} characters")
     box = client.inbox
     bodies = []
     for mid in dict.fromkeys(ids):

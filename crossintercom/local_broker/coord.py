@@ -50,9 +50,21 @@ async def _on_acknowledge(broker: Broker, conn: Conn, f: p.Acknowledge) -> None:
     broker.aftercare.acknowledged(conn, f)
 
 
+def _by_name(registry: Registry, wait: p.AckWait) -> p.AckWait:
+    """The acknowledging session by NAME@HOST where the roster still knows it: receipts name
+    a session id, which means nothing to a person reading `acks --sent`."""
+    if wait.by is None:
+        return wait
+    info = registry.snapshot().by_id.get(wait.by.split("@", 1)[0])
+    if info is None or info.name is None:
+        return wait
+    return msgspec.structs.replace(wait, by=f"{info.name}@{info.host}")
+
+
 async def _on_ack_waits(broker: Broker, conn: Conn, f: p.AckWaits) -> None:
     assert conn.session_id is not None
-    conn.write(p.AckWaitList(f.request_id, broker.acks.of(conn.session_id)))
+    waits = [_by_name(broker.registry, w) for w in broker.acks.of(conn.session_id)]
+    conn.write(p.AckWaitList(f.request_id, waits))
 
 
 async def _on_dead_letters(broker: Broker, conn: Conn, f: p.DeadLetters) -> None:
@@ -71,8 +83,17 @@ async def _on_resend(broker: Broker, conn: Conn, f: p.Resend) -> None:
         if d.id == f.id and f.recipient in (None, d.recipient)
     ]
     if not found:
-        raise ProtocolError(f"no dead letter {f.id} sent by this session", code=Code.NOT_FOUND)
+        to = "" if f.recipient is None else f" to {f.recipient[:80]!r}"
+        raise ProtocolError(f"no dead letter {f.id}{to} sent by this session", code=Code.NOT_FOUND)
     dead = found[0]
+    # A second resend would deliver a second copy; a retry of the same resend (same new id) is
+    # answered by the dedup authority as a send's retry is.
+    if dead.resent_as not in (None, f.new_id):
+        raise ProtocolError(
+            f"dead letter {f.id} was already resent as {dead.resent_as}; "
+            "if that one failed too, resend it",
+            code=Code.INVALID_ARGUMENT,
+        )
     body = msgspec.structs.replace(
         dead.message,
         id=f.new_id,
@@ -92,7 +113,7 @@ async def _on_inbound(broker: Broker, conn: Conn, f: p.InboundPolicy) -> None:
     if f.pattern is not None:
         if not valid_pattern(f.pattern):
             raise ProtocolError(
-                f"{f.pattern!r} is not NAME, NAME@HOST, *@HOST, group:NAME or *",
+                f"{f.pattern[:80]!r} is not NAME, NAME@HOST, *@HOST, group:NAME or *",
                 code=Code.INVALID_ARGUMENT,
             )
         action = next((a for a in ACTIONS if a == f.action), None)

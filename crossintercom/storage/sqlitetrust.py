@@ -15,9 +15,18 @@ from typing import Final
 
 from crossintercom.config import ENV_GROUP
 
-# The triggers the schema defines (migration 0005: the archive's full-text index), as stored
-# in sqlite_master; compared with whitespace collapsed. Anything else is a writer's.
+# The triggers the schema defines (migration 0005: the archive's full-text index; 0012: a host
+# row's beat_at, docs/storage.md), as stored in sqlite_master; compared with whitespace
+# collapsed. Anything else is a writer's.
 SCHEMA_TRIGGERS: Final = {
+    "hosts_beat_at_insert": (
+        "CREATE TRIGGER hosts_beat_at_insert AFTER INSERT ON hosts BEGIN "
+        "UPDATE hosts SET beat_at = CURRENT_TIMESTAMP WHERE host_id = NEW.host_id; END"
+    ),
+    "hosts_beat_at": (
+        "CREATE TRIGGER hosts_beat_at AFTER UPDATE OF heartbeat, generation ON hosts BEGIN "
+        "UPDATE hosts SET beat_at = CURRENT_TIMESTAMP WHERE host_id = NEW.host_id; END"
+    ),
     "archive_fts_insert": (
         "CREATE TRIGGER archive_fts_insert AFTER INSERT ON archive_messages BEGIN "
         "INSERT INTO archive_fts (rowid, subject, body) VALUES (new.seq, new.subject, new.body); "

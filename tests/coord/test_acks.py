@@ -49,7 +49,7 @@ def test_ack_required_overdue_then_acknowledged_across_hosts(cluster: Cluster) -
         "the acknowledgement to reach the sender's host",
     )
     assert row["overdue"] is False
-    assert row["acknowledged_by"].startswith(b.session_id("worker"))
+    assert row["acknowledged_by"] == "worker@B"  # by name, not session id
     assert row["note"] == "done, no reply needed"
     receipt = wait_for(
         lambda: next((o for o in planner.seen if o.get("outcome") == "acknowledged"), None),
@@ -94,6 +94,28 @@ def test_ack_on_one_host_carries_the_note(cluster: Cluster) -> None:
         "the acknowledgement",
     )
     assert row["note"] == "checked"
+
+
+def test_ack_of_mail_queued_while_away_and_a_note_too_long(cluster: Cluster) -> None:
+    """`acks` and `ack` take in what waited for the session first; a note over the limit is
+    refused before anything is marked, not dropped on the way with `acknowledged` printed."""
+    (a,) = cluster.up("A")
+    a.cli_json("set-wake", "--as", "worker", "every")  # the durable name, with nobody holding it
+    a.listen("planner")
+    sent = a.cli_json("send", "--as", "planner", "--to", "worker", "--ack-required", "check")
+    assert sent["outcome"] == "queued"
+    assert [r["id"] for r in a.cli_json("acks", "--as", "worker")] == [sent["id"]]
+    long = a.cli("ack", "--as", "worker", "--note", "x" * (ACK_NOTE_CHARS + 1), sent["id"])
+    assert long.returncode == 2 and f"longer than {ACK_NOTE_CHARS}" in long.stderr, long
+    assert [r["id"] for r in a.cli_json("acks", "--as", "worker")] == [sent["id"]]
+    note = "y" * ACK_NOTE_CHARS
+    a.cli_json("ack", "--as", "worker", "--note", note, sent["id"])
+    row = wait_for(
+        lambda: (r := sent_row(a, "planner", sent["id"])) is not None and r["acknowledged"] and r,
+        30,
+        "the acknowledgement",
+    )
+    assert (row["acknowledged_by"], row["note"]) == ("worker@A", note)
 
 
 # What a hostile recipient's host may write as a note, past every client's checks: escape

@@ -51,3 +51,25 @@ def test_refuse_and_hold_senders_across_hosts(cluster: Cluster) -> None:
     assert worker.next_message()["id"] == sent["id"]
     bad = b.cli("inbound", "--as", "worker", "not a pattern!", "hold", "--json")
     assert bad.returncode != 0
+
+
+def test_bad_patterns_and_unknown_ids_are_usage_errors(cluster: Cluster) -> None:
+    """A pattern the broker refuses exits 2 with the pattern shortened; releasing an id that is
+    not held says so and releases nothing; `release` always says how many it released."""
+    (a,) = cluster.up("A")
+    a.listen("planner")
+    a.cli_json("inbound", "--as", "worker", "planner", "hold")
+    held = a.cli_json("send", "--as", "planner", "--to", "worker", "wait for me")
+    for bad in ("x@", "group:", "**", "bad\x1b[31m", "n" * 5000):
+        out = a.cli("inbound", "--as", "worker", bad, "refuse")
+        assert out.returncode == 2, (bad[:20], out)
+        assert "is not NAME, NAME@HOST" in out.stderr and len(out.stderr) < 300, out.stderr
+        assert "\x1b" not in out.stderr
+    bogus = a.cli("release", "--as", "worker", held["id"], "no-such-id\x1b[2J")
+    assert bogus.returncode == 2 and "no held message no-such-id" in bogus.stderr, bogus
+    assert "\x1b" not in bogus.stderr
+    state = a.cli_json("inbound", "--as", "worker")
+    assert [h["id"] for h in state["held"]] == [held["id"]]
+    out = a.cli("release", "--as", "worker", held["id"])
+    assert out.returncode == 0 and "released 1" in out.stdout, out
+    assert "released 0" in a.cli("release", "--as", "worker", "--all").stdout

@@ -22,6 +22,7 @@ from crossintercom.client import (
     reserve,
     unreserve,
 )
+from tests.conftest import cli_json, run_cli
 from tests.relay.conftest import CLI, Cluster, Host, wait_for
 
 T = TypeVar("T")
@@ -157,3 +158,15 @@ def test_checkouts_of_one_repository_share_a_project_key(
         [*CLI, "reservations"], env=b.env, cwd=tmp_path, capture_output=True, text=True, check=False
     )
     assert outside.returncode == 2 and "--project" in outside.stderr
+
+
+def test_a_bad_glob_is_a_usage_error_before_any_relay_is_asked(cli_env: dict[str, str]) -> None:
+    """No relay runs here: each bad glob is refused by the command itself, exit 2, the glob
+    shortened and its controls escaped in the message."""
+    for bad in ("/etc/passwd", "../up", "a//b", "x\x1b[2J", "n" * 100_000, ""):
+        out = run_cli(cli_env, "reserve", "--as", "w", "--project", "p", bad)
+        assert out.returncode == 2, (bad[:20], out)
+        assert "Invalid value for GLOB" in out.stderr and len(out.stderr) < 600, out.stderr
+        assert "\x1b" not in out.stderr
+    error = cli_json(cli_env, "reserve", "--as", "w", "--project", "p", "../up", expect_rc=2)
+    assert error["error"]["code"] == "invalid_argument"
