@@ -170,15 +170,16 @@ def start_cli(env: dict[str, str], *args: str) -> subprocess.Popen[str]:
 
 @contextlib.contextmanager
 def background_cli(env: dict[str, str], *args: str) -> Iterator[subprocess.Popen[str]]:
-    """``start_cli`` for the length of a block: killed and reaped if the block (a failed
-    assertion included) leaves it running."""
+    """``start_cli`` for the length of a block: killed if the block (a failed assertion
+    included) leaves it running, and reaped with its pipes closed either way (one that ended
+    by itself would leave them to the garbage collector, a ResourceWarning)."""
     proc = start_cli(env, *args)
     try:
         yield proc
     finally:
         if proc.poll() is None:
             proc.kill()
-            proc.communicate()
+        proc.communicate()
 
 
 # The keys of a message object as `--json` prints it (docs/protocol.md).
