@@ -25,9 +25,16 @@ HOSTILE = '<img src=x onerror="window.__pwned = 1">'
 
 
 def entry(page: Any, kind: str, mid: str, timeout: float = 30_000) -> Any:
-    return page.wait_for_selector(
-        f'#attention-list li[data-kind="{kind}"][data-id="{mid}"]', timeout=timeout
-    )
+    """The entry as a locator: found again on every use, as the list is pushed anew."""
+    found = page.locator(f'#attention-list li[data-kind="{kind}"][data-id="{mid}"]')
+    found.wait_for(timeout=timeout)
+    return found
+
+
+def first(page: Any, selector: str) -> Any:
+    found = page.locator(selector).first
+    found.wait_for(timeout=30_000)
+    return found
 
 
 def gone(page: Any, kind: str, mid: str) -> None:
@@ -58,10 +65,9 @@ def test_the_attention_view_lists_and_answers(
         got = alice.next_message()
         item = entry(page, "ask", got["id"])
         assert "waiting" in item.inner_text() and "ship it?" in item.inner_text()
-        assert item.query_selector("button.answer") is None  # not the overseer's to answer
+        assert item.locator("button.answer").count() == 0  # not the overseer's to answer
         # bob's client told B's broker its wait: the ask shows its timeout, not yet passed.
-        sel = f'#attention-list li[data-kind="ask"][data-id="{got["id"]}"] .timeout'
-        timeout = page.wait_for_selector(sel)
+        timeout = first(item, ".timeout")
         assert "timeout" in timeout.inner_text() and "passed" not in timeout.inner_text()
         wait_for(lambda: page.title().startswith("("), 20, "a count in the tab title")
         a.cli_json("reply", "--as", "alice", "--reply-to", got["id"], "shipped")
@@ -75,14 +81,11 @@ def test_the_attention_view_lists_and_answers(
         a.env, "escalate", "decision", "--as", "alice", "--to", "boss@B", "--option", "go",
         "--option", HOSTILE, "--timeout", "120", "--json", f"deploy now? {HOSTILE}",
     ) as decision:  # fmt: skip
-        item = page.wait_for_selector(
-            '#attention-list li[data-kind="escalation"] .escalation.need_decision', timeout=30_000
-        )
-        title = item.query_selector(".title").inner_text()
-        assert title == f"deploy now? {HOSTILE}"
-        choices = item.query_selector_all("button.choice")
-        assert [c.inner_text() for c in choices] == ["go", HOSTILE]
-        choices[0].click()
+        item = first(page, '#attention-list li[data-kind="escalation"] .escalation.need_decision')
+        assert item.locator(".title").inner_text() == f"deploy now? {HOSTILE}"
+        choices = item.locator("button.choice")
+        assert choices.all_inner_texts() == ["go", HOSTILE]
+        choices.first.click()
         out, err = decision.communicate(timeout=60)
     assert decision.returncode == 0, (out, err)
     answer = json.loads(out)["answer"]
@@ -98,13 +101,16 @@ def test_the_attention_view_lists_and_answers(
         a.env, "escalate", "interview", "--as", "alice", "--to", "boss@B", "--title", "rollout",
         "--timeout", "120", "--json", json.dumps(questions),
     ) as interview:  # fmt: skip
-        form = page.wait_for_selector(
-            '#attention-list li[data-kind="escalation"] .interview_request form', timeout=30_000
-        )
-        form.query_selector('select[data-qid="env"]').select_option("stage")
-        form.query_selector('fieldset[data-qid="checks"] input[value="tests"]').check()
-        form.query_selector('textarea[data-qid="note"]').fill("after lunch")
-        form.query_selector('button[type="submit"]').click()
+        form = first(page, '#attention-list li[data-kind="escalation"] .interview_request form')
+        form.locator('select[data-qid="env"]').select_option("stage")
+        form.locator('fieldset[data-qid="checks"] input[value="tests"]').check()
+        form.locator('textarea[data-qid="note"]').fill("after lunch")
+        # News about another entry while the form is half filled in does not wipe it.
+        other = b.cli_json("send", "--as", "bob", "--to", "nobody-yet", "hi", expect_rc=3)
+        entry(page, "refused", other["error"]["id"])
+        assert form.locator('textarea[data-qid="note"]').input_value() == "after lunch"
+        assert form.locator('select[data-qid="env"]').input_value() == "stage"
+        form.locator('button[type="submit"]').click()
         out, err = interview.communicate(timeout=60)
     assert interview.returncode == 0, (out, err)
     responses = {r["id"]: r["value"] for r in json.loads(out)["answer"]["responses"]}
@@ -116,17 +122,14 @@ def test_the_attention_view_lists_and_answers(
     )
     pid = progress["sent"]["id"] if "sent" in progress else progress["id"]
     item = entry(page, "escalation", pid)
-    assert item.query_selector("progress").get_attribute("value") == "40"
+    assert item.locator("progress").get_attribute("value") == "40"
     page.wait_for_selector(f'#feed li[data-id="{pid}"] .escalation.progress_update')
 
     # An ask to the overseer: answered from its entry through the compose form.
     with background_cli(
         a.env, "ask", "--as", "alice", "--to", "boss@B", "--timeout", "120", "--json", "lunch?"
     ) as ask:
-        item = page.wait_for_selector(
-            '#attention-list li[data-kind="ask"] button.answer', timeout=30_000
-        )
-        item.click()
+        first(page, '#attention-list li[data-kind="ask"] button.answer').click()
         assert page.input_value('#compose-form [name="mode"]') == "reply"
         assert page.input_value('#compose-form [name="to"]') == "alice@A"
         page.fill('#compose-form [name="message"]', "yes")
@@ -146,7 +149,7 @@ def test_the_attention_view_lists_and_answers(
     assert page.title().startswith("(")
 
     # Each entry links to the message's own page: text, flags, receipts, attachments.
-    href = entry(page, "refused", refused["id"]).query_selector("a.perma").get_attribute("href")
+    href = entry(page, "refused", refused["id"]).locator("a.perma").get_attribute("href")
     page.goto(web.base + href)
     assert page.inner_text("#message .to") == "nobody"
     assert page.inner_text("#text") == HOSTILE and page.query_selector("#text img") is None

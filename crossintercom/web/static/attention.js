@@ -125,9 +125,29 @@ function entry(e) {
   return li;
 }
 
+// An entry that has not changed keeps its node, so a form the overseer is filling in (an
+// interview, a decision) survives updates about other entries (docs/web.md, "Attention").
+function settled(e) {
+  const { age_s, ...rest } = e;
+  return JSON.stringify(rest);
+}
+
 export function renderAttention(entries) {
   const list = document.getElementById("attention-list");
-  list.replaceChildren(...entries.map(entry));
+  const kept = new Map();
+  for (const li of list.children) kept.set(li.dataset.sig, li);
+  list.replaceChildren(...entries.map((e) => {
+    const sig = settled(e);
+    const old = kept.get(sig);
+    if (old) {
+      const waited = old.querySelector(".waited");
+      if (waited) waited.textContent = `waiting ${seconds(e.age_s)}`;
+      return old;
+    }
+    const li = entry(e);
+    li.dataset.sig = sig;
+    return li;
+  }));
   const count = entries.filter((e) => !(e.kind === "escalation" && e.escalation.kind === "progress_update")).length;
   document.getElementById("attention-count").textContent = String(count);
   document.getElementById("attention-empty").hidden = entries.length > 0;
