@@ -138,7 +138,8 @@ def test_the_page_shows_both_hosts_live_messages_compose_and_escapes_text(
     with background_cli(
         a.env, "ask", "--as", "alice", "--to", "boss@B", "--timeout", "60", "--json", "go on?"
     ) as ask:
-        pending = page.wait_for_selector("#pending li button", timeout=30_000)
+        pending = page.locator("#pending li button").first
+        pending.wait_for(timeout=30_000)
         pending.click()
         assert page.input_value('#compose-form [name="mode"]') == "reply"
         page.fill('#compose-form [name="message"]', "yes, go on")

@@ -67,13 +67,24 @@ function place(list, item) {
   list.append(item);
 }
 
+// A newer copy of a message (its receipts moved on) replaces its item, but not what the person
+// did to it: a text shown in full stays so, an escalation form half filled in keeps its input.
+function keepWhatWasDone(old, item) {
+  const text = old.querySelector(":scope > .text");
+  const more = item.querySelector(":scope > button.expand");
+  if (more && text && !text.classList.contains("collapsed")) more.click();
+  const form = old.querySelector(":scope > .escalation");
+  const fresh = item.querySelector(":scope > .escalation");
+  if (form && fresh) fresh.replaceWith(form);
+}
+
 export function addMessage(m) {
   const list = document.getElementById("feed");
   const item = messageItem(m);
   const old = list.querySelector(`:scope > li[data-id="${CSS.escape(m.id)}"]`);
   const isNew = !known.has(m.id);
   known.set(m.id, m);
-  if (old) old.replaceWith(item); else if (matchesView(m)) place(list, item);
+  if (old) { keepWhatWasDone(old, item); old.replaceWith(item); } else if (matchesView(m)) place(list, item);
   // The live tab stays bounded: the oldest items go (paged back in on request).
   let trimmed = false;
   while (list.querySelectorAll(":scope > li").length > LIVE_KEEP + extra.count) {
