@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import faulthandler
+import importlib
 import logging
 import os
 import sys
@@ -14,19 +15,6 @@ import click
 # First of ours: the lifeline notes the parent that started us before the slow imports below
 # (docs/agents.md#lifeline).
 from crossintercom.agents import lifeline  # noqa: F401
-from crossintercom.cli import (
-    agent_cmds,
-    coord_cmds,
-    escalate,
-    info,
-    messaging,
-    reserve_cmds,
-    search,
-    service,
-    setup_cmd,
-    web_cmd,
-)
-from crossintercom.cli.db import db
 from crossintercom.cli.output import fail
 from crossintercom.config import ENV_JSON
 from crossintercom.errors import CrossintercomError, UsageError
@@ -46,8 +34,39 @@ CROSSINTERCOM_GROUP (group-shared runtime dir), CROSSINTERCOM_AS (--as), CROSSIN
 """
 
 
+# Each command's module, imported only when that command runs or help lists them all: a
+# harness runs `wait` on every turn, and it should not pay for SQLAlchemy's and the web page's
+# imports (docs/architecture.md, "Start-up"). tests/cli/test_lazy_commands.py keeps this
+# table in step with each module's COMMANDS.
+COMMAND_MODULES: dict[str, str] = {
+    **dict.fromkeys(("listen", "send", "ask", "reply", "pending", "inbox"), "messaging"),
+    **dict.fromkeys(("list", "status", "groups", "join", "leave"), "info"),
+    **dict.fromkeys(("broker", "relay", "demo", "bench", "chaos"), "service"),
+    **dict.fromkeys(("wait", "mcp", "set-status", "set-wake", "forget"), "agent_cmds"),
+    "escalate": "escalate",
+    "setup": "setup_cmd",
+    **dict.fromkeys(("search", "archive"), "search"),
+    "web": "web_cmd",
+    **dict.fromkeys(("ack", "acks", "dead-letters", "resend", "inbound", "release"), "coord_cmds"),
+    **dict.fromkeys(("reserve", "unreserve", "reservations"), "reserve_cmds"),
+    "db": "db",
+}
+
+
+def load_command(name: str) -> click.Command:
+    module = importlib.import_module(f"crossintercom.cli.{COMMAND_MODULES[name]}")
+    found: list[object] = [*getattr(module, "COMMANDS", ()), getattr(module, name, None)]
+    return next(c for c in found if isinstance(c, click.Command) and c.name == name)
+
+
 class Root(click.Group):
     """Turns crossintercom errors into one readable line (or JSON) and a stable exit code."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMAND_MODULES)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        return load_command(cmd_name) if cmd_name in COMMAND_MODULES else None
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         ctx.meta["raw_args"] = list(args)  # to honour --json when parsing itself fails
@@ -105,22 +124,6 @@ def cli(ctx: click.Context, verbose: bool, as_json: bool) -> None:
     # Structured fields (a message id, the error) are part of what a line says.
     for handler in logging.getLogger().handlers:
         handler.setFormatter(ExtraFormatter("%(levelname)s %(name)s: %(message)s"))
-
-
-for command in (
-    *messaging.COMMANDS,
-    *info.COMMANDS,
-    *service.COMMANDS,
-    *agent_cmds.COMMANDS,
-    *escalate.COMMANDS,
-    *setup_cmd.COMMANDS,
-    *search.COMMANDS,
-    *web_cmd.COMMANDS,
-    *coord_cmds.COMMANDS,
-    *reserve_cmds.COMMANDS,
-    db,
-):
-    cli.add_command(command)
 
 
 def main() -> None:

@@ -104,20 +104,20 @@ def test_children_end_with_their_harness(cli_env: dict[str, str], how: str) -> N
     assert harness.stdin is not None and harness.stdout is not None
     try:
         hook_sh, mcp, mon = json.loads(harness.stdout.readline())
-        hook = wait_for(lambda: _children_of(hook_sh), 20, "the hook's wait under its shell")[0]
+        hook = wait_for(lambda: _children_of(hook_sh), 60, "the hook's wait under its shell")[0]
         # Each child has its lifeline before the harness goes (one that finds its harness
         # gone before it starts runs on: docs/agents.md#lifeline).
         wait_for(
-            lambda: all(_has_lifeline(p) for p in (hook, mcp, mon)), 20, "the children's lifelines"
+            lambda: all(_has_lifeline(p) for p in (hook, mcp, mon)), 60, "the children's lifelines"
         )
         harness.stdin.write("go\n")
         harness.stdin.flush()
-        harness.wait(10)
+        harness.wait(30)
         wait_for(
             lambda: (
                 not any(_alive(p) for p in (hook, mcp, mon)) and not _crossintercom_pids(cli_env)
             ),
-            4,
+            30,
             lambda: f"children still alive: {_crossintercom_pids(cli_env)}",
         )
     finally:
@@ -135,9 +135,9 @@ def test_mcp_ends_when_its_stdin_closes(cli_env: dict[str, str]) -> None:
     )
     assert proc.stdin is not None
     try:
-        wait_for(lambda: _has_lifeline(proc.pid), 20, "the MCP server running")
+        wait_for(lambda: _has_lifeline(proc.pid), 60, "the MCP server running")
         proc.stdin.close()
-        assert proc.wait(4) == 0
+        assert proc.wait(30) == 0
     finally:
         _reap(proc)
 
@@ -151,10 +151,10 @@ def test_named_harness_pid_is_watched(cli_env: dict[str, str]) -> None:
     line = " ".join(map(shlex.quote, CLI)) + " listen --as hn --json"
     proc = subprocess.Popen(["sh", "-c", f"exec {line}"], env=env, stdout=subprocess.PIPE)
     try:
-        wait_for(lambda: _has_lifeline(proc.pid), 20, "listen running")
+        wait_for(lambda: _has_lifeline(proc.pid), 60, "listen running")
         stand_in.send_signal(signal.SIGKILL)
         stand_in.wait()
-        proc.wait(4)
+        proc.wait(30)
     finally:
         _reap(proc)
         _reap(stand_in)
