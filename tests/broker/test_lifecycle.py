@@ -127,7 +127,7 @@ def test_stale_spawn_lock_is_recovered(
     lock = runtime_home / "broker.spawn.lock"
     # A fresh timestamp, so only the dead pid (or the unreadable content) makes it stale.
     lock.write_text(f"{dead_pid()} {time.time():.3f}\n" if content == "dead" else "x\n")
-    out = run_cli(cli_env, "list", "--json", timeout=14)
+    out = run_cli(cli_env, "list", "--json", timeout=30)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout) == []
     assert broker_pid(runtime_home) is not None
