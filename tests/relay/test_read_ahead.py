@@ -51,15 +51,15 @@ class Broker:
             self.in_request -= 1
         if n in self.fail:
             raise ConnectionError("the broker went away")
-        name = decoded.recipient.rpartition(":")[2]
+        [name] = [s for s in SINKS if durable_session_id(HOST, s) == decoded.recipient]
         self.handed[name] += [m.id for m in decoded.messages]
         receipts = [Receipt(m.id, Outcome.DELIVERED, decoded.recipient) for m in decoded.messages]
         return p.InboundResult(decoded.request_id, receipts)
 
 
 class Recorder:
-    """The store, with every ``fetch_inbound`` recorded: what it skipped and what it returned,
-    and whether a hand-over was under way when it was called."""
+    """The store, with every ``fetch_inbound`` recorded: what it skipped, what it returned,
+    and whether a hand-over ran while it did."""
 
     def __init__(self, store: MailboxStore, broker: Broker) -> None:
         self.store = store
@@ -71,8 +71,9 @@ class Recorder:
         return getattr(self.store, name)
 
     async def fetch_inbound(self, *args: Any, **kw: Any) -> list[InboundRow]:
-        overlapping = self.broker.in_request > 0
+        started = self.broker.requests
         rows = await self.store.fetch_inbound(*args, **kw)
+        overlapping = self.broker.requests > started or self.broker.in_request > 0
         self.reads.append((frozenset(kw.get("skip_seqs", ())), rows, overlapping))
         return rows
 
