@@ -45,6 +45,16 @@ class InboundBatch(msgspec.Struct, tag="inbound_batch", frozen=True):
     messages: list[Message]
 
 
+class InboundBatchText(msgspec.Struct, tag="inbound_batch", frozen=True):
+    """``inbound_batch`` as the relay writes it: each message as the JSON text it screened (the
+    store's own, passed through), so the broker decodes exactly what the relay checked. Only
+    encoded, never in a union: the broker reads it as ``InboundBatch``."""
+
+    request_id: RequestId
+    recipient: SessionId
+    messages: list[msgspec.Raw]
+
+
 class ForwardResult(msgspec.Struct, tag="forward_result", frozen=True):
     """The relay's answer to a ``forward``: one receipt per remote recipient."""
 

@@ -11,11 +11,12 @@ import dataclasses
 import logging
 import time
 from collections import Counter, defaultdict
+from collections.abc import Collection
 from typing import Final
 
 from crossintercom import protocol as p
 from crossintercom.errors import Code, StoreError
-from crossintercom.models import Message, Outcome, Receipt
+from crossintercom.models import Outcome, Receipt
 from crossintercom.relay import screening
 from crossintercom.relay.core import RelayCore
 from crossintercom.relay.outbound import Outbound
@@ -35,7 +36,15 @@ STORE_LIMIT_TTL_S: Final = 30.0
 
 
 class _Stale(Exception):
-    """A row read too long ago to be handed over (see ``Inbound._fetch_once``)."""
+    """A row read too long ago to be handed over (see ``Inbound._hand_over_batch``)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Read:
+    """One batch as read, and when the read started (its rows are fresh from then on)."""
+
+    read_at: float
+    rows: list[InboundRow]
 
 
 class Inbound:
@@ -47,9 +56,9 @@ class Inbound:
         self._pending = Wake()
         self._fetched_at = -POLL_BACKSTOP_S
         self._failed_handovers: Counter[tuple[str, str]] = Counter()
-        # The batch ack under way (``_fetch_once``) and the rows it finishes.
+        # The batch ack under way (``_hand_over_batch``) and the seqs of the rows it finishes.
         self._acking: asyncio.Future[int] | None = None
-        self._acking_keys: frozenset[tuple[str, str]] = frozenset()
+        self._acking_seqs: frozenset[int] = frozenset()
         # The store-wide message size limit, re-read now and then (an operator may change it).
         self._store_limit = relay.settings.max_message_bytes
         self._store_limit_read = -STORE_LIMIT_TTL_S
@@ -119,13 +128,38 @@ class Inbound:
                 self.poke(Wake(wake.deliveries, wake.receipts))
 
     async def _fetch_all(self) -> None:
-        # The last batch's ack is waited for before the loop looks for more: going back to the
-        # wake-ups while it runs made smaller batches and measured worse (docs/performance.md,
-        # "Cross-host throughput: the cycle").
+        """Hand over every queued row, a batch at a time, reading the next batch while one is
+        handed over (the read ahead; docs/performance.md, "Catch-up: the read ahead and the
+        stored text passed through").
+
+        The read ahead's statement leaves out the rows being handed over and those of the ack
+        under way, so it reads only rows never handed over. It is used only when the batch
+        before it was full and every row of it was acknowledged: a row left queued (a failed
+        or stale hand-over) is read again, in seq order, by a read that does not skip it, and
+        no later row of its recipient overtakes it. The last batch's ack is waited for before
+        the loop looks for more wake-ups: going back to them while it ran made smaller
+        batches and measured worse ("Cross-host throughput: the cycle")."""
+        ahead: asyncio.Future[_Read | None] | None = None
         try:
-            while await self._fetch_once():
-                pass
+            if self._acking is not None and self._acking.done():
+                await self._acked()  # settled: the read need not skip its rows (failure raises)
+            read = await self._read(self._acking_seqs if self._acking is not None else ())
+            while read is not None and read.rows:
+                full = len(read.rows) == INBOUND_BATCH
+                if full:
+                    skip = {r.seq for r in read.rows}
+                    if self._acking is not None:
+                        skip |= self._acking_seqs
+                    ahead = asyncio.ensure_future(self._read(skip))
+                if not await self._hand_over_batch(read) or ahead is None:
+                    break
+                read, ahead = await ahead, None
         finally:
+            if ahead is not None:
+                # Not used: its rows stay queued for the next read. Let finish, not cancelled
+                # inside the driver; a failure of it is reported by the next read's.
+                with contextlib.suppress(StoreError):
+                    await ahead
             await self._acked()
 
     async def _acked(self) -> None:
@@ -135,33 +169,35 @@ class Inbound:
         if task is not None:
             await task
 
-    async def _fetch_once(self) -> bool:
-        """Hand one batch of inbound rows to the broker; True if a full batch was moved."""
+    async def _read(self, skip: Collection[int]) -> _Read | None:
+        """One batch of this host's queued rows, leaving out the seqs in ``skip``; None when
+        there is nobody to hand rows to."""
         relay = self.relay
         local_ids = [s.id for s in relay.local_sessions]
         if not local_ids or relay.client is None or not relay.client.connected.is_set():
-            return False
+            return None
         await self._refresh_store_limit()
-        if self._acking is not None and self._acking.done():
-            await self._acked()  # settled: the read need not skip its rows (a failure raises)
         read_at = self._fetched_at = time.monotonic()
-        acking = self._acking_keys if self._acking is not None else frozenset()
         rows = await relay.store.fetch_inbound(
             relay.host,
             relay.generation,
-            limit=INBOUND_BATCH + len(acking),
+            limit=INBOUND_BATCH,
             session_ids=local_ids,
             max_payload=relay.settings.max_frame_bytes,
+            skip_seqs=skip,
         )
-        # Rows the ack under way finishes are still queued in this read: they were handed over.
-        rows = [r for r in rows if (r.message_id, r.recipient_session) not in acking]
-        if not rows:
-            return False
+        return _Read(read_at, rows)
+
+    async def _hand_over_batch(self, read: _Read) -> bool:
+        """Hand one batch of inbound rows to the broker, then start its ack; True if every row
+        of it is acknowledged (so nothing of it is left queued)."""
+        relay = self.relay
+        rows = read.rows
         stop_at("relay_after_fetch")
         # A batch is handed over only while it is fresh: rows read longer ago than a third of
         # the lease may since belong to a newer relay (this one was frozen, SIGSTOP or a paused
         # VM, and another took over). Left alone they stay queued; the next read is fenced.
-        fresh_until = read_at + relay.settings.lease_s / 3
+        fresh_until = read.read_at + relay.settings.lease_s / 3
         per_recipient: dict[str, list[InboundRow]] = defaultdict(list)
         for row in rows:
             per_recipient[row.recipient_session].append(row)
@@ -173,11 +209,14 @@ class Inbound:
         # handed over while it runs (docs/performance.md, "Cross-host throughput and catch-up").
         await self._acked()
         if acks:
-            self._acking_keys = frozenset((a.message_id, a.recipient_session) for a in acks)
+            keys = {(a.message_id, a.recipient_session) for a in acks}
+            self._acking_seqs = frozenset(
+                r.seq for r in rows if (r.message_id, r.recipient_session) in keys
+            )
             self._acking = asyncio.ensure_future(
                 relay.store.ack(relay.host, relay.generation, acks)
             )
-        return len(rows) == INBOUND_BATCH and len(acks) == len(rows)
+        return len(acks) == len(rows)
 
     async def _hand_over(self, rows: list[InboundRow], fresh_until: float) -> list[Ack]:
         """One recipient's rows in one ``inbound_batch`` frame (more only past the frame size);
@@ -189,7 +228,7 @@ class Inbound:
         twice.
         """
         acks: list[Ack] = []
-        sendable: list[tuple[InboundRow, Message]] = []
+        sendable: list[tuple[InboundRow, screening.Cleared]] = []
         relay = self.relay
         claimed = screening.claims(relay.host, relay.local_sessions, relay.remote_sessions)
         for row in rows:
@@ -200,7 +239,7 @@ class Inbound:
                 max_frame_bytes=relay.settings.max_frame_bytes,
                 claimed=claimed,
             )
-            if isinstance(checked, Message):
+            if isinstance(checked, screening.Cleared):
                 sendable.append((row, checked))
                 continue
             # Refused once (the ack finishes the row), so it neither loops nor blocks the rows
@@ -266,7 +305,10 @@ class Inbound:
         return acks
 
     async def _hand_over_chunk(
-        self, chunk: list[tuple[InboundRow, Message]], fresh_until: float, answer_wait: float
+        self,
+        chunk: list[tuple[InboundRow, screening.Cleared]],
+        fresh_until: float,
+        answer_wait: float,
     ) -> list[Receipt | BaseException]:
         """One ``inbound_batch`` frame for one recipient's rows; a receipt per row, or why
         none came for any of them (then they all stay queued)."""
@@ -276,7 +318,8 @@ class Inbound:
         # writing while connected), so a freeze cannot fall between check and hand-over.
         if time.monotonic() > fresh_until:
             return [_Stale()] * len(chunk)
-        frame = p.InboundBatch(0, chunk[0][0].recipient_session, [m for _, m in chunk])
+        # The screened texts themselves: no message is encoded again (screening.Cleared).
+        frame = p.InboundBatchText(0, chunk[0][0].recipient_session, [c.wire for _, c in chunk])
         try:
             resp = await asyncio.wait_for(client.request(frame), answer_wait)
         except Exception as exc:
@@ -287,17 +330,17 @@ class Inbound:
 
 
 def _chunks(
-    sendable: list[tuple[InboundRow, Message]], budget: int
-) -> list[list[tuple[InboundRow, Message]]]:
-    """Consecutive runs of rows whose frame fits ``budget`` bytes at the worst JSON growth (one
-    message alone always fits: screening refused any that would not)."""
-    out: list[list[tuple[InboundRow, Message]]] = []
+    sendable: list[tuple[InboundRow, screening.Cleared]], budget: int
+) -> list[list[tuple[InboundRow, screening.Cleared]]]:
+    """Consecutive runs of rows whose frame fits ``budget`` bytes, each message's JSON measured
+    exactly (one message alone always fits: screening refused any that would not)."""
+    out: list[list[tuple[InboundRow, screening.Cleared]]] = []
     size = budget
     for item in sendable:
-        worst = item[1].size() * screening.WORST_JSON_GROWTH
-        if size + worst > budget:
+        length = len(item[1].wire) + 1  # and its comma
+        if size + length > budget:
             out.append([])
             size = 0
         out[-1].append(item)
-        size += worst
+        size += length
     return out

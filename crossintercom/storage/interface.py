@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Literal, Protocol, Self
 
+import msgspec
+
 from crossintercom.models import SessionInfo
 from crossintercom.reservations import Held, Mode
 
@@ -30,6 +32,7 @@ LateReceiptOutcome = Literal["shown", "expired", "acknowledged"]
 InDoubtResolution = Literal["absent", "in_doubt"]
 # fetch_inbound reads a payload only up to this many characters unless told otherwise.
 DEFAULT_MAX_PAYLOAD_CHARS = 8 * 1024 * 1024
+_json = msgspec.json.Decoder()
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,18 +123,24 @@ class MessageRow:
 
 @dataclass(frozen=True, slots=True)
 class InboundRow:
-    """A queued delivery as stored. ``payload`` is whatever JSON the row holds (anything a
-    writer put there: the relay validates it); ``None`` with ``payload_problem`` saying why
-    when it is not UTF-8, not JSON or is over the size the caller asked for."""
+    """A queued delivery as stored. ``text`` is the payload's stored text, not decoded (anything
+    a writer put there: the relay decodes it into a message once and, when it passes, hands
+    the text itself over); ``None`` with ``payload_problem`` saying why when it is not UTF-8
+    or is over the size the caller asked for. ``payload`` decodes it, for other readers."""
 
     seq: int
     message_id: str
     recipient_session: str
-    payload: Any
+    text: str | None
     sender_host: str
     payload_problem: str | None = None
     # The digest the sender stored with the message: a receiver checks the payload against it.
     digest: str | None = None
+
+    @property
+    def payload(self) -> Any:
+        """The stored JSON decoded (raises ``msgspec.DecodeError`` when it is not JSON)."""
+        return None if self.text is None else _json.decode(self.text)
 
 
 @dataclass(frozen=True, slots=True)
@@ -298,9 +307,12 @@ class MailboxStore(Protocol):
         limit: int = 500,
         session_ids: Collection[str] | None = None,
         max_payload: int = DEFAULT_MAX_PAYLOAD_CHARS,
+        skip_seqs: Collection[int] = (),
     ) -> list[InboundRow]:
-        """The host's queued deliveries in seq order (of ``session_ids`` only, when given).
-        A payload over ``max_payload`` characters is not read (``payload_problem`` says so).
+        """The host's queued deliveries in seq order (of ``session_ids`` only, when given),
+        leaving out those whose seq is in ``skip_seqs`` (the statement does: they are neither
+        sent nor counted against ``limit``). A payload over ``max_payload`` characters is not
+        read (``payload_problem`` says so).
 
         Nothing is marked: the generation fence makes the current relay the only reader that
         gets rows, and a row stays queued until ``ack`` finishes it.

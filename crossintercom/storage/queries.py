@@ -13,6 +13,7 @@ from functools import cache
 from typing import Any
 
 from sqlalchemy import (
+    BigInteger,
     DateTime,
     Delete,
     LargeBinary,
@@ -20,6 +21,7 @@ from sqlalchemy import (
     Text,
     TextClause,
     Update,
+    all_,
     bindparam,
     case,
     cast,
@@ -305,7 +307,12 @@ _PAYLOAD_BYTES = cast(messages.c.payload, LargeBinary)
 
 @cache
 def inbound(
-    *, by_session: bool, skip_locked: bool, array: bool = False, raw: bool = False
+    *,
+    by_session: bool,
+    skip_locked: bool,
+    array: bool = False,
+    raw: bool = False,
+    skip: bool = False,
 ) -> Select[int, str, str, str | bytes | None, str, int, str]:
     """Queued rows for one host, by state and in seq order, only for its current generation:
     seq, message_id, recipient_session, payload text (NULL when over ``:max_payload``
@@ -314,7 +321,11 @@ def inbound(
 
     Params: host_id, generation, limit, max_payload, and session_ids (a list) when
     ``by_session``, bound as one array when ``array`` (PostgreSQL). Never ``seq > cursor``:
-    sequences commit out of order, so a cursor would skip late commits.
+    sequences commit out of order, so a cursor would skip late commits. With ``skip``, the
+    rows whose seq is in ``:skip_seqs`` (a list; one array when ``array``) are left out in the
+    statement: the relay's read ahead names the rows it is handing over and those of its ack
+    under way, so only new rows are transferred and decoded (docs/performance.md, "Catch-up:
+    the read ahead and the stored text passed through").
     """
     length = func.length(_PAYLOAD_TEXT)
     stmt = (
@@ -348,6 +359,12 @@ def inbound(
         stmt = stmt.where(
             deliveries.c.recipient_session.in_(bindparam("session_ids", expanding=True))
         )
+    if skip and array:
+        stmt = stmt.where(
+            deliveries.c.seq != all_(bindparam("skip_seqs", type_=postgresql.ARRAY(BigInteger)))
+        )
+    elif skip:
+        stmt = stmt.where(deliveries.c.seq.not_in(bindparam("skip_seqs", expanding=True)))
     if skip_locked:
         # Rows an ack or expiry is changing right now are skipped, not waited for.
         stmt = stmt.with_for_update(skip_locked=True, of=deliveries)

@@ -11,7 +11,6 @@ from dataclasses import asdict
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import msgspec
 from sqlalchemy import Connection
 
 from crossintercom.storage import queries as q
@@ -37,7 +36,6 @@ EXPIRE_BATCH = 1000
 # Enqueue checks the size limit against a copy of the settings row at most this old: the row
 # changes by operator action only, and reading it in every enqueue cost a round trip.
 SETTINGS_TTL_S = 5.0
-_json = msgspec.json.Decoder()
 
 
 def utcnow() -> datetime:
@@ -54,11 +52,17 @@ def inbound_query(
     arrays: bool,
     *,
     raw_payload: bool = False,
+    skip_seqs: Collection[int] = (),
 ) -> tuple[Any, dict[str, Any]]:
     """``fetch_inbound``'s statement and parameters; ``raw_payload``: payloads read as bytes
-    (SQLite, where a writer may store any bytes)."""
+    (SQLite, where a writer may store any bytes); ``skip_seqs``: rows the statement leaves
+    out."""
     stmt = q.inbound(
-        by_session=session_ids is not None, skip_locked=skip_locked, array=arrays, raw=raw_payload
+        by_session=session_ids is not None,
+        skip_locked=skip_locked,
+        array=arrays,
+        raw=raw_payload,
+        skip=bool(skip_seqs),
     )
     params: dict[str, Any] = {
         "host_id": host_id,
@@ -68,6 +72,8 @@ def inbound_query(
     }
     if session_ids is not None:
         params["session_ids"] = list(session_ids)
+    if skip_seqs:
+        params["skip_seqs"] = list(skip_seqs)
     return stmt, params
 
 
@@ -82,8 +88,10 @@ def inbound_row(
     *,
     max_payload: int,
 ) -> InboundRow:
-    """One fetched row, its payload decoded here so a row that is not UTF-8 or not JSON stands
-    alone (refused by the relay's screening; docs/storage.md, "Delivery states")."""
+    """One fetched row, its payload's text as stored: not decoded here (the relay decodes it
+    into a message once, and hands the text itself over). Bytes (SQLite) are checked to be
+    UTF-8 row by row, so a row that is not stands alone (refused by the relay's screening;
+    docs/storage.md, "Delivery states")."""
 
     def bad(problem: str) -> InboundRow:
         return InboundRow(seq, message_id, session, None, sender_host, problem, digest)
@@ -95,11 +103,7 @@ def inbound_row(
             text = text.decode()
         except UnicodeDecodeError as exc:
             return bad(f"payload is not valid UTF-8 (byte {exc.start})")
-    try:
-        payload = _json.decode(text)
-    except msgspec.DecodeError as exc:
-        return bad(f"payload is not JSON: {exc}")
-    return InboundRow(seq, message_id, session, payload, sender_host, None, digest)
+    return InboundRow(seq, message_id, session, text, sender_host, None, digest)
 
 
 class SqlMailboxStore(SqlReservations):
@@ -167,6 +171,7 @@ class SqlMailboxStore(SqlReservations):
         limit: int = 500,
         session_ids: Collection[str] | None = None,
         max_payload: int = DEFAULT_MAX_PAYLOAD_CHARS,
+        skip_seqs: Collection[int] = (),
     ) -> list[InboundRow]:
         if session_ids is not None and not session_ids:
             return []
@@ -179,6 +184,7 @@ class SqlMailboxStore(SqlReservations):
             self.skip_locked,
             self.arrays,
             raw_payload=self.dialect == "sqlite",
+            skip_seqs=skip_seqs,
         )
         rows = await self._run(
             lambda c: c.execute(stmt, params).all(), single_statement=self.fetch_in_autocommit

@@ -68,6 +68,24 @@ def test_claim_in_seq_order_and_by_session(store: MailboxStore) -> None:
     assert len(run(store.fetch_inbound(RECIPIENT, gen))) == 6
 
 
+def test_a_read_leaves_out_the_seqs_it_is_told_to_skip(store: MailboxStore) -> None:
+    """The relay's read ahead names the rows in flight: the statement leaves them out, and the
+    limit counts only the rows it returns; the fence still holds."""
+    gen = run(store.claim_host(RECIPIENT))
+    run(store.enqueue([item(f"m{i}", f"s{i % 2}") for i in range(8)]))
+    seqs = [r.seq for r in run(store.fetch_inbound(RECIPIENT, gen))]
+    ahead = run(store.fetch_inbound(RECIPIENT, gen, limit=3, skip_seqs=seqs[:4]))
+    assert [r.message_id for r in ahead] == ["m4", "m5", "m6"]
+    scattered = run(store.fetch_inbound(RECIPIENT, gen, skip_seqs=[seqs[1], seqs[6], 10**12]))
+    assert [r.message_id for r in scattered] == ["m0", "m2", "m3", "m4", "m5", "m7"]
+    only_s1 = run(store.fetch_inbound(RECIPIENT, gen, session_ids=["s1"], skip_seqs=seqs[:4]))
+    assert [r.message_id for r in only_s1] == ["m5", "m7"]
+    assert run(store.fetch_inbound(RECIPIENT, gen, skip_seqs=seqs)) == []
+    assert len(run(store.fetch_inbound(RECIPIENT, gen, skip_seqs=[]))) == 8
+    run(store.claim_host(RECIPIENT))
+    assert run(store.fetch_inbound(RECIPIENT, gen, skip_seqs=seqs[:1])) == []
+
+
 def test_newer_generation_fences_the_older(store: MailboxStore) -> None:
     old = run(store.claim_host(RECIPIENT))
     new = run(store.claim_host(RECIPIENT))
