@@ -41,7 +41,10 @@ def _browser_required() -> bool:
     return any(os.environ.get(name) == "1" for name in REQUIRE_ENV)
 
 
-@pytest.fixture(scope="session")
+# One per module, not per session: Playwright's sync API keeps its event loop running in the
+# worker's thread while it is open, and a test of another folder that the same worker runs
+# next may call asyncio.run.
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
     if not CHROMIUM.exists():
         message = f"{CHROMIUM} is missing: apt-get install -y chromium"
