@@ -12,8 +12,6 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Literal, Protocol, Self
 
-import msgspec
-
 from crossintercom.models import SessionInfo
 from crossintercom.reservations import Held, Mode
 
@@ -32,7 +30,6 @@ LateReceiptOutcome = Literal["shown", "expired", "acknowledged"]
 InDoubtResolution = Literal["absent", "in_doubt"]
 # fetch_inbound reads a payload only up to this many characters unless told otherwise.
 DEFAULT_MAX_PAYLOAD_CHARS = 8 * 1024 * 1024
-_json = msgspec.json.Decoder()
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,7 +123,7 @@ class InboundRow:
     """A queued delivery as stored. ``text`` is the payload's stored text, not decoded (anything
     a writer put there: the relay decodes it into a message once and, when it passes, hands
     the text itself over); ``None`` with ``payload_problem`` saying why when it is not UTF-8
-    or is over the size the caller asked for. ``payload`` decodes it, for other readers."""
+    or is over the size the caller asked for."""
 
     seq: int
     message_id: str
@@ -136,11 +133,6 @@ class InboundRow:
     payload_problem: str | None = None
     # The digest the sender stored with the message: a receiver checks the payload against it.
     digest: str | None = None
-
-    @property
-    def payload(self) -> Any:
-        """The stored JSON decoded (raises ``msgspec.DecodeError`` when it is not JSON)."""
-        return None if self.text is None else _json.decode(self.text)
 
 
 @dataclass(frozen=True, slots=True)

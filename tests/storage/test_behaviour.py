@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -58,7 +59,7 @@ def test_claim_in_seq_order_and_by_session(store: MailboxStore) -> None:
     rows = run(store.fetch_inbound(RECIPIENT, gen))
     assert [r.message_id for r in rows] == [f"m{i}" for i in range(6)]
     assert [r.seq for r in rows] == sorted(r.seq for r in rows)
-    assert rows[0].payload == {"id": "m0", "message": "hi"}
+    assert rows[0].text is not None and json.loads(rows[0].text) == {"id": "m0", "message": "hi"}
     assert rows[0].sender_host == SENDER
     assert len(run(store.fetch_inbound(RECIPIENT, gen, limit=2))) == 2
     only_s1 = run(store.fetch_inbound(RECIPIENT, gen, session_ids=["s1"]))
