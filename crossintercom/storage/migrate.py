@@ -4,6 +4,11 @@ an installed wheel runs ``crossintercom db upgrade`` without an alembic.ini.
 The engine comes from ``storage.engine`` (no store object is built: a migration runs before a
 store can pass its schema check) and is handed to ``migrations/env.py`` through
 ``config.attributes``. Errors come back as ``StoreError`` subclasses, worded as a store's are.
+
+Alembic is imported only where a migration runs or an unexpected revision is looked up: every
+store opened checks its revision against ``HEAD_REVISION``, and importing alembic for that
+cost each relay start and store command about 0.13 s (docs/performance.md, "Catch-up: where
+the time goes"). tests/storage/test_migrations.py keeps the constant equal to alembic's head.
 """
 
 from __future__ import annotations
@@ -11,20 +16,22 @@ from __future__ import annotations
 from functools import cache
 from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING, Final
 
-from alembic import command
-from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
-from alembic.util.exc import CommandError
 from sqlalchemy.exc import SQLAlchemyError
 
 from crossintercom.errors import SchemaTooNew, StoreError
 from crossintercom.storage import engine as db
 from crossintercom.storage.urls import parse_store_url
 
+if TYPE_CHECKING:
+    from alembic.config import Config
+    from alembic.script import ScriptDirectory
+
 # The key under which env.py finds the engine to migrate with.
 ENGINE_ATTRIBUTE = "engine"
+# The newest script in migrations/versions; a new migration changes it (a test says so).
+HEAD_REVISION: Final = "0013"
 
 
 def script_location() -> str:
@@ -32,6 +39,8 @@ def script_location() -> str:
 
 
 def alembic_config() -> Config:
+    from alembic.config import Config
+
     cfg = Config()
     cfg.set_main_option("script_location", script_location())
     return cfg
@@ -39,13 +48,18 @@ def alembic_config() -> Config:
 
 @cache
 def _scripts() -> ScriptDirectory:
+    from alembic.script import ScriptDirectory
+
     return ScriptDirectory.from_config(alembic_config())
 
 
 def head_revision() -> str:
-    head = _scripts().get_current_head()
-    assert head is not None
-    return head
+    return HEAD_REVISION
+
+
+def scripts_head() -> str | None:
+    """The head as alembic reads it from the scripts (what ``HEAD_REVISION`` must equal)."""
+    return _scripts().get_current_head()
 
 
 def known_revisions() -> set[str]:
@@ -53,6 +67,10 @@ def known_revisions() -> set[str]:
 
 
 def _run(url: str, action: str, revision: str | None = None) -> str | None:
+    from alembic import command
+    from alembic.runtime.migration import MigrationContext
+    from alembic.util.exc import CommandError
+
     parsed = parse_store_url(url)
     engine = db.store_engine(parsed, must_exist=False)
     cfg = alembic_config()

@@ -3,6 +3,8 @@ schema checks refuse stores from another version."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -53,6 +55,21 @@ def test_upgrade_matches_metadata_and_downgrade_empties(empty_url: str) -> None:
     migrate.upgrade(empty_url)
     store = run(open_store(empty_url))
     run(store.aclose())
+
+
+def test_the_head_constant_is_alembics_head() -> None:
+    """``HEAD_REVISION`` (what every opened store is checked against, without alembic) is the
+    newest script: a new migration must change it."""
+    assert migrate.scripts_head() == migrate.HEAD_REVISION
+
+
+def test_the_relay_and_an_opened_store_do_not_import_alembic() -> None:
+    code = (
+        "import sys, crossintercom.relay.run, crossintercom.relay.service, "
+        "crossintercom.storage.postgres, crossintercom.storage.sqlite\n"
+        "assert 'alembic' not in sys.modules, sorted(m for m in sys.modules if 'alembic' in m)"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 
 def test_missing_outdated_and_future_schemas_are_refused(empty_url: str) -> None:
