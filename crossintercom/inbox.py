@@ -328,6 +328,17 @@ class Inbox:
         row = self._db.execute("SELECT count(*) FROM entries WHERE kind = 'message'").fetchone()
         return int(row[0])
 
+    @guarded(READ)
+    def count_after(self, seq: int) -> tuple[int, int]:
+        """How many messages were saved after entry ``seq``, and the last entry's seq (``seq``
+        itself when none was): a running count that reads only what is new (``seq`` is
+        AUTOINCREMENT, so it only grows)."""
+        row = self._db.execute(
+            "SELECT count(*) FILTER (WHERE kind = 'message'), max(seq) FROM entries WHERE seq > ?",
+            (seq,),
+        ).fetchone()
+        return int(row[0]), seq if row[1] is None else int(row[1])
+
 
 def session_ids(directory: Path) -> list[str]:
     """The sessions that have an inbox on this host."""

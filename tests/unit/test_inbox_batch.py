@@ -31,3 +31,19 @@ def test_a_group_is_saved_in_arrival_order_and_each_once(tmp_path: Path) -> None
         ]
         assert entries[1].body == m1.to_dict()
         assert entries[2].body == {"type": "receipt", **receipt.to_dict()}
+
+
+def test_a_running_count_reads_only_what_is_new(tmp_path: Path) -> None:
+    """``count_after``, the bench's poll: messages saved after a seq (receipts not counted),
+    and the seq to ask from next; the same count as ``count`` summed over the polls."""
+    with Inbox(tmp_path, "worker") as box:
+        assert box.count_after(0) == (0, 0)
+        box.save_many([(_message(0), False), (Receipt("m0", Outcome.SHOWN, "s2"), False)])
+        new, last = box.count_after(0)
+        assert new == 1 and last == 2
+        assert box.count_after(last) == (0, last)
+        box.save_many([(_message(1), False), (_message(2), False), (_message(1), False)])
+        more, last = box.count_after(last)
+        assert more == 2 and new + more == box.count() == 3
+        with Inbox.view(tmp_path, "worker") as view:
+            assert view.count_after(0) == (3, last)
