@@ -154,6 +154,7 @@ def check_bench(report: dict[str, Any], backends: list[str], scale: bool = False
     assert targets[("cross-host sqlite", "one-way p50")] == 2.5
     machine = report["machine"]
     assert machine["cpus"] >= 1 and machine["python"] and machine["durability"]
+    assert isinstance(machine["bytecode_cached"], bool)
     if "postgres" in backends:
         assert targets[("cross-host postgres", "delivered p50")] == 3.0
         assert targets[("cross-host postgres", "one-way p50")] == 2.5

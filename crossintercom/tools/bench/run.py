@@ -8,6 +8,7 @@ in the first cluster (PostgreSQL when there is one). See docs/performance.md.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import platform
 import secrets
@@ -16,6 +17,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 from crossintercom.tools.bench.baselines import RawPostgres, RawSQLite, RawUDS
@@ -175,6 +177,16 @@ def _store_work_figures(work: dict[str, Any]) -> list[Figure]:
     return out
 
 
+def _bytecode_cached() -> bool:
+    """Whether the relay's modules have ``.pyc`` files: without (an editable checkout under
+    ``PYTHONDONTWRITEBYTECODE``) every process the bench starts compiles them first, and the
+    figures that include a start carry the compiler (docs/performance.md, "Byte code")."""
+    specs = [importlib.util.find_spec(f"crossintercom.relay.{m}") for m in ("inbound", "service")]
+    return all(
+        s is not None and s.origin is not None and Path(s.cached or "").exists() for s in specs
+    )
+
+
 def _machine(conninfo: str | None) -> dict[str, Any]:
     facts: dict[str, Any] = {
         "cpus": os.cpu_count(),
@@ -183,6 +195,7 @@ def _machine(conninfo: str | None) -> dict[str, Any]:
         "sqlite": sqlite3.sqlite_version,
         "load_average": [round(x, 2) for x in os.getloadavg()],
         "durability": {"same-host": "normal", "same-host full": "full"},
+        "bytecode_cached": _bytecode_cached(),
         "note": "a shared machine: absolute figures are noisy; the ratios against baselines "
         "measured in the same run are what count",
     }
