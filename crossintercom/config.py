@@ -94,6 +94,9 @@ class Settings:
     # How often the relay bumps its heartbeat (its one idle commit); a lease under three of
     # these is taken as three (docs/storage.md). Every host of a store should use the same.
     heartbeat_s: float = 1.5
+    # How often the relay looks for other sessions holding up the store (PostgreSQL: idle in a
+    # transaction, or holding a lock relays wait behind; relay/stuck.py, docs/operations.md).
+    stuck_check_s: float = 15.0
     max_in_flight: int = 1000
     # Bounds on files that would otherwise only grow (docs/operations.md, "Bounded files").
     inbox_max_entries: int = 10_000

@@ -21,7 +21,6 @@ log = logging.getLogger(__name__)
 
 # Idle in a transaction this long is no relay's own (theirs last milliseconds).
 STUCK_IDLE_S: Final = 5.0
-CHECK_EVERY_S: Final = 15.0
 
 
 def _held(s: StuckTransaction) -> str:
@@ -54,15 +53,16 @@ def describe(stuck: list[StuckTransaction]) -> str | None:
 class StuckWatch:
     def __init__(self, relay: RelayCore) -> None:
         self.relay = relay
-        self._checked = -CHECK_EVERY_S
+        self._every = relay.settings.stuck_check_s
+        self._checked = -self._every
         self._pids: set[int] = set()
         self.warning: str | None = None
 
     async def check(self, idle_s: float = STUCK_IDLE_S, *, now: bool = False) -> str | None:
-        """The current warning (None: none), looked up at most every CHECK_EVERY_S unless
+        """The current warning (None: none), looked up at most every ``stuck_check_s`` unless
         ``now``."""
         t = time.monotonic()
-        if not now and t - self._checked < CHECK_EVERY_S:
+        if not now and t - self._checked < self._every:
             return self.warning
         self._checked = t
         relay = self.relay

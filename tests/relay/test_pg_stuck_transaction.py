@@ -18,6 +18,8 @@ from tests.relay.conftest import Cluster, Host, wait_for
 pytestmark = pytest.mark.pg
 
 HOLDER = "ci-stuck-holder"
+# The relay looks every second, not every 15 s: the tests wait for the fact, sooner.
+LOOK_EVERY_S = 1.0
 
 
 def store_line(host: Host) -> str:
@@ -45,7 +47,7 @@ def test_idle_transaction_holding_locks_is_named_in_status(
     pg_url: str, holder: psycopg.Connection[tuple[object, ...]]
 ) -> None:
     with Cluster(pg_url) as cluster:
-        a = cluster.host("A")
+        a = cluster.host("A", stuck_check_s=LOOK_EVERY_S)
         store = a.cli_json("status")["store"]
         # A row lock on the settings no relay writes: it blocks nobody's heartbeat.
         holder.execute("SELECT * FROM settings FOR SHARE").fetchall()
@@ -69,7 +71,7 @@ def test_table_and_migration_locks_are_named_in_status(
     """A LOCK TABLE every host's writes wait behind, and the migration lock, held by another
     session: `status` and the relay's log name the holder (pid, user, application)."""
     with Cluster(pg_url) as cluster:
-        a = cluster.host("A")
+        a = cluster.host("A", stuck_check_s=LOOK_EVERY_S)
         store = a.cli_json("status")["store"]
         pid = holder.info.backend_pid
 
