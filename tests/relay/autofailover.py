@@ -116,6 +116,11 @@ class Formation:
         return self
 
     def _accepts_nodes(self) -> bool:
+        # Asked only once the monitor's data dir is there: pg_autoctl makes its state dirs
+        # (under XDG_CONFIG_HOME) first, and a `show uri` run while the monitor makes them
+        # races it, and the monitor exits ("Failed to create state directory: File exists").
+        if not (self.root / "monitor" / "PG_VERSION").exists():
+            return False
         try:
             self.autoctl("show", "uri", "--pgdata", str(self.root / "monitor"), timeout=10)
         except RuntimeError:
