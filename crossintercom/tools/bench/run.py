@@ -182,9 +182,7 @@ def _bytecode_cached() -> bool:
     ``PYTHONDONTWRITEBYTECODE``) every process the bench starts compiles them first, and the
     figures that include a start carry the compiler (docs/performance.md, "Byte code")."""
     specs = [importlib.util.find_spec(f"crossintercom.relay.{m}") for m in ("inbound", "service")]
-    return all(
-        s is not None and s.origin is not None and Path(s.cached or "").exists() for s in specs
-    )
+    return all(s is not None and s.cached is not None and Path(s.cached).exists() for s in specs)
 
 
 def _machine(conninfo: str | None) -> dict[str, Any]:
