@@ -53,8 +53,7 @@ def describe(stuck: list[StuckTransaction]) -> str | None:
 class StuckWatch:
     def __init__(self, relay: RelayCore) -> None:
         self.relay = relay
-        self._every = relay.settings.stuck_check_s
-        self._checked = -self._every
+        self._checked = -relay.settings.stuck_check_s
         self._pids: set[int] = set()
         self.warning: str | None = None
 
@@ -62,7 +61,7 @@ class StuckWatch:
         """The current warning (None: none), looked up at most every ``stuck_check_s`` unless
         ``now``."""
         t = time.monotonic()
-        if not now and t - self._checked < self._every:
+        if not now and t - self._checked < self.relay.settings.stuck_check_s:
             return self.warning
         self._checked = t
         relay = self.relay
