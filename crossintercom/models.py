@@ -82,6 +82,24 @@ UNKNOWN_ADVICE = (
 )
 EXPIRED_ADVICE = "not collected within the retention"
 FORGOTTEN_ADVICE = "the recipient was forgotten (`crossintercom forget`) before collecting it"
+# What a sender is told of a refusal that reached it as a store row: the row carries a code and
+# no text (the receiving host's own words stay there), so the words are the sender's, one per
+# code a receiving host or the store writes; the same words as a same-host refusal where there
+# is one (docs/delivery.md, "Outcomes").
+REFUSAL_ADVICE: Final[dict[str, str]] = {
+    Code.SENDER_REFUSED: "the recipient does not take mail from this sender",
+    Code.RATE_LIMITED: "the recipient's host refuses this sender for now: over its message rate",
+    Code.REPLY_NOT_AUTHORISED: "that ask was not sent to this sender",
+    Code.NOT_FOUND: "no such session on the recipient's host",
+    Code.ASKER_GONE: "the asking session has left and keeps no mailbox",
+    Code.UNDELIVERABLE: "the recipient's host could not hand it over in repeated tries",
+    Code.FORGED_SENDER: "the recipient's host refused a sender the sending host may not use",
+    Code.BAD_MESSAGE: "the recipient's host could not read the stored message",
+    Code.TOO_LARGE: "the message is over the store's or the recipient host's size limit",
+    Code.ID_CONFLICT: "another host's message already has this id",
+    Code.PAYLOAD_CONFLICT: "a different message was already sent with this id",
+}
+REFUSED_ADVICE = "the recipient's host refused it"
 
 
 def weakest(outcomes: list[Outcome]) -> Outcome:
@@ -121,7 +139,8 @@ def outcome_for_state(state: str, code: str | None) -> tuple[Outcome, str | None
         if code == Code.FORGOTTEN:
             return Outcome.EXPIRED, code, FORGOTTEN_ADVICE
         return Outcome.EXPIRED, Code.EXPIRED, EXPIRED_ADVICE
-    return Outcome.REFUSED, code or Code.REFUSED, None
+    code = code or Code.REFUSED
+    return Outcome.REFUSED, code, REFUSAL_ADVICE.get(code, REFUSED_ADVICE)
 
 
 # What ``valid_name`` asks of a session or group name, in words for an error message.

@@ -18,7 +18,7 @@ from typing import Any, Literal
 from crossintercom.codes import Code
 from crossintercom.local_broker.registry import Registry
 from crossintercom.local_broker.state import BrokerState
-from crossintercom.models import Message, Outcome, Peer, Receipt, valid_name
+from crossintercom.models import REFUSAL_ADVICE, Message, Outcome, Peer, Receipt, valid_name
 
 Action = Literal["accept", "hold", "refuse"]
 ACTIONS: tuple[Action, ...] = ("accept", "hold", "refuse")
@@ -83,7 +83,7 @@ class InboundPolicy:
                 Outcome.REFUSED,
                 recipient,
                 Code.SENDER_REFUSED,
-                "the recipient does not take mail from this sender",
+                REFUSAL_ADVICE[Code.SENDER_REFUSED],
             )
         if verdict == "hold":
             self.hold(recipient, msg)

@@ -16,7 +16,7 @@ import tenacity
 
 from crossintercom import protocol as p
 from crossintercom.errors import Code, StoreError, StoreFenced, StoreInDoubt
-from crossintercom.models import Outcome, Receipt, outcome_for_state
+from crossintercom.models import Outcome, Receipt, State, outcome_for_state
 from crossintercom.relay.core import RelayCore
 from crossintercom.storage import EnqueueResult, InDoubtEnqueue, OutboundItem, ReceiptRow
 
@@ -255,7 +255,8 @@ def _receipt_now(
             "the store connection dropped during commit",
         )
     if res.code is not None:
-        return Receipt(msg_id, Outcome.REFUSED, sid, res.code)
+        _, code, text = outcome_for_state(State.REFUSED, res.code)
+        return Receipt(msg_id, Outcome.REFUSED, sid, code, text)
     if res.state != "queued":
         # A retry of a message whose row was already settled: the row's state answers.
         outcome, code, text = outcome_for_state(res.state, None)

@@ -20,6 +20,8 @@ def test_refuse_and_hold_senders_across_hosts(cluster: Cluster) -> None:
 
     refused = a.cli_json("send", "--as", "pest", "--to", "worker", "buy now", expect_rc=3)
     assert (refused["error"]["outcome"], refused["error"]["code"]) == ("refused", "sender_refused")
+    # The row crossing the store has a code and no text: the sender's side words it.
+    assert refused["error"]["message"] == "the recipient does not take mail from this sender"
     held = a.cli_json("send", "--as", "planner", "--to", "worker", "plan v2")
     assert held["outcome"] == "queued"
     state = wait_for(

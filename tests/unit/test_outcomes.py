@@ -139,3 +139,17 @@ def test_expired_is_an_outcome_a_receipt_can_carry() -> None:
     r = Receipt.from_dict(wire)
     assert r.outcome is Outcome.EXPIRED
     assert msgspec.json.decode(msgspec.json.encode(r)) == wire
+
+
+@pytest.mark.parametrize(
+    ("code", "words"),
+    [
+        ("sender_refused", "the recipient does not take mail from this sender"),
+        ("not_found", "no such session on the recipient's host"),
+        (None, "the recipient's host refused it"),
+        ("a_code_from_a_newer_host", "the recipient's host refused it"),
+    ],
+)
+def test_a_refusal_from_a_store_row_is_worded_by_its_code(code: str | None, words: str) -> None:
+    """The row carries a code and no text: every refusal still reads as a sentence."""
+    assert outcome_for_state("refused", code)[2] == words
