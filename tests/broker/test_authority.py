@@ -1,13 +1,8 @@
-"""Dedup authority (docs/delivery.md): decisions, durability, TTL, bounds, bad files refused."""
+"""Dedup authority (docs/delivery.md): decisions, durability, TTL, bounds, and a model-based
+property (across a SIGKILL: test_authority_sigkill.py; damaged files: test_authority_files.py)."""
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
-import sqlite3
-import subprocess
-import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,7 +14,6 @@ from hypothesis import strategies as st
 
 from crossintercom.errors import AuthorityError
 from crossintercom.local_broker.authority import Decision, DecisionKind, DedupAuthority
-from tests.conftest import REPO
 
 OUTCOME = {"id": "m1", "outcome": "delivered", "recipient": "s-1"}
 
@@ -118,45 +112,6 @@ def test_second_open_refused_while_in_use(open_auth: Callable[..., DedupAuthorit
         open_auth()
 
 
-_CHILD = """
-import sys
-from pathlib import Path
-from crossintercom.local_broker.authority import DecisionKind, DedupAuthority
-auth = DedupAuthority(Path(sys.argv[1]))
-assert auth.reserve("reserved-only", b"p").kind is DecisionKind.NEW
-assert auth.reserve("accepted", b"q").kind is DecisionKind.NEW
-auth.accept("accepted", {"id": "accepted", "outcome": "queued"})
-print("ready", flush=True)
-sys.stdin.read()
-"""
-
-
-def _kill_when_ready(script: str, directory: Path) -> None:
-    """Run ``script`` on ``directory`` in a child process and SIGKILL it once it says ready."""
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    with subprocess.Popen(
-        [sys.executable, "-c", script, str(directory)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        env=env,
-        text=True,
-    ) as child:
-        assert child.stdout is not None
-        assert child.stdout.readline().strip() == "ready"
-        os.kill(child.pid, signal.SIGKILL)
-        assert child.wait(timeout=30) == -signal.SIGKILL
-
-
-def test_records_survive_sigkill(tmp_path: Path) -> None:
-    _kill_when_ready(_CHILD, tmp_path)
-    with DedupAuthority(tmp_path) as auth:
-        assert auth.reserve("reserved-only", b"p").kind is DecisionKind.UNCERTAIN
-        assert auth.reserve("reserved-only", b"p", remote=True).kind is DecisionKind.FORWARD_AGAIN
-        assert auth.reserve("accepted", b"q") == Decision(
-            DecisionKind.RETAINED, {"id": "accepted", "outcome": "queued"}
-        )
-
-
 def test_release_and_abandon(open_auth: Callable[..., DedupAuthority]) -> None:
     auth = open_auth()
     auth.reserve("m1", b"p")
@@ -181,41 +136,6 @@ def test_release_and_abandon(open_auth: Callable[..., DedupAuthority]) -> None:
     assert (
         auth.reserve("m1", b"p").kind is DecisionKind.CONFLICT
     )  # m1 was re-reserved with b"other"
-
-
-_RELEASE_CHILD = """
-import sys
-from pathlib import Path
-from crossintercom.local_broker.authority import DecisionKind, DedupAuthority
-auth = DedupAuthority(Path(sys.argv[1]))
-for op_id in ("carried", "pending"):
-    assert auth.reserve(op_id, b"p").kind is DecisionKind.NEW
-    auth.accept(op_id, {"id": op_id, "outcome": "delivered"})
-auth.release("carried")
-assert auth.reserve("next", b"n").kind is DecisionKind.NEW  # carries the DELETE of "carried"
-auth.release("pending")  # nothing writes after it
-# released: unknown at once, in memory
-assert auth.reserve("pending", b"p").kind is DecisionKind.NEW
-auth.abandon("pending")  # the DELETE of the release and of the abandon, one transaction
-assert auth.reserve("kept", b"k").kind is DecisionKind.NEW
-auth.accept("kept", {"id": "kept", "outcome": "delivered"})
-auth.release("kept")
-print("ready", flush=True)
-sys.stdin.read()
-"""
-
-
-def test_batched_release_after_sigkill(tmp_path: Path) -> None:
-    """A release's DELETE rides in the next write; one lost with the process only brings the
-    accepted record back (a duplicate is suppressed a little longer, never let through)."""
-    _kill_when_ready(_RELEASE_CHILD, tmp_path)
-    with DedupAuthority(tmp_path) as auth:
-        assert auth.reserve("carried", b"other").kind is DecisionKind.NEW
-        assert auth.reserve("pending", b"other").kind is DecisionKind.NEW
-        assert auth.reserve("next", b"n").kind is DecisionKind.UNCERTAIN
-        assert auth.reserve("kept", b"k") == Decision(
-            DecisionKind.RETAINED, {"id": "kept", "outcome": "delivered"}
-        )
 
 
 def test_release_then_reserve_again_keeps_the_new_record(
@@ -370,195 +290,6 @@ def test_sustained_traffic_never_hits_bound(tmp_path: Path) -> None:
             auth.accept(op_id, {"id": op_id, "outcome": "delivered"})
             auth.release(op_id)
         assert auth.stats() == (0, 0)
-
-
-# -- bad files ---------------------------------------------------------------------------------
-
-
-def _make_authority(directory: Path) -> None:
-    with DedupAuthority(directory) as auth:
-        for i in range(50):
-            auth.reserve(f"m{i}", f"payload {i}".encode())
-            auth.accept(f"m{i}", {"id": f"m{i}", "outcome": "delivered"})
-
-
-def _raw_sql(directory: Path, sql: str, params: tuple[Any, ...] = ()) -> None:
-    with contextlib.closing(sqlite3.connect(directory / DedupAuthority.FILE)) as conn:
-        conn.execute(sql, params)
-        conn.commit()
-
-
-def _only_key(d: Path) -> None:
-    (d / DedupAuthority.FILE).unlink()
-
-
-def _only_db(d: Path) -> None:
-    (d / DedupAuthority.KEY).unlink()
-
-
-def _short_key(d: Path) -> None:
-    key = d / DedupAuthority.KEY
-    key.write_bytes(key.read_bytes()[:31])
-
-
-def _long_key(d: Path) -> None:
-    key = d / DedupAuthority.KEY
-    key.write_bytes(key.read_bytes() + b"x")
-
-
-def _loose_key(d: Path) -> None:
-    (d / DedupAuthority.KEY).chmod(0o644)
-
-
-def _key_is_symlink(d: Path) -> None:
-    key = d / DedupAuthority.KEY
-    real = d / "elsewhere.key"
-    key.rename(real)
-    key.symlink_to(real)
-
-
-def _other_key(d: Path) -> None:
-    (d / DedupAuthority.KEY).write_bytes(os.urandom(32))
-
-
-def _garbage_db(d: Path) -> None:
-    (d / DedupAuthority.FILE).write_bytes(os.urandom(8192))
-
-
-def _truncated_db(d: Path) -> None:
-    db = d / DedupAuthority.FILE
-    os.truncate(db, db.stat().st_size // 2)
-
-
-def _truncated_header(d: Path) -> None:
-    os.truncate(d / DedupAuthority.FILE, 50)
-
-
-def _empty_db(d: Path) -> None:
-    os.truncate(d / DedupAuthority.FILE, 0)
-
-
-def _foreign_db(d: Path) -> None:
-    db = d / DedupAuthority.FILE
-    db.unlink()
-    with contextlib.closing(sqlite3.connect(db)) as conn:
-        conn.execute("CREATE TABLE notes (x TEXT)")
-        conn.commit()
-
-
-def _extra_table(d: Path) -> None:
-    _raw_sql(d, "CREATE TABLE extra (x TEXT)")
-
-
-def _bad_hmac(d: Path) -> None:
-    _raw_sql(d, "INSERT INTO ops VALUES ('bad', 'abc123', 'reserved', NULL, 1e12)")
-
-
-def _unknown_state(d: Path) -> None:
-    _raw_sql(d, "UPDATE ops SET state = 'delivered' WHERE op_id = 'm3'")
-
-
-def _outcome_not_json(d: Path) -> None:
-    _raw_sql(d, "UPDATE ops SET outcome = '{not json' WHERE op_id = 'm4'")
-
-
-def _outcome_not_object(d: Path) -> None:
-    _raw_sql(d, "UPDATE ops SET outcome = '[1, 2]' WHERE op_id = 'm4'")
-
-
-def _reservation_with_outcome(d: Path) -> None:
-    _raw_sql(d, "UPDATE ops SET state = 'reserved' WHERE op_id = 'm5'")
-
-
-def _bad_expiry(d: Path) -> None:
-    _raw_sql(d, "UPDATE ops SET expires_wall = 'soon' WHERE op_id = 'm6'")
-
-
-def _newer_schema(d: Path) -> None:
-    _raw_sql(d, "PRAGMA user_version = 2")
-
-
-CORRUPTIONS = [
-    _only_key,
-    _only_db,
-    _short_key,
-    _long_key,
-    _loose_key,
-    _key_is_symlink,
-    _other_key,
-    _garbage_db,
-    _truncated_db,
-    _truncated_header,
-    _empty_db,
-    _foreign_db,
-    _extra_table,
-    _bad_hmac,
-    _unknown_state,
-    _outcome_not_json,
-    _outcome_not_object,
-    _reservation_with_outcome,
-    _bad_expiry,
-    _newer_schema,
-]
-
-
-@pytest.mark.parametrize("corrupt", CORRUPTIONS, ids=lambda f: f.__name__.lstrip("_"))
-def test_bad_files_refused_then_reset(tmp_path: Path, corrupt: Callable[[Path], None]) -> None:
-    _make_authority(tmp_path)
-    corrupt(tmp_path)
-    before = sorted(p.name for p in tmp_path.iterdir())
-    with pytest.raises(AuthorityError) as info:
-        DedupAuthority(tmp_path)
-    assert info.value.code == "authority_corrupt"
-    message = str(info.value)
-    assert "crossintercom broker --reset-authority" in message
-    assert "delivered-messages." in message
-    # Refusing must not repair, replace or remove anything.
-    assert sorted(p.name for p in tmp_path.iterdir()) == before
-
-    moved = DedupAuthority.reset(tmp_path)
-    assert moved
-    assert all(".bad-" in p.name and os.path.lexists(p) for p in moved)
-    with DedupAuthority(tmp_path) as auth:
-        assert auth.reserve("m1", b"payload 1").kind is DecisionKind.NEW
-
-
-def test_reset_keeps_the_moved_copy_readable(tmp_path: Path) -> None:
-    _make_authority(tmp_path)
-    first = DedupAuthority.reset(tmp_path)
-    assert {p.name.split(".bad-")[0] for p in first} == {DedupAuthority.FILE, DedupAuthority.KEY}
-    assert not (tmp_path / DedupAuthority.FILE).exists()
-    assert DedupAuthority.reset(tmp_path) == []
-    _make_authority(tmp_path)
-    second = DedupAuthority.reset(tmp_path)  # same second: names must not collide
-    assert not set(first) & set(second)
-    bad_db = next(p for p in first if p.name.startswith(DedupAuthority.FILE))
-    with contextlib.closing(sqlite3.connect(bad_db)) as conn:
-        assert conn.execute("SELECT count(*) FROM ops").fetchone() == (50,)
-
-
-def test_stray_wal_without_database_refused(tmp_path: Path) -> None:
-    (tmp_path / (DedupAuthority.FILE + "-wal")).write_bytes(b"x")
-    with pytest.raises(AuthorityError, match="reset-authority"):
-        DedupAuthority(tmp_path)
-
-
-def test_loose_database_mode_tightened(tmp_path: Path) -> None:
-    _make_authority(tmp_path)
-    db = tmp_path / DedupAuthority.FILE
-    db.chmod(0o644)
-    with DedupAuthority(tmp_path):
-        assert db.stat().st_mode & 0o777 == 0o600
-
-
-def test_group_mode(tmp_path: Path) -> None:
-    with DedupAuthority(tmp_path, file_mode=0o660):
-        pass
-    assert (tmp_path / DedupAuthority.KEY).stat().st_mode & 0o777 == 0o660
-    with pytest.raises(AuthorityError, match="looser"):
-        DedupAuthority(tmp_path)
-    with DedupAuthority(tmp_path, file_mode=0o660):
-        pass
 
 
 # -- model-based property ----------------------------------------------------------------------
