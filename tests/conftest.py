@@ -39,9 +39,9 @@ from crossintercom.client import wait_until  # noqa: E402
 from crossintercom.client.sync import CLIENT_THREAD  # noqa: E402
 from crossintercom.tools.harness import CLI, ListenerProcess, sees  # noqa: E402
 
-# The process helpers live in tests/soak.py, which must run as a plain script without pytest.
-from tests.soak import broker_pid, pid_alive, wait_for  # noqa: E402
-from tests.soak import make_env as _make_env  # noqa: E402
+# The process helpers live in tests/procs.py, which the soak (tests/soak.py) runs without pytest.
+from tests.procs import broker_pid, pid_alive, wait_for  # noqa: E402
+from tests.procs import make_env as _make_env  # noqa: E402
 
 # Imported names the tests take from here (for mypy, imports are re-exported only when listed).
 __all__ = ["CLI", "broker_pid", "pid_alive", "wait_for"]

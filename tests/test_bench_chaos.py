@@ -36,7 +36,7 @@ from tests.pgharness import (  # noqa: E402, F401  (fixtures are found by name)
     pg_empty_url,
     pg_server,
 )
-from tests.soak import clean_env  # noqa: E402
+from tests.procs import clean_env  # noqa: E402
 
 SAME_HOST = {
     ("same-host", "one-way p50"),

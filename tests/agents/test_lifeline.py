@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import CLI, start_broker
-from tests.soak import wait_for
+from tests.procs import wait_for
 
 HARNESS = r"""
 import json, os, signal, subprocess, sys, time

@@ -11,7 +11,7 @@ import pytest
 from crossintercom.client import Client, Identity
 from crossintercom.config import Settings
 from tests.conftest import settings_for
-from tests.soak import BrokerProc
+from tests.procs import BrokerProc
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ from typing import Any
 from crossintercom.client import Client
 from crossintercom.models import durable_session_id
 from tests.conftest import HOST_ID, RawConn, start_cli, wait_for
-from tests.soak import BrokerProc, live_broker_pid
+from tests.procs import BrokerProc, live_broker_pid
 
 # The documented exit status of an `unknown` outcome, written out: a test of the contract, not
 # of `crossintercom.exits`.

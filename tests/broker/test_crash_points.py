@@ -35,7 +35,7 @@ from tests.conftest import (
     run_cli,
     wait_for,
 )
-from tests.soak import (
+from tests.procs import (
     BrokerProc,
     inbox_count,
     inbox_rows,

@@ -33,7 +33,7 @@ from tests.conftest import (
     settings_for,
     wait_for,
 )
-from tests.soak import (
+from tests.procs import (
     BrokerProc,
     inbox_count,
     inbox_rows,

@@ -33,7 +33,7 @@ from crossintercom.storage import migrate
 from crossintercom.tools.harness import RELAY
 from crossintercom.web.auth import write_token_file
 from tests.conftest import make_env, run_cli, settings_for
-from tests.soak import broker_pid, pid_alive, wait_for
+from tests.procs import broker_pid, pid_alive, wait_for
 from tests.unixuser import (
     OTHER_USER,
     SHARED_GROUP,

@@ -27,7 +27,7 @@ from crossintercom.models import Message, Peer
 from crossintercom.runtime import ensure_runtime_dir
 from crossintercom.testhooks import FAULTS_ENV
 from tests.conftest import make_env, settings_for
-from tests.soak import wait_for
+from tests.procs import wait_for
 from tests.unixuser import SHARED_GROUP, as_nobody, need_root, python_for, spawn_as_user
 
 SECRET = "root-only secret 0123456789"

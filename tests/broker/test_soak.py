@@ -1,6 +1,6 @@
 """Randomized crash soak: the broker is SIGKILLed at seeded random moments while four sessions
 exchange a few thousand messages; the checker proves 0 lost acknowledged messages and 0
-duplicates in any inbox (docs/delivery.md). More: ``python tests/soak.py --messages N --kills M``.
+duplicates in any inbox (docs/delivery.md). More: ``python -m tests.soak --messages N --kills M``.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import tempfile
 from pathlib import Path
 
 from tests import soak
+from tests.procs import sigkill_broker
 
 
 def test_soak_broker_killed_at_random_moments() -> None:
@@ -17,7 +18,7 @@ def test_soak_broker_killed_at_random_moments() -> None:
     try:
         report = soak.run_soak(home, messages=2400, sessions=4, kills=6, seed=20240607)
     finally:
-        soak.sigkill_broker(home)
+        sigkill_broker(home)
         shutil.rmtree(home, ignore_errors=True)
     print(report.summary())
     assert report.attempted == 2400

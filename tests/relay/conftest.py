@@ -46,7 +46,7 @@ from tests.pgharness import (  # noqa: E402, F401  (fixtures are found by name)
     pg_template,
     pg_url,
 )
-from tests.soak import clean_env  # noqa: E402
+from tests.procs import clean_env  # noqa: E402
 
 # Imported names the tests take from here (for mypy, imports are re-exported only when listed).
 __all__ = ["CLI", "Listener", "wait_for"]

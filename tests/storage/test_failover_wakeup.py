@@ -15,7 +15,7 @@ from crossintercom.storage.wakeup import PostgresWaiter, channel_name, connectio
 from crossintercom.tools.pgcluster import pg_bin
 from crossintercom.tools.pgreplica import ReplicatedPostgres
 from tests.pgharness import pg_unavailable
-from tests.soak import wait_for
+from tests.procs import wait_for
 
 
 @pytest.mark.pg
