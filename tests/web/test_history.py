@@ -105,3 +105,37 @@ def test_a_burst_stays_bounded_and_older_pages_walk_back_through_it(
     page.click('#filter-form button[type="reset"]')
     page.wait_for_selector(f'#feed li[data-id="{burst[-1]}"]')
     page.close()
+
+
+def test_a_filters_late_answer_does_not_replace_the_resets(
+    sqlite_cluster: Cluster, browser: Any, web_servers: list[WebServer]
+) -> None:
+    """Two feed loads answering out of order (a filter held back by the test, then a reset):
+    the reset's answer stays on screen when the filter's arrives after it."""
+    (b,) = hosts_for(sqlite_cluster, 1, False)
+    b.listen("bob")
+    web = start_web(b, "--as", "boss")
+    web_servers.append(web)
+    sent = b.client("carol").send("bob", "plain mail").id
+    refused = b.cli_json("send", "--as", "carol", "--to", "nobody", "x", expect_rc=3)["error"]
+    page = browser.new_page()
+    page.goto(web.url)
+    page.wait_for_selector(f'#feed li[data-id="{sent}"]')
+
+    held: list[Any] = []
+
+    def hold(route: Any) -> None:
+        held.append(route)
+
+    page.route(lambda url: "/api/feed" in url and "kind=refusal" in url, hold)
+    page.select_option('#filter-form [name="kind"]', "refusal")
+    page.click('#filter-form button[type="submit"]')
+    wait_for(lambda: page.evaluate("1") and held, 30, "the filter's request")
+    with page.expect_response(lambda r: "/api/feed" in r.url and "kind=" not in r.url):
+        page.click('#filter-form button[type="reset"]')
+    assert page.get_attribute("#feed", "aria-busy") == "true"  # the filter's load is still open
+    with page.expect_response(lambda r: "kind=refusal" in r.url):
+        held[0].continue_()
+    page.wait_for_selector('#feed[aria-busy="false"]')
+    ids = page.eval_on_selector_all("#feed > li", "els => els.map(e => e.dataset.id)")
+    assert sent in ids and refused["id"] in ids

@@ -114,23 +114,50 @@ function filterParams() {
   return params;
 }
 
+// Feed loads may answer out of order (a filter, a reset, the reload after a reconnect, an older
+// page): only the answer to the newest filter is shown, and an older page only under the
+// filters it was asked with. An error answer leaves the list as it was. The list is aria-busy
+// while any load is under way (docs/web.md).
+let feedSeq = 0;
+let feedLoads = 0;
+
+async function loading(fn) {
+  const list = document.getElementById("feed");
+  feedLoads += 1;
+  list.setAttribute("aria-busy", "true");
+  try {
+    await fn();
+  } finally {
+    feedLoads -= 1;
+    if (!feedLoads) list.setAttribute("aria-busy", "false");
+  }
+}
+
 async function loadOlder() {
   if (!older) return;
+  const seq = feedSeq;
   const params = filterParams();
   params.set("before", older);
-  const page = await getJSON(`/api/feed?${params}`);
-  addOlder(page.messages || []);
-  older = page.before;
-  document.getElementById("older").hidden = !older;
+  await loading(async () => {
+    const page = await getJSON(`/api/feed?${params}`);
+    if (seq !== feedSeq || !Array.isArray(page.messages)) return;
+    addOlder(page.messages);
+    older = page.before;
+    document.getElementById("older").hidden = !older;
+  });
 }
 
 async function applyFilters() {
+  const seq = ++feedSeq;
   const params = filterParams();
   view.filters = Object.fromEntries(params);
-  const page = await getJSON(`/api/feed?${params}`);
-  resetFeed(page.messages || []);
-  older = page.before;
-  document.getElementById("older").hidden = !older;
+  await loading(async () => {
+    const page = await getJSON(`/api/feed?${params}`);
+    if (seq !== feedSeq || !Array.isArray(page.messages)) return;
+    resetFeed(page.messages);
+    older = page.before;
+    document.getElementById("older").hidden = !older;
+  });
 }
 
 // --- search -------------------------------------------------------------------------------------
