@@ -1,0 +1,110 @@
+"""Row security asks who a host role is once per statement (migration 0014): every policy calls
+``crossintercom_host()`` only inside a scalar subquery, which the server plans as an InitPlan run
+once, not once per row; a later revision that writes policies afresh must keep that shape.
+What the policies allow is the attack suites' to check (test_host_roles_attack.py and others)."""
+
+from __future__ import annotations
+
+import re
+
+import psycopg
+import pytest
+from psycopg import sql
+from sqlalchemy.engine import make_url
+
+from crossintercom.storage import Ack, OutboundItem, open_store
+from crossintercom.storage.blocking import run
+from crossintercom.storage.migrate import downgrade, upgrade
+from crossintercom.storage.roles import grant_host
+from tests.hostroles import drop_host_roles, role_url
+from tests.pgharness import PgServer
+from tests.procs import wait_for
+
+pytestmark = pytest.mark.pg
+Conn = psycopg.Connection[tuple[object, ...]]
+PASSWORD = "c0st-r0le"
+MESSAGES = 40
+
+_WRAPPED = re.compile(r"\(\s*SELECT\s+(?:public\.)?crossintercom_host\(\)[^)]*\)")
+_BARE = re.compile(r"crossintercom_host\(\)")
+
+
+def _bare_calls(libpq: str) -> dict[str, int]:
+    """Per policy, the calls of the function that are not a scalar subquery of their own."""
+    with psycopg.connect(libpq) as conn:
+        rows = conn.execute(
+            "SELECT tablename || '.' || policyname, qual, with_check FROM pg_policies "
+            "WHERE schemaname = 'public'"
+        ).fetchall()
+    assert rows, "no policies installed"
+    return {
+        str(name): sum(len(_BARE.findall(_WRAPPED.sub("", c or ""))) for c in clauses)
+        for name, *clauses in rows
+    }
+
+
+def test_every_policy_asks_for_the_host_once_per_statement(pg_empty_url: str) -> None:
+    libpq = pg_empty_url.replace("+psycopg", "")
+    upgrade(pg_empty_url)
+    assert {k: v for k, v in _bare_calls(libpq).items() if v} == {}
+    downgrade(pg_empty_url, "0013")
+    assert sum(_bare_calls(libpq).values()) > 0  # the rows' own calls again
+    upgrade(pg_empty_url)
+    assert {k: v for k, v in _bare_calls(libpq).items() if v} == {}
+
+
+def _host_calls(admin: Conn) -> int:
+    row = admin.execute(
+        "SELECT calls FROM pg_stat_user_functions WHERE funcname = 'crossintercom_host'"
+    ).fetchone()
+    return int(str(row[0])) if row else 0
+
+
+def test_a_batch_asks_for_the_host_a_few_times_per_message(
+    pg_server: PgServer, pg_url: str
+) -> None:
+    """Counted by the server (``track_functions``): two host roles' enqueue, fetch and ack of
+    40 messages. Before migration 0014 the function ran 18 times per message (once or more per
+    row and policy); now the policies ask once per statement, and what is left per message is
+    the calls inside the row-dependent functions (a message's sender, whether it was addressed
+    to the role's host)."""
+    libpq = pg_url.replace("+psycopg", "")
+    database = make_url(pg_url).database or ""
+    roles: list[str] = []
+    with psycopg.connect(libpq, autocommit=True) as admin:
+        admin.execute(
+            sql.SQL("ALTER DATABASE {} SET track_functions = 'all'").format(
+                sql.Identifier(database)
+            )
+        )
+        try:
+            stores = []
+            for host in ("cost-a", "cost-b"):
+                role, _ = grant_host(pg_url, host, PASSWORD)
+                roles.append(role)
+                stores.append(run(open_store(role_url(pg_url, role, PASSWORD))))
+            a, b = stores
+            ga, gb = run(a.claim_host("cost-a")), run(b.claim_host("cost-b"))
+            before = _host_calls(admin)
+            items = [
+                OutboundItem(f"m{i}", "cost-a", "cost-b", "s1", f"{i:064d}", {"id": f"m{i}"}, 20)
+                for i in range(MESSAGES)
+            ]
+            run(a.enqueue(items, generation=ga))
+            rows = run(b.fetch_inbound("cost-b", gb, session_ids=["s1"]))
+            assert len(rows) == MESSAGES
+            run(b.ack("cost-b", gb, [Ack(r.message_id, "s1", "delivered") for r in rows]))
+            for store in stores:
+                run(store.aclose())
+            # A backend's counts reach the shared view before it leaves pg_stat_activity.
+            wait_for(lambda: not _backends_of(admin, roles), 30, "the roles' sessions to end")
+            calls = _host_calls(admin) - before
+        finally:
+            drop_host_roles(pg_server, roles, pg_url)
+    assert 0 < calls <= 5 * MESSAGES, calls
+
+
+def _backends_of(admin: Conn, roles: list[str]) -> list[tuple[object, ...]]:
+    return admin.execute(
+        "SELECT pid FROM pg_stat_activity WHERE usename = ANY(%s)", (roles,)
+    ).fetchall()
