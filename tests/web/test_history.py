@@ -139,3 +139,29 @@ def test_a_filters_late_answer_does_not_replace_the_resets(
     page.wait_for_selector('#feed[aria-busy="false"]')
     ids = page.eval_on_selector_all("#feed > li", "els => els.map(e => e.dataset.id)")
     assert sent in ids and refused["id"] in ids
+
+
+def test_mail_that_arrives_before_the_live_stream_opens_is_shown(
+    sqlite_cluster: Cluster, browser: Any, web_servers: list[WebServer]
+) -> None:
+    """The page's live stream held back by the test while a message arrives: the server pushes
+    it to no stream, and the page shows it once its stream opens."""
+    (b,) = hosts_for(sqlite_cluster, 1, False)
+    b.listen("bob")
+    web = start_web(b, "--as", "boss")
+    web_servers.append(web)
+    page = browser.new_page()
+    held: list[Any] = []
+
+    def hold(route: Any) -> None:
+        held.append(route)
+
+    page.route(lambda url: url.endswith("/events"), hold)
+    page.goto(web.url)
+    wait_for(lambda: page.evaluate("1") and held, 30, "the live stream's request")
+    sent = b.client("carol").send("bob", "while the stream was not open").id
+    wait_for(lambda: sent in [m["id"] for m in feed_page(web, "")["messages"]], 30, "the server")
+    assert not page.is_visible(f'#feed li[data-id="{sent}"]')
+    held[0].continue_()
+    page.wait_for_selector("#live.on")
+    page.wait_for_selector(f'#feed li[data-id="{sent}"]')

@@ -160,6 +160,16 @@ async function applyFilters() {
   });
 }
 
+// The newest page merged in as live messages are: what an open item holds stays as it is.
+async function catchUp() {
+  const seq = feedSeq;
+  await loading(async () => {
+    const page = await getJSON(`/api/feed?${filterParams()}`);
+    if (seq !== feedSeq || !Array.isArray(page.messages)) return;
+    for (const m of [...page.messages].reverse()) addMessage(m);
+  });
+}
+
 // --- search -------------------------------------------------------------------------------------
 
 function highlighted(snippet) {
@@ -262,7 +272,9 @@ function connect() {
   source.addEventListener("open", () => {
     live.textContent = "live"; live.className = "badge on";
     document.getElementById("reload").hidden = true;
-    if (down) { down = false; applyFilters(); }  // what arrived meanwhile
+    // What arrived while the stream was down, or between the page's render and the stream's
+    // first start (pushed to the streams open then, so not to this one).
+    if (down) { down = false; applyFilters(); } else catchUp();
   });
   source.addEventListener("error", () => {
     down = true;
