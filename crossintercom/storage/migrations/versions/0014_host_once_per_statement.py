@@ -55,7 +55,9 @@ def _rewrite(how: Callable[[str], str]) -> None:
     if bind.dialect.name != "postgresql":
         return
     # Printed and read back with only the catalog and the store's schema on the path: nothing
-    # of the session's own (a temporary table) can be read into a policy.
+    # of the session's own (a temporary table) can be read into a policy. The revisions after
+    # this one run with the path as it was.
+    path = bind.execute(sa.text("SELECT pg_catalog.current_setting('search_path')")).scalar()
     op.execute("SET LOCAL search_path = pg_catalog, public, pg_temp")
     rows = bind.execute(
         sa.text(
@@ -70,6 +72,8 @@ def _rewrite(how: Callable[[str], str]) -> None:
                 clauses.append(f"{keyword} ({how(clause)})")
         if clauses:
             op.execute(f"ALTER POLICY {name} ON public.{table} {' '.join(clauses)}")
+    restore = sa.text("SELECT pg_catalog.set_config('search_path', :path, true)")
+    bind.execute(restore, {"path": path})
 
 
 def upgrade() -> None:
