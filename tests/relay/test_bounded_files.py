@@ -16,7 +16,7 @@ from crossintercom.runtime import bound_wal, truncate_wal
 from crossintercom.storage.tables import deliveries, messages
 from crossintercom.storage.wakeup import doorbell_dir
 from tests.relay.conftest import Cluster, wait_for
-from tests.relay.test_relay_faults import ACKED, settle, stream
+from tests.relay.faultkit import ACKED, settle, stream
 
 
 def _message(text: str = "x" * 200) -> Message:

@@ -14,7 +14,7 @@ from sqlalchemy import create_engine, func, select
 from crossintercom.storage.tables import deliveries, messages
 from crossintercom.tools.harness import BULK_SENDER
 from tests.relay.conftest import Cluster, wait_for
-from tests.relay.test_relay_faults import ACKED, stream_in_background
+from tests.relay.faultkit import ACKED, stream_in_background
 
 MAX_ENTRIES = 40
 WAL_MAX = 64 * 1024

@@ -26,8 +26,8 @@ from crossintercom.testhooks import FAULTS_ENV
 # Never a real disk: it refuses anything but a small tmpfs (this test mounts one).
 from crossintercom.tools.chaos.disk import fill
 from tests.relay.conftest import Cluster, Host, Listener, wait_for
+from tests.relay.faultkit import ACKED, report, settle, stream
 from tests.relay.frozen import stopped
-from tests.relay.test_relay_faults import ACKED, report, settle, stream
 
 # Mail resumes by itself this soon after the fault is gone (the client retries every 5 s).
 RECOVERY_S = 30.0

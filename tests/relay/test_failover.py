@@ -25,8 +25,8 @@ from crossintercom.tools.pgreplica import ReplicatedPostgres
 from tests.pgharness import PgServer, pg_unavailable
 from tests.relay.conftest import Cluster, Host, wait_for
 from tests.relay.failover import SINK, Traffic, tally
+from tests.relay.faultkit import ACKED, report, stream
 from tests.relay.frozen import freeze_after_read, thaw
-from tests.relay.test_relay_faults import ACKED, report, stream
 
 pytestmark = pytest.mark.pg
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections import Counter
 
 from tests.relay.conftest import Cluster, wait_for
+from tests.relay.faultkit import ACKED, report, stream
 from tests.relay.frozen import freeze_after_read, thaw
-from tests.relay.test_relay_faults import ACKED, report, stream
 
 
 def test_frozen_relay_is_fenced_after_takeover(cluster: Cluster) -> None:

@@ -13,7 +13,7 @@ from crossintercom.config import ENV_STORE
 from crossintercom.storage.engine import PG_CONNECT_TIMEOUT_S, PG_OPERATION_DEADLINE_S
 from tests.proxy import TcpProxy
 from tests.relay.conftest import Cluster, wait_for
-from tests.relay.test_relay_faults import ACKED, report, settle, stream
+from tests.relay.faultkit import ACKED, report, settle, stream
 
 
 @pytest.mark.pg
