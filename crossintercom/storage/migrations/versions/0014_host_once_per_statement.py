@@ -10,7 +10,7 @@ statement (an InitPlan). What each policy allows is unchanged: the same function
 comparisons; docs/operations.md, "Per-host roles", and docs/performance.md for what it moved.
 
 The policies are rewritten as the catalog holds them (whatever codes the revisions before
-widened them with). tests/storage/test_host_roles_attack.py checks that every installed policy
+widened them with). tests/storage/test_installed_policies.py checks that every installed policy
 calls the function only inside a subquery, so a later revision that creates policies afresh
 must write them this way too.
 

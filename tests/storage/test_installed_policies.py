@@ -1,7 +1,8 @@
-"""Row security asks who a host role is once per statement (migration 0014): every policy calls
-``crossintercom_host()`` only inside a scalar subquery, which the server plans as an InitPlan run
-once, not once per row; a later revision that writes policies afresh must keep that shape.
-What the policies allow is the attack suites' to check (test_host_roles_attack.py and others)."""
+"""What the installed row-security policies hold, read from the catalog: every code a receipt
+may carry, and the host a role is asked for once per statement (migration 0014: every policy
+calls ``crossintercom_host()`` only inside a scalar subquery, which the server runs once, not
+once per row). A later revision that writes policies afresh must keep both. What the policies
+allow is the attack suites' to check (test_host_roles_attack.py and others)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 from psycopg import sql
 from sqlalchemy.engine import make_url
 
+from crossintercom.codes import Code
 from crossintercom.storage import Ack, OutboundItem, open_store
 from crossintercom.storage.blocking import run
 from crossintercom.storage.migrate import downgrade, upgrade
@@ -108,3 +110,30 @@ def _backends_of(admin: Conn, roles: list[str]) -> list[tuple[object, ...]]:
     return admin.execute(
         "SELECT pid FROM pg_stat_activity WHERE usename = ANY(%s)", (roles,)
     ).fetchall()
+
+
+def _code_checks(libpq: str) -> dict[str, str]:
+    """The policies that check a code (a receipt's, a delivery's reason): name -> WITH CHECK."""
+    with psycopg.connect(libpq) as conn:
+        rows = conn.execute(
+            "SELECT policyname, with_check FROM pg_policies "
+            "WHERE with_check LIKE '%not_found%' ORDER BY policyname"
+        ).fetchall()
+    return {str(name): str(check) for name, check in rows}
+
+
+def test_every_code_is_one_a_receipt_may_carry(pg_empty_url: str) -> None:
+    """The installed policies take every code of the list (a new code needs a migration that
+    widens them); a downgrade gives back the previous revision's list."""
+    libpq = pg_empty_url.replace("+psycopg", "")
+    upgrade(pg_empty_url)
+    checks = _code_checks(libpq)
+    assert sorted(checks) == ["deliveries_finish", "deliveries_send", "receipts_write"]
+    for name, check in checks.items():
+        missing = [c.value for c in Code if f"'{c.value}'" not in check]
+        assert missing == [], f"{name}: add these codes to the policies in a new migration"
+    downgrade(pg_empty_url, "0007")
+    assert all("'relay_already_running'" not in c for c in _code_checks(libpq).values())
+    assert all("'relay_in_use'" in c for c in _code_checks(libpq).values())
+    upgrade(pg_empty_url)
+    assert _code_checks(libpq) == checks
