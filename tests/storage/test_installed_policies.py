@@ -31,17 +31,27 @@ _WRAPPED = re.compile(r"\(\s*SELECT\s+(?:public\.)?crossintercom_host\(\)[^)]*\)
 _BARE = re.compile(r"crossintercom_host\(\)")
 
 
-def _bare_calls(libpq: str) -> dict[str, int]:
-    """Per policy, the calls of the function that are not a scalar subquery of their own."""
+def _policies(libpq: str) -> list[tuple[str, str | None, str | None]]:
+    """(name, USING, WITH CHECK) of every policy on the store's tables, as the server prints
+    them."""
     with psycopg.connect(libpq) as conn:
         rows = conn.execute(
-            "SELECT tablename || '.' || policyname, qual, with_check FROM pg_policies "
-            "WHERE schemaname = 'public'"
+            "SELECT policyname, qual, with_check FROM pg_policies "
+            "WHERE schemaname = 'public' ORDER BY policyname"
         ).fetchall()
     assert rows, "no policies installed"
+    return [(str(n), _text(u), _text(c)) for n, u, c in rows]
+
+
+def _text(value: object) -> str | None:
+    return None if value is None else str(value)
+
+
+def _bare_calls(libpq: str) -> dict[str, int]:
+    """Per policy, the calls of the function that are not a scalar subquery of their own."""
     return {
-        str(name): sum(len(_BARE.findall(_WRAPPED.sub("", c or ""))) for c in clauses)
-        for name, *clauses in rows
+        name: sum(len(_BARE.findall(_WRAPPED.sub("", c or ""))) for c in (using, check))
+        for name, using, check in _policies(libpq)
     }
 
 
@@ -114,12 +124,7 @@ def _backends_of(admin: Conn, roles: list[str]) -> list[tuple[object, ...]]:
 
 def _code_checks(libpq: str) -> dict[str, str]:
     """The policies that check a code (a receipt's, a delivery's reason): name -> WITH CHECK."""
-    with psycopg.connect(libpq) as conn:
-        rows = conn.execute(
-            "SELECT policyname, with_check FROM pg_policies "
-            "WHERE with_check LIKE '%not_found%' ORDER BY policyname"
-        ).fetchall()
-    return {str(name): str(check) for name, check in rows}
+    return {n: c for n, _, c in _policies(libpq) if c is not None and "'not_found'" in c}
 
 
 def test_every_code_is_one_a_receipt_may_carry(pg_empty_url: str) -> None:
