@@ -16,7 +16,7 @@ from crossintercom.local_broker.delivery import Delivery
 from crossintercom.local_broker.ratelimit import RateLimiter
 from crossintercom.local_broker.registry import Registry
 from crossintercom.local_broker.state import BrokerState
-from crossintercom.models import Message, Outcome, Receipt
+from crossintercom.models import REFUSAL_ADVICE, Message, Outcome, Receipt
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ class Handover:
                         Outcome.REFUSED,
                         recipient,
                         Code.REPLY_NOT_AUTHORISED,
-                        "that ask was not sent to this sender",
+                        REFUSAL_ADVICE[Code.REPLY_NOT_AUTHORISED],
                     )
             elif self.registry.is_local(recipient):
                 receipt = await self.delivery.deliver(msg, recipient, asker_host=msg.sender.host)

@@ -13,7 +13,7 @@ import msgspec
 
 from crossintercom.errors import Code
 from crossintercom.local_broker.authority import Decision, DecisionKind
-from crossintercom.models import Outcome, Receipt, SendResult, weakest
+from crossintercom.models import REFUSAL_ADVICE, Outcome, Receipt, SendResult, weakest
 
 
 class Push(Enum):
@@ -103,7 +103,7 @@ def reply_receipt(reply_id: str, asker: str, *, pushed: bool, durable: bool) -> 
         Outcome.REFUSED,
         asker,
         Code.ASKER_GONE,
-        "the asking session has left and keeps no mailbox",
+        REFUSAL_ADVICE[Code.ASKER_GONE],
     )
 
 

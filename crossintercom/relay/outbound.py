@@ -255,8 +255,8 @@ def _receipt_now(
             "the store connection dropped during commit",
         )
     if res.code is not None:
-        _, code, text = outcome_for_state(State.REFUSED, res.code)
-        return Receipt(msg_id, Outcome.REFUSED, sid, code, text)
+        outcome, code, text = outcome_for_state(State.REFUSED, res.code)
+        return Receipt(msg_id, outcome, sid, code, text)
     if res.state != "queued":
         # A retry of a message whose row was already settled: the row's state answers.
         outcome, code, text = outcome_for_state(res.state, None)

@@ -50,10 +50,6 @@ def once(clause: str) -> str:
     return _BARE.sub(ONCE, bare(clause))
 
 
-def _quoted(identifier: str) -> str:
-    return '"' + identifier.replace('"', '""') + '"'
-
-
 def _rewrite(how: Callable[[str], str]) -> None:
     bind = op.get_bind()
     if bind.dialect.name != "postgresql":
@@ -75,7 +71,8 @@ def _rewrite(how: Callable[[str], str]) -> None:
             if clause is not None and how(clause) != clause:
                 clauses.append(f"{keyword} ({how(clause)})")
         if clauses:
-            target = f"{_quoted(name)} ON public.{_quoted(table)}"
+            quoted = bind.dialect.identifier_preparer.quote_identifier
+            target = f"{quoted(name)} ON public.{quoted(table)}"
             op.execute(f"ALTER POLICY {target} {' '.join(clauses)}")
     restore = sa.text("SELECT pg_catalog.set_config('search_path', :path, true)")
     bind.execute(restore, {"path": path})
