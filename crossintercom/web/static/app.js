@@ -115,57 +115,47 @@ function filterParams() {
 }
 
 // Feed loads may answer out of order (a filter, a reset, the reload after a reconnect, an older
-// page): only the answer to the newest filter is shown, and an older page only under the
-// filters it was asked with. An error answer leaves the list as it was. The list is aria-busy
-// while any load is under way (docs/web.md).
+// page, the catch-up when the stream opens): ``use`` gets an answer only if no newer filter was
+// asked for after ``seq`` and the answer is a page (an error answer leaves the list as it was).
+// The list is aria-busy while any load is under way (docs/web.md).
 let feedSeq = 0;
 let feedLoads = 0;
 
-async function loading(fn) {
+async function feedLoad(params, seq, use) {
   const list = document.getElementById("feed");
   feedLoads += 1;
   list.setAttribute("aria-busy", "true");
   try {
-    await fn();
+    const page = await getJSON(`/api/feed?${params}`);
+    if (seq === feedSeq && Array.isArray(page.messages)) use(page);
   } finally {
     feedLoads -= 1;
     if (!feedLoads) list.setAttribute("aria-busy", "false");
   }
 }
 
+function showOlderButton(page) {
+  older = page.before;
+  document.getElementById("older").hidden = !older;
+}
+
 async function loadOlder() {
   if (!older) return;
-  const seq = feedSeq;
   const params = filterParams();
   params.set("before", older);
-  await loading(async () => {
-    const page = await getJSON(`/api/feed?${params}`);
-    if (seq !== feedSeq || !Array.isArray(page.messages)) return;
-    addOlder(page.messages);
-    older = page.before;
-    document.getElementById("older").hidden = !older;
-  });
+  await feedLoad(params, feedSeq, (page) => { addOlder(page.messages); showOlderButton(page); });
 }
 
 async function applyFilters() {
   const seq = ++feedSeq;
   const params = filterParams();
   view.filters = Object.fromEntries(params);
-  await loading(async () => {
-    const page = await getJSON(`/api/feed?${params}`);
-    if (seq !== feedSeq || !Array.isArray(page.messages)) return;
-    resetFeed(page.messages);
-    older = page.before;
-    document.getElementById("older").hidden = !older;
-  });
+  await feedLoad(params, seq, (page) => { resetFeed(page.messages); showOlderButton(page); });
 }
 
 // The newest page merged in as live messages are: what an open item holds stays as it is.
 async function catchUp() {
-  const seq = feedSeq;
-  await loading(async () => {
-    const page = await getJSON(`/api/feed?${filterParams()}`);
-    if (seq !== feedSeq || !Array.isArray(page.messages)) return;
+  await feedLoad(filterParams(), feedSeq, (page) => {
     for (const m of [...page.messages].reverse()) addMessage(m);
   });
 }
