@@ -49,6 +49,8 @@ class Code(StrEnum):
     OVER_CAPACITY = "over_capacity"
     REPLY_NOT_AUTHORISED = "reply_not_authorised"
     ALREADY_REPLIED = "already_replied"
+    # A second `resend` of one dead letter: it was sent again already (docs/delivery.md).
+    ALREADY_RESENT = "already_resent"
     ASKER_GONE = "asker_gone"
     BAD_MESSAGE = "bad_message"
     # A field documented as one line (a subject, an attachment's name, a status) holds a line

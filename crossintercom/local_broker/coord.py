@@ -92,7 +92,7 @@ async def _on_resend(broker: Broker, conn: Conn, f: p.Resend) -> None:
         raise ProtocolError(
             f"dead letter {f.id} was already resent as {dead.resent_as}; "
             "if that one failed too, resend it",
-            code=Code.INVALID_ARGUMENT,
+            code=Code.ALREADY_RESENT,
         )
     body = msgspec.structs.replace(
         dead.message,

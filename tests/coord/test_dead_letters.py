@@ -58,7 +58,7 @@ def test_expired_and_refused_mail_is_listed_and_resent(cluster: Cluster) -> None
     missing = a.cli_json("resend", "--as", "planner", "no-such-id", expect_rc=3)
     assert missing["error"]["code"] == "not_found"
     twice = a.cli_json("resend", "--as", "planner", queued["id"], expect_rc=3)
-    assert twice["error"]["code"] == "invalid_argument"
+    assert twice["error"]["code"] == "already_resent"
     assert f"already resent as {again['id']}" in twice["error"]["message"]
     worker.no_message()  # no second copy
     other = a.cli_json("resend", "--as", "planner", queued["id"], "--recipient", "x", expect_rc=3)

@@ -137,6 +137,13 @@ def test_every_code_is_one_a_receipt_may_carry(pg_empty_url: str) -> None:
     for name, check in checks.items():
         missing = [c.value for c in Code if f"'{c.value}'" not in check]
         assert missing == [], f"{name}: add these codes to the policies in a new migration"
+    downgrade(pg_empty_url, "0013")
+    upgrade(pg_empty_url, "0014")
+    assert all("'already_resent'" not in c for c in _code_checks(libpq).values())
+    at_0014 = _policies(libpq)
+    upgrade(pg_empty_url, "0015")
+    downgrade(pg_empty_url, "0014")
+    assert _policies(libpq) == at_0014  # 0015's way down gives back what 0014 installed
     downgrade(pg_empty_url, "0007")
     assert all("'relay_already_running'" not in c for c in _code_checks(libpq).values())
     assert all("'relay_in_use'" in c for c in _code_checks(libpq).values())
