@@ -141,6 +141,10 @@ async def self_check(path: Path) -> None:
 async def serve(settings: Settings, authority: DedupAuthority, state: BrokerState) -> None:
     broker = Broker(settings, authority, state)
     server = Server(broker)
+    # Files made before us (or by another umask) get our modes before the socket listens: a
+    # client may count the broker up once a connect succeeds, and a mode changed after that is
+    # the caller's, and stays (docs/operations.md).
+    secure_tree(settings)
     sock = bind(settings)
     aserver = await asyncio.start_unix_server(
         server.handle_connection, sock=sock, limit=settings.max_frame_bytes + 1024
@@ -148,9 +152,6 @@ async def serve(settings: Settings, authority: DedupAuthority, state: BrokerStat
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, broker.stop)
-    # Files made before us (or by another umask) get our modes before any client has had an
-    # answer: a mode changed once a client saw the broker up is the caller's, and stays.
-    secure_tree(settings)
     housekeeping = loop.create_task(broker.housekeeping())
     try:
         await self_check(settings.socket_path)

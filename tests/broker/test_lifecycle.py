@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import stat
 import subprocess
 import sys
 import time
@@ -335,75 +334,3 @@ def test_log_handler_stays_under_cap_with_many_lines(tmp_path: Path) -> None:
     # Every kept line is whole: the cut is made at a line boundary.
     assert all(ln.startswith(("line ", "[log truncated")) for ln in text.splitlines())
     handler.close()
-
-
-# --- runtime modes (docs/operations.md) ----------------------------------------------------------
-
-
-def all_entries(home: Path) -> list[Path]:
-    return [home, *sorted(home.rglob("*"))]
-
-
-def test_default_modes(cli_env: dict[str, str], runtime_home: Path) -> None:
-    with Listener(cli_env, "worker") as worker:
-        assert cli_json(cli_env, "send", "--to", "worker", "hi")["outcome"] == "delivered"
-        worker.messages(1)
-        checked = set()
-        for path in all_entries(runtime_home):
-            st = path.lstat()
-            mode = stat.S_IMODE(st.st_mode)
-            if stat.S_ISDIR(st.st_mode):
-                assert mode == 0o700, path
-            else:
-                assert mode == 0o600, (path, oct(mode))
-            checked.add(path.name)
-        assert stat.S_ISSOCK((runtime_home / "broker.sock").lstat().st_mode)
-        assert {"broker.sock", "broker.pid", "broker.log", "inbox"} <= checked
-
-
-def test_loose_runtime_dir_is_tightened(cli_env: dict[str, str], runtime_home: Path) -> None:
-    runtime_home.chmod(0o755)
-    out = run_cli(cli_env, "list", "--json")
-    assert out.returncode == 0, out.stderr
-    assert stat.S_IMODE(runtime_home.stat().st_mode) == 0o700
-    assert "tightened" in out.stderr  # and logged
-
-
-def test_loose_inbox_files_are_tightened(cli_env: dict[str, str], runtime_home: Path) -> None:
-    # The broker stays up between the sends: a restarted one re-modes the inbox files itself
-    # (logged in broker.log), before the client could.
-    (runtime_home / "config.json").write_text(json.dumps({"idle_exit_s": 600}))
-    assert cli_json(cli_env, "send", "--as", "me", "--to", "me", "hi")["outcome"] == "delivered"
-    files = sorted((runtime_home / "inbox").iterdir())
-    assert files
-    for f in files:
-        f.chmod(0o644)
-    out = run_cli(cli_env, "send", "--as", "me", "--to", "me", "again")
-    assert out.returncode == 0, out.stderr
-    for f in sorted((runtime_home / "inbox").iterdir()):
-        assert stat.S_IMODE(f.stat().st_mode) == 0o600, f
-    assert "inbox file mode tightened" in out.stderr
-
-
-def test_loose_broker_files_are_tightened(cli_env: dict[str, str], runtime_home: Path) -> None:
-    for name in ("broker.log", "broker.pid", "broker.sqlite"):
-        (runtime_home / name).touch(mode=0o644)
-        (runtime_home / name).chmod(0o644)
-    assert run_cli(cli_env, "list", "--json").returncode == 0
-    for name in ("broker.log", "broker.pid", "broker.sqlite"):
-        assert stat.S_IMODE((runtime_home / name).stat().st_mode) == 0o600, name
-
-
-def test_group_modes(runtime_home: Path) -> None:
-    home = runtime_home / "shared"
-    env = make_env(home, CROSSINTERCOM_GROUP="daemon")
-    assert cli_json(env, "send", "--as", "me", "--to", "me", "hi")["outcome"] == "delivered"
-    import grp
-
-    gid = grp.getgrnam("daemon").gr_gid
-    for path in all_entries(home):
-        st = path.lstat()
-        mode = stat.S_IMODE(st.st_mode)
-        # sticky directories: no member renames or deletes another's files
-        assert mode == (0o1770 if stat.S_ISDIR(st.st_mode) else 0o660), (path, oct(mode))
-        assert st.st_gid == gid, path
