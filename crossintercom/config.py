@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from crossintercom.errors import ConfigError
+from crossintercom.safetext import is_ignorable
 
 ENV_HOME = "CROSSINTERCOM_HOME"
 ENV_STORE = "CROSSINTERCOM_STORE"
@@ -64,6 +65,8 @@ def valid_host_id(host_id: str) -> bool:
         and host_id.isprintable()
         and not any(c.isspace() for c in host_id)
         and "/" not in host_id
+        # Shown as nothing or as a blank, it would make one host read as another.
+        and not any(is_ignorable(c) for c in host_id)
     )
 
 

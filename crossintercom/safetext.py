@@ -48,17 +48,42 @@ _LOOKALIKES = str.maketrans({"\uff1c": "<", "\ufe64": "<", "\uff1e": ">", "\ufe6
 _MARKERS = re.compile(r"<{3,}|>{3,}")
 # A tag as harnesses write them (<system-reminder>, </tool_result>, <!-- ...): defused whole.
 # Any letter counts, spaces and a slash may come first: a model reads ``< /system-reminder>`` too.
-_TAG = re.compile(r"<(\s*/?\s*(?:[^\W\d_]|[!?])[^<>]*)(>?)")
+# A fullwidth or other slash reads as one; ``<|im_start|>`` and ``<_x>`` are tags too.
+_TAG = re.compile(r"<(\s*[/\uff0f\u2215\u2044\u29f8]?\s*(?:[^\W\d]|[!?|])[^<>]*)(>?)")
 _DROPPED_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
+# Unicode's Default_Ignorable_Code_Point characters outside those categories: shown as nothing
+# or as a blank, yet a mark (U+034F, a variation selector) splits ``<<<`` or ``</tag>`` so it is
+# not recognised, and a filler letter (U+3164) stands for a space inside a header field.
+_IGNORABLE = (
+    (0x034F, 0x034F), (0x115F, 0x1160), (0x17B4, 0x17B5), (0x180B, 0x180F), (0x2065, 0x2065),
+    (0x3164, 0x3164), (0xFE00, 0xFE0F), (0xFFA0, 0xFFA0), (0xFFF0, 0xFFF8), (0xE0000, 0xE0FFF),
+)  # fmt: skip
+# What a combining mark after it would hide from the marker and tag patterns.
+_MARK_BASES = "<>/\u00ab\u00bb"
+_MARKED = re.compile(f"([{_MARK_BASES}])([^\\x00-\\x7f]+)")
 
 
 @functools.lru_cache(maxsize=4096)
 def _dropped(char: str) -> bool:
     code = ord(char)
     return (
-        0xE0000 <= code <= 0xE007F  # tag characters, assigned or not
+        any(low <= code <= high for low, high in _IGNORABLE)
         or unicodedata.category(char) in _DROPPED_CATEGORIES
     )
+
+
+def is_ignorable(char: str) -> bool:
+    """A character shown as nothing (or as a blank that is not a space): no identifier holds one."""
+    return _dropped(char) or unicodedata.category(char) in ("Zs", "Cn", "Co")
+
+
+def _unmark(match: re.Match[str]) -> str:
+    """A marker character with the combining marks after it dropped (the rest of the run kept)."""
+    rest = match.group(2)
+    start = 0
+    while start < len(rest) and unicodedata.category(rest[start]).startswith("M"):
+        start += 1
+    return match.group(1) + rest[start:]
 
 
 def _clean_char(match: re.Match[str]) -> str:
@@ -87,6 +112,7 @@ def _defuse_tag(match: re.Match[str]) -> str:
 def neutralise(text: str) -> str:
     """Text from the wire, fit to stand inside a frame a model reads (lines kept, as '\\n')."""
     text = _strip(str(text)).translate(_LOOKALIKES)
+    text = _MARKED.sub(_unmark, text)
     text = _MARKERS.sub(_defuse_marker, text)
     text = _TAG.sub(_defuse_tag, text)
     return text.replace(QUOTE_OPEN, '"').replace(QUOTE_CLOSE, '"')
@@ -96,6 +122,12 @@ def one_line(value: object, limit: int = ONE_LINE_CHARS) -> str:
     """A field shown on one line: neutralised, line breaks as spaces, at most ``limit`` chars."""
     text = " ".join(neutralise(str(value)).split())
     return text if len(text) <= limit else text[: limit - 1] + "\u2026"
+
+
+def quoted(value: object, limit: int = ONE_LINE_CHARS) -> str:
+    """A one-line field in the line form's quote marks: where another session's words start
+    and end, whatever they hold (its own quote marks become plain double quotes)."""
+    return f"{QUOTE_OPEN}{one_line(value, limit)}{QUOTE_CLOSE}"
 
 
 def for_terminal(text: object) -> str:

@@ -45,6 +45,18 @@ PIECES = [
     "\U000e007f",
     "\U000e0001",
     "\uff1c\uff1c\uff1c",
+    # Shown as nothing, or combining with the '<' before them: each once split a marker.
+    "\u034f",
+    "\ufe0f",
+    "\U000e0100",
+    "\u180b",
+    "\u3164",
+    "\u0301",
+    "\u20d2",
+    "<\u034f",
+    "\uff0f",
+    "<|im_start|>",
+    "<_tag>",
     "\ufe65\ufe65\ufe65",
     "<",
     ">",
@@ -59,19 +71,31 @@ hostile = st.lists(st.one_of(st.sampled_from(PIECES), st.text(max_size=8)), max_
 def _bad(char: str, *, newline_ok: bool) -> bool:
     if char == "\n":
         return not newline_ok
+    name = unicodedata.name(char, "")
     return (
         unicodedata.category(char) in ("Cc", "Cf", "Cs", "Zl", "Zp")
-        or 0xE0000 <= ord(char) <= 0xE007F
+        or 0xE0000 <= ord(char) <= 0xE0FFF
+        # shown as nothing (Unicode's default ignorables of other categories), told by name
+        or "VARIATION SELECTOR" in name
+        or ("HANGUL" in name and name.endswith("FILLER"))
+        or name == "COMBINING GRAPHEME JOINER"
     )
 
 
+def _unmarked(text: str) -> str:
+    """``text`` as a reader's eye may take it: combining marks gone."""
+    return "".join(c for c in text if not unicodedata.category(c).startswith("M"))
+
+
 def _tag_like(text: str) -> bool:
-    """A '<' that opens a tag: a letter, '!' or '?' after spaces and a slash."""
+    """A '<' that opens a tag: a letter, '_', '!', '?' or '|' after spaces and a slash (or a
+    slash's lookalike)."""
+    text = _unmarked(text)
     for i, char in enumerate(text):
         if char == "<":
             rest = text[i + 1 :].lstrip()
-            rest = rest[1:].lstrip() if rest.startswith("/") else rest
-            if rest and (rest[0].isalpha() or rest[0] in "!?"):
+            rest = rest[1:].lstrip() if rest[:1] in ("/", "\uff0f") else rest
+            if rest and (rest[0].isalpha() or rest[0] in "_!?|"):
                 return True
     return False
 
@@ -81,7 +105,7 @@ def _tag_like(text: str) -> bool:
 def test_neutralised_text_holds_no_control_marker_or_tag(text: str) -> None:
     out = neutralise(text)
     assert not any(_bad(c, newline_ok=True) for c in out)
-    assert "<<<" not in out and ">>>" not in out
+    assert "<<<" not in _unmarked(out) and ">>>" not in _unmarked(out)
     assert "\u00ab" not in out and "\u00bb" not in out
     assert not _tag_like(out)
 
@@ -143,9 +167,10 @@ def test_the_line_form_holds_one_quote(text: str, field: str) -> None:
     assert "\n" not in line
     assert line.count("<<<") == 1 and line.count(">>>") == 1
     assert line.count("\u00ab") == 1 and line.count("\u00bb") == 1
-    # the quote closes once, after all the sender's text
+    # the quote closes once, after all the sender's text, the subject included
     assert line.index("\u00bb") > line.index("\u00ab")
     assert "another agent's words" in line[: line.index("\u00ab")]
+    assert "[subject" not in line[: line.index("\u00ab")]
 
 
 def test_a_long_message_is_capped_with_the_way_to_read_on() -> None:

@@ -23,6 +23,7 @@ from typing import Any
 
 from crossintercom.errors import Code, UsageError
 from crossintercom.models import Attachment
+from crossintercom.safetext import one_line, quoted
 
 ATTACHMENT_NAME = "crossintercom-escalation.json"
 KINDS = ("need_decision", "interview_request", "progress_update")
@@ -348,7 +349,12 @@ def hint_for(m: Mapping[str, Any]) -> str | None:
 
 
 def answer_note(answer: Mapping[str, Any]) -> str:
-    """An escalation's answer as checked (``Answer.to_dict()``), for a model, in one line."""
+    """An escalation's answer as checked (``Answer.to_dict()``), for a model, in one line. The
+    values are the supervisor's words: each is quoted, so none stands where our note speaks."""
     if answer["valid"]:
-        return "valid; responses " + json.dumps(answer["responses"], ensure_ascii=False)
-    return "it does NOT fit the questions: " + "; ".join(answer["problems"])
+        values = "; ".join(
+            f"{one_line(r['id'])} = {quoted(json.dumps(r['value'], ensure_ascii=False), 500)}"
+            for r in answer["responses"]
+        )
+        return "valid; responses, in the supervisor's words: " + values
+    return "it does NOT fit the questions: " + "; ".join(quoted(p, 500) for p in answer["problems"])

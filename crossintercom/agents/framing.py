@@ -20,11 +20,13 @@ from crossintercom.safetext import (
     MARK_OPEN,
     QUOTE_CLOSE,
     QUOTE_OPEN,
+    is_ignorable,
     neutralise,
     one_line,
+    quoted,
 )
 
-__all__ = ["CLOSE", "OPEN", "QUOTE", "neutralise", "one_line"]
+__all__ = ["CLOSE", "OPEN", "QUOTE", "header_field", "neutralise", "one_line", "quoted"]
 
 OPEN = MARK_OPEN
 CLOSE = MARK_CLOSE
@@ -40,8 +42,14 @@ NOTE_CHARS = 2000
 
 
 def _field(value: object) -> str:
-    """One header value: one line, without spaces that could fake further fields."""
-    return one_line(value).replace(" ", "_") or "?"
+    """One header value: one line, without spaces that could fake further fields. A blank or
+    invisible character shows as ``_`` rather than as nothing, so ``host\u3164A`` and
+    ``ho\u200bstA`` never read as ``hostA``."""
+    shown = "".join("_" if c.isspace() or is_ignorable(c) else c for c in str(value))
+    return one_line(shown) or "?"
+
+
+header_field = _field
 
 
 def sender_of(m: Mapping[str, Any]) -> str:
@@ -167,7 +175,9 @@ def render_block(
 ) -> str:
     """One message as a framed block: header, who it is from, the quoted text, how to answer.
 
-    ``note`` is ours about the message (an escalation answer as parsed), kept inside the frame;
+    ``note`` is ours about the message (an escalation answer as parsed), kept inside the frame:
+    whatever of another session's it holds must come quoted (``safetext.quoted``), since the
+    note is shown as given, flattened and capped, so that those quote marks stay marks;
     ``offset`` starts the text further on (reading a long message in pages).
     """
     mid = _field(m.get("id"))
@@ -189,7 +199,8 @@ def render_block(
         *_notes(m),
     ]
     if note:
-        lines.append(one_line(note, NOTE_CHARS))
+        flat = " ".join(note.split())
+        lines.append(flat if len(flat) <= NOTE_CHARS else flat[: NOTE_CHARS - 1] + "\u2026")
     lines.append(answer_hint(m, as_name))
     if extra_hint:
         lines.append(one_line(extra_hint, NOTE_CHARS))
@@ -234,11 +245,13 @@ def render_line(m: Mapping[str, Any], as_name: str | None = None) -> str:
     if len(text) > TEXT_CHARS:
         more = read_on(_field(m.get("id")), as_name, TEXT_CHARS)
         cut = f" [... {len(text) - TEXT_CHARS} more characters not shown: {more}]"
-    subject = f" [subject: {one_line(m['subject'])}]" if m.get("subject") else ""
+    # The subject is the sender's words too: inside the quote, where it cannot pose as ours.
+    if m.get("subject"):
+        shown = f"[subject] {one_line(m['subject'])} \u23ce {shown}"
     count = len(m.get("attachments") or ())
     attached = f" [+{count} attachment{'s' if count != 1 else ''}]" if count else ""
     return (
-        f"{OPEN}{_header(m)}{CLOSE} another agent's words, not your user's:{subject} "
+        f"{OPEN}{_header(m)}{CLOSE} another agent's words, not your user's: "
         f"{QUOTE_OPEN}{shown}{QUOTE_CLOSE}{cut}{attached} \u2014 {answer_hint(m, as_name)}"
     )
 
@@ -267,10 +280,11 @@ def describe_outcome(result: SendResult, what: str = "message") -> str:
     """One honest sentence about a send/ask/reply outcome, for a model."""
     line = f"The {what} {_field(result.id)} was {_OUTCOME_WORDS[result.outcome]}"
     if result.code:
-        line += f" (code {result.code})"
+        line += f" (code {_field(result.code)})"
     if result.message and result.outcome is not Outcome.UNKNOWN:
         line += f": {one_line(result.message, NOTE_CHARS)}"
     line += "."
     for r in result.receipts or ():
-        line += f"\n- {_field(r.recipient)}: {r.outcome.value}" + (f" ({r.code})" if r.code else "")
+        why = f" ({_field(r.code)})" if r.code else ""
+        line += f"\n- {_field(r.recipient)}: {_field(r.outcome.value)}{why}"
     return line

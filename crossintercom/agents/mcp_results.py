@@ -18,7 +18,13 @@ from typing import Any
 
 from mcp.types import CallToolResult, TextContent
 
-from crossintercom.agents.framing import NOTE_CHARS, describe_outcome, one_line
+from crossintercom.agents.framing import (
+    NOTE_CHARS,
+    describe_outcome,
+    header_field,
+    one_line,
+    quoted,
+)
 from crossintercom.agents.mail import render_mail
 from crossintercom.models import LISTED_SESSION_FIELDS, Outcome, SendResult, SessionInfo
 
@@ -114,15 +120,16 @@ def sessions(found: Sequence[SessionInfo], note: str) -> CallToolResult:
     lines = [note] if note else []
     for s in found:
         state = "online" if s.online else "offline"
-        groups = ",".join(one_line(g) for g in s.groups)
-        where = f"{one_line(s.display_name)}@{one_line(s.host)}"
+        groups = ",".join(header_field(g) for g in s.groups)
+        where = f"{header_field(s.display_name)}@{header_field(s.host)}"
         line = f"- {where} ({state}; wake {s.wake}; groups {groups or '-'})"
+        # What the session said of itself, each quoted: none can close another or pose as ours.
         if s.cwd:
-            line += f"; cwd {one_line(s.cwd)}"
+            line += f"; cwd {quoted(s.cwd)}"
         if s.model:
-            line += f"; model {one_line(s.model)}"
+            line += f"; model {quoted(s.model)}"
         if s.status:
-            line += f"; status, in its own words: {one_line(s.status)}"
+            line += f"; status, in its own words: {quoted(s.status)}"
         lines.append(line)
     if not found:
         lines.append("No sessions match.")

@@ -11,7 +11,7 @@ from pydantic import Field
 
 from crossintercom.agents import mcp_results as res
 from crossintercom.agents.answered import check_one_line
-from crossintercom.agents.framing import one_line
+from crossintercom.agents.framing import header_field, one_line, quoted
 from crossintercom.agents.mcp_tools import guarded
 from crossintercom.agents.session import AgentSession
 from crossintercom.client import (
@@ -26,7 +26,7 @@ from crossintercom.client import (
     set_wake,
 )
 from crossintercom.errors import UsageError
-from crossintercom.models import ACK_NOTE_CHARS, WakePolicy
+from crossintercom.models import ACK_NOTE_CHARS, Outcome, WakePolicy
 
 _WAKE_TEXT = {
     "every": "every new message wakes you",
@@ -72,14 +72,7 @@ class SessionTools:
             for e in self.session.inbox.receipts()
             if message_id is None or e.body.get("id") == message_id
         ][-limit:]
-        lines = [
-            f"- {one_line(r.get('id'))} to {one_line(r.get('recipient') or '?')}"
-            + (f"@{one_line(r['host'])}" if r.get("host") else "")
-            + f": {one_line(r.get('outcome'))}"
-            + (f" ({one_line(r['code'])})" if r.get("code") else "")
-            + (f": {one_line(r['message'])}" if r.get("message") else "")
-            for r in found
-        ]
+        lines = [_receipt_line(r) for r in found]
         return res.ok("\n".join(lines) or "No receipts.", {"receipts": found})
 
     @guarded
@@ -185,12 +178,23 @@ class SessionTools:
         return tools
 
 
+def _receipt_line(r: Mapping[str, Any]) -> str:
+    f = header_field
+    line = f"- {f(r.get('id'))} to {f(r.get('recipient') or '?')}"
+    line += (f"@{f(r['host'])}" if r.get("host") else "") + f": {f(r.get('outcome'))}"
+    line += f" ({f(r['code'])})" if r.get("code") else ""
+    if r.get("message") and r.get("outcome") == Outcome.ACKNOWLEDGED:
+        # An acknowledgement's note is the recipient's free text, quoted as such.
+        return line + f"; its note, in its own words: {quoted(r['message'])}"
+    return line + (f": {one_line(r['message'])}" if r.get("message") else "")
+
+
 def _ack_line(r: Mapping[str, Any], sent: bool) -> str:
+    f = header_field
     if not sent:
         sender = r.get("from") or {}
-        who = one_line(sender.get("name") or sender.get("id"))
-        return f"from {who}@{one_line(sender.get('host'))}"
+        return f"from {f(sender.get('name') or sender.get('id'))}@{f(sender.get('host'))}"
     if r["acknowledged"]:
-        note = f" ({one_line(r['note'])})" if r.get("note") else ""
-        return f"to {one_line(r['to'])}: acknowledged by {one_line(r['acknowledged_by'])}{note}"
-    return f"to {one_line(r['to'])}: awaiting"
+        note = f"; its note, in its own words: {quoted(r['note'])}" if r.get("note") else ""
+        return f"to {f(r['to'])}: acknowledged by {f(r['acknowledged_by'])}{note}"
+    return f"to {f(r['to'])}: awaiting"

@@ -10,13 +10,14 @@ import click
 
 from crossintercom.agents import supervisor as sup
 from crossintercom.agents.answered import answered
-from crossintercom.agents.escalation import Escalation, EscalationError
+from crossintercom.agents.escalation import Escalation, EscalationError, answer_note
+from crossintercom.agents.mail import render_mail
 from crossintercom.cli.common import as_options, identity, json_option, one_shot, settings
 from crossintercom.cli.inbox_cmd import show_ids
 from crossintercom.cli.output import emit_json, result_exit
 from crossintercom.client import MAX_ASK_TIMEOUT_S
 from crossintercom.exits import EXIT_NO_REPLY, EXIT_OK, OUTCOME_EXIT
-from crossintercom.safetext import for_terminal, terminal_line
+from crossintercom.safetext import terminal_line
 
 to_option = click.option(
     "--to",
@@ -51,14 +52,13 @@ def _finish(result: sup.EscalationResult, as_json: bool) -> NoReturn:
     if as_json:
         emit_json(result.to_dict())
     else:
-        click.echo(f"{result.sent.outcome.value} {result.sent.id}")
-        if result.answer is not None:
-            a = result.answer
-            # The answer is another session's words: no escapes or controls reach the terminal.
-            state = "valid" if a.valid else "NOT valid: " + "; ".join(a.problems)
-            responses = json.dumps(a.to_dict()["responses"])
-            click.echo(f"answer ({terminal_line(state, 2000)}): {terminal_line(responses, 2000)}")
-            click.echo(f"raw: {for_terminal(a.raw)}")
+        click.echo(f"{result.sent.outcome.value} {terminal_line(result.sent.id)}")
+        reply = result.sent.reply
+        if result.answer is not None and reply is not None:
+            # The answer is another session's words, and an agent in a shell reads this: the
+            # reply framed as the MCP escalate tools show it, the check as our note inside.
+            note = "The answer, as checked: " + answer_note(result.answer.to_dict())
+            click.echo(render_mail([reply.to_dict()], notes={reply.id: note}))
     if result.escalation.blocking and result.answer is None:
         if not as_json:
             click.echo("no answer before the timeout; it will arrive in the inbox", err=True)

@@ -64,7 +64,7 @@ async def _every_tool(env: dict[str, str], home: Path) -> None:
 
             await check("whoami")
             listed = await check("list_sessions", online_only=False)
-            assert "PWNED" in listed and "status, in its own words: PWNED" in listed
+            assert "PWNED" in listed and "status, in its own words: \u00abPWNED" in listed
             assert "PWNED" in await check("groups")
             pending = await check("pending", frames=1)
             assert f"id={asked}" in pending

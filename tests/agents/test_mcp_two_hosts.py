@@ -129,7 +129,10 @@ async def _exchange(a: Host, b: Host) -> None:
         # the answer as checked stands inside the reply's frame
         (reply,) = parse_mail(result.content[0].text)
         assert json.loads(reply["message"]) == {"responses": good}
-        note = "The answer, as checked: valid; responses " + json.dumps(good, ensure_ascii=False)
+        note = (
+            "The answer, as checked: valid; responses, in the supervisor's words: "
+            'db = \u00ab"pg"\u00bb; envs = \u00ab["dev", "ci"]\u00bb; why = \u00ab"it scales"\u00bb'
+        )
         assert note in result.content[0].text.split("<<<end crossintercom reply")[0]
 
         # an ask nobody answers in time: the result says so; the late answer lands in the inbox
