@@ -188,7 +188,9 @@ reservations = Table(
     Column("reason", Text),
     Column("created", DateTime(timezone=True), nullable=False),
     Column("expires_at", DateTime(timezone=True), nullable=False),
-    UniqueConstraint("project", "session_id", "glob"),
+    # With the host: a row another host planted for this session's id never stands in its way
+    # (migration 0016).
+    UniqueConstraint("project", "host_id", "session_id", "glob"),
     CheckConstraint("mode IN ('exclusive', 'shared')", name="mode_valid"),
     Index("ix_reservations_host_id", "host_id", "session_id"),
 )

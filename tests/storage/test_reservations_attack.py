@@ -111,3 +111,23 @@ def test_a_host_role_writes_and_releases_only_its_own_reservations(
             except AssertionError as exc:
                 raise AssertionError(f"shadowed by {statements}: {exc}") from exc
     assert [(h.host, h.glob) for h in run(a.store.reservations(P))] == [(b.host, "src/**")]
+
+
+def test_a_row_planted_for_another_host_s_session_stands_in_no_one_s_way(
+    hosts: dict[str, Host],  # noqa: F811
+) -> None:
+    """A host may make rows of its own host only, but it names the session: one planted for
+    B's session id (already expired, so no listing shows it) once made B's own reservation of
+    that glob fail, and B could not delete it (migration 0016 puts the host in the key)."""
+    a, b = hosts["A"], hosts["B"]
+    run(b.store.publish_sessions(b.host, b.gen, [SessionInfo(id="sb", host=b.host)]))
+    with a.connect() as conn:
+        conn.execute(
+            "INSERT INTO public.reservations (id, project, glob, mode, host_id, session_id, "
+            "generation, created, expires_at) VALUES ('squat', %s, 'src/**', 'exclusive', "
+            "%s, 'sb', %s, now() - interval '2 days', now() - interval '1 day')",
+            (P, a.host, a.gen),
+        )
+    made = run(b.store.reserve(b.host, b.gen, session_id="sb", globs=["src/**"], **KW))
+    assert made is not None and [h.glob for h in made.held] == ["src/**"]
+    assert [(h.host, h.session) for h in run(b.store.reservations(P))] == [(b.host, "sb")]
