@@ -15,9 +15,12 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Connection
+from sqlalchemy.exc import DBAPIError
 
+from crossintercom.errors import StoreError
 from crossintercom.models import new_id
 from crossintercom.reservations import Held, Mode, conflicts
+from crossintercom.safetext import one_line
 from crossintercom.storage import queries as q
 from crossintercom.storage.hosts import SqlHostStore
 from crossintercom.storage.interface import Reserved
@@ -33,6 +36,28 @@ def _held(row: Sequence[Any]) -> Held:
 def _ts(value: datetime) -> float:
     # SQLite hands back naive datetimes of what was stored in UTC.
     return (value if value.tzinfo else value.replace(tzinfo=UTC)).timestamp()
+
+
+# How long a reserve waits for another reserve of its project. Each holds the lock for a few
+# statements; one held longer is a stuck session (or a host role holding it on purpose:
+# docs/operations.md, "Per-host roles"), said so instead of waiting out the statement timeout.
+PROJECT_LOCK_WAIT_S = 5.0
+_LOCK_NOT_AVAILABLE = "55P03"
+
+
+def _lock_project(conn: Connection, project: str) -> None:
+    # The bound stays for the rest of this short transaction (its row locks wait no longer).
+    conn.execute(q.PG_SET_LOCK_TIMEOUT, {"ms": str(int(PROJECT_LOCK_WAIT_S * 1000))})
+    try:
+        conn.execute(q.PG_LOCK_PROJECT, {"project": project})
+    except DBAPIError as exc:
+        if getattr(exc.orig, "sqlstate", None) != _LOCK_NOT_AVAILABLE:
+            raise
+        raise StoreError(
+            f"another session has held the reservations of project {one_line(project)!r} for "
+            f"over {PROJECT_LOCK_WAIT_S:g} s (a stuck transaction, or a host holding the lock); "
+            "nothing was reserved: try again"
+        ) from None
 
 
 class SqlReservations(SqlHostStore):
@@ -65,7 +90,7 @@ class SqlReservations(SqlHostStore):
 
         def write(conn: Connection) -> Reserved | None:
             if self.dialect == "postgresql":
-                conn.execute(q.PG_LOCK_PROJECT, {"project": project})
+                _lock_project(conn, project)
             if not self._is_current(conn, host_id, generation):
                 return None
             live = self._live(conn, project, lapsed)

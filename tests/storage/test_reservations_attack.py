@@ -12,8 +12,10 @@ import pytest
 from psycopg import sql
 from sqlalchemy.engine import make_url
 
+from crossintercom.errors import StoreError, StoreUnavailable
 from crossintercom.models import SessionInfo
 from crossintercom.reservations import Mode
+from crossintercom.storage import queries as q
 from crossintercom.storage.blocking import run
 from tests.pgharness import PgServer
 from tests.storage.test_host_roles_attack import Conn, Host, hosts  # noqa: F401  (a fixture)
@@ -131,3 +133,20 @@ def test_a_row_planted_for_another_host_s_session_stands_in_no_one_s_way(
     made = run(b.store.reserve(b.host, b.gen, session_id="sb", globs=["src/**"], **KW))
     assert made is not None and [h.glob for h in made.held] == ["src/**"]
     assert [(h.host, h.session) for h in run(b.store.reservations(P))] == [(b.host, "sb")]
+
+
+def test_a_host_holding_a_project_s_lock_is_named_not_waited_for(
+    hosts: dict[str, Host],  # noqa: F811
+) -> None:
+    """A host role may take any advisory lock, the one a project's reserves serialise on
+    included: another host's reserve of that project is refused with why, after a short wait,
+    instead of hanging until the statement timeout and saying the store is unreachable."""
+    a, b = hosts["A"], hosts["B"]
+    run(b.store.publish_sessions(b.host, b.gen, [SessionInfo(id="sb", host=b.host)]))
+    with a.connect() as conn:
+        conn.execute("SELECT pg_advisory_lock(%s, hashtext(%s))", (q.PG_RESERVATION_LOCK_KEY, P))
+        with pytest.raises(StoreError, match="held the reservations of project") as refused:
+            run(b.store.reserve(b.host, b.gen, session_id="sb", globs=["src/**"], **KW))
+        assert not isinstance(refused.value, StoreUnavailable)
+    made = run(b.store.reserve(b.host, b.gen, session_id="sb", globs=["src/**"], **KW))
+    assert made is not None and [h.glob for h in made.held] == ["src/**"]
