@@ -29,6 +29,7 @@ from crossintercom.errors import (
     StoreReadOnly,
     StoreUnavailable,
 )
+from crossintercom.storage import queries as q
 from crossintercom.storage import sqlitetrust
 from crossintercom.storage.plans import PlanRefresh
 from crossintercom.storage.urls import StoreURL
@@ -313,6 +314,11 @@ def unavailable(parsed: StoreURL, exc: BaseException) -> StoreUnavailable:
             "every host waits until that process resumes or is ended (docs/operations.md)"
         )
     return StoreUnavailable(f"cannot reach the store {parsed.masked}: {reason}")
+
+
+def lock_timed_out(exc: DBAPIError) -> bool:
+    """A PostgreSQL statement that waited out the transaction's ``lock_timeout``."""
+    return getattr(exc.orig, "sqlstate", None) == q.PG_LOCK_NOT_AVAILABLE
 
 
 def is_connection_error(parsed: StoreURL, exc: DBAPIError) -> bool:

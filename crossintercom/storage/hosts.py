@@ -5,20 +5,25 @@ Messages, receipts and settings are ``sqlstore``'s."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from datetime import UTC, datetime
+from typing import Any
 
 from sqlalchemy import Connection, inspect
+from sqlalchemy.exc import DBAPIError
 
-from crossintercom.errors import SchemaMissing, SchemaOutdated, SchemaTooNew
+from crossintercom.errors import SchemaMissing, SchemaOutdated, SchemaTooNew, StoreError
 from crossintercom.models import SessionInfo
 from crossintercom.storage import migrate
 from crossintercom.storage import queries as q
 from crossintercom.storage.driver import Driver
+from crossintercom.storage.engine import lock_timed_out
 from crossintercom.storage.interface import Beat, HostRow, Waiter
 from crossintercom.storage.urls import StoreURL
 
 log = logging.getLogger(__name__)
+# How long a roster publish waits on a session id another session is inserting (ms).
+CLAIM_WAIT_MS = 200
 
 
 class SqlHostStore:
@@ -178,15 +183,18 @@ class SqlHostStore:
         ]
 
         published = [False]
+        waiting: set[str] = set()
 
         def write(conn: Connection) -> bool:
             # The revision bump is the fence (see BUMP_ROSTER_REV) and tells the other relays.
             if conn.execute(q.BUMP_ROSTER_REV, {"host": host_id, "gen": generation}).rowcount != 1:
                 return False
             conn.execute(q.DELETE_ROSTER, {"host_id": host_id})
+            waiting.clear()
             if rows:
-                taken = {s.id for s in sessions}
-                taken -= set(conn.execute(q.insert_roster(self.dialect), rows).scalars())
+                claimed, held = self._claim_sessions(conn, rows)
+                waiting.update(held)
+                taken = {s.id for s in sessions} - claimed - held
                 if taken:
                     log.warning(
                         "session ids already claimed by another host in the store were not "
@@ -201,7 +209,46 @@ class SqlHostStore:
             if published[0]:
                 self._after_roster_commit()
 
-        return await self._run(write, after=hint)
+        ok = await self._run(write, after=hint)
+        if ok and waiting:
+            # Published but for these: the caller publishes again (the relay, at its next beat).
+            raise StoreError(
+                f"{len(waiting)} session id(s) of this host are being claimed in another "
+                "session's open transaction and were left out; the other sessions were "
+                'published (docs/operations.md, "Per-host roles")'
+            )
+        return ok
+
+    def _claim_sessions(
+        self, conn: Connection, rows: Sequence[Mapping[str, Any]]
+    ) -> tuple[set[str], set[str]]:
+        """Insert the roster rows: (the session ids claimed, those left out because another
+        session is inserting them in a transaction still open). On PostgreSQL such a row would
+        wait for that transaction (the unique index) with this host's row locked, so a host role
+        could stall the whole publish; it is left out after a short wait instead, and the others
+        go in (docs/operations.md, "Per-host roles")."""
+        insert = q.insert_roster(self.dialect)
+        if self.dialect != "postgresql":
+            return set(conn.execute(insert, rows).scalars()), set()
+        conn.execute(q.PG_SET_LOCK_TIMEOUT, {"ms": str(CLAIM_WAIT_MS)})
+        try:
+            with conn.begin_nested():
+                return set(conn.execute(insert, rows).scalars()), set()
+        except DBAPIError as exc:
+            if not lock_timed_out(exc):
+                raise
+        claimed: set[str] = set()
+        held: set[str] = set()
+        conn.execute(q.PG_SET_LOCK_TIMEOUT, {"ms": str(CLAIM_WAIT_MS // 5)})
+        for row in rows:
+            try:
+                with conn.begin_nested():
+                    claimed |= set(conn.execute(insert, [row]).scalars())
+            except DBAPIError as exc:
+                if not lock_timed_out(exc):
+                    raise
+                held.add(str(row["session_id"]))
+        return claimed, held
 
     async def roster(self) -> list[SessionInfo]:
         def read(conn: Connection) -> list[SessionInfo]:

@@ -1170,6 +1170,8 @@ SQLITE_BEGIN_EXCLUSIVE = "BEGIN EXCLUSIVE"
 SQLITE_ROLLBACK = "ROLLBACK"
 # How long a lock may be waited for in this transaction. Params: ms (text).
 PG_SET_LOCK_TIMEOUT: TextClause = text("SELECT set_config('lock_timeout', :ms, true)")
+# The SQLSTATE of a statement that waited out that time.
+PG_LOCK_NOT_AVAILABLE = "55P03"
 # Params: host_id.
 LOCK_HOST_ROW: Select[int] = (
     select(hosts.c.generation).where(hosts.c.host_id == bindparam("host_id")).with_for_update()

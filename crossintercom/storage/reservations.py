@@ -22,6 +22,7 @@ from crossintercom.models import new_id
 from crossintercom.reservations import Held, Mode, conflicts
 from crossintercom.safetext import one_line
 from crossintercom.storage import queries as q
+from crossintercom.storage.engine import lock_timed_out
 from crossintercom.storage.hosts import SqlHostStore
 from crossintercom.storage.interface import Reserved
 
@@ -42,7 +43,6 @@ def _ts(value: datetime) -> float:
 # statements; one held longer is a stuck session (or a host role holding it on purpose:
 # docs/operations.md, "Per-host roles"), said so instead of waiting out the statement timeout.
 PROJECT_LOCK_WAIT_S = 5.0
-_LOCK_NOT_AVAILABLE = "55P03"
 
 
 def _lock_project(conn: Connection, project: str) -> None:
@@ -51,7 +51,7 @@ def _lock_project(conn: Connection, project: str) -> None:
     try:
         conn.execute(q.PG_LOCK_PROJECT, {"project": project})
     except DBAPIError as exc:
-        if getattr(exc.orig, "sqlstate", None) != _LOCK_NOT_AVAILABLE:
+        if not lock_timed_out(exc):
             raise
         raise StoreError(
             f"another session has held the reservations of project {one_line(project)!r} for "
