@@ -285,8 +285,7 @@ def test_children_end_with_the_tui_on_the_daemon(
         daemon = _parent(children["wait"])
         assert codex_daemon.has_clients(daemon)  # the TUI is attached
         if isinstance(how, str):
-            tui.type(how)
-            wait_for(lambda: tui_gone(tui, typed="\r"), 30, "the TUI to quit")
+            quit_tui(tui, how)
         else:
             native = codex_daemon.clients(str(kit.cwd.resolve()))
             assert len(native) == 1, harness_env.describe(native)
@@ -313,13 +312,26 @@ def _parent(pid: int) -> int:
     return int(raw[raw.rindex(")") + 2 :].split()[1])
 
 
-def tui_gone(tui: Tui, typed: str) -> bool:
-    """Press ``typed`` (Enter) until the TUI process has exited."""
-    with contextlib.suppress(OSError):
-        tui.type(typed)
-    with contextlib.suppress(ChildProcessError):
-        return os.waitpid(tui.pid, os.WNOHANG)[0] == tui.pid
-    return True
+def quit_tui(tui: Tui, command: str, within: float = 90) -> None:
+    """Type ``command`` and Enter until the TUI process has exited. Typed while the first turn
+    still runs it may not be taken, and Enter pressed right after the keys (or again and again)
+    reads as the end of a paste, a new line rather than a submit: so the line is cleared and
+    the command typed again every few seconds, Enter half a second after it."""
+    last = -10.0
+
+    def gone() -> bool:
+        nonlocal last
+        if time.monotonic() - last > 3:
+            with contextlib.suppress(OSError):
+                tui.type("\x7f" * 16 + command)
+                time.sleep(0.5)
+                tui.type("\r")
+            last = time.monotonic()
+        with contextlib.suppress(ChildProcessError):
+            return os.waitpid(tui.pid, os.WNOHANG)[0] == tui.pid
+        return True
+
+    wait_for(gone, within, "the TUI to quit", interval=0.1)
 
 
 def test_children_end_with_an_in_process_tui(
@@ -332,8 +344,7 @@ def test_children_end_with_an_in_process_tui(
         wait_for(lambda: {"mcp", "wait"} <= set(worker_children(harness_env)), 90, "children")
         children = worker_children(harness_env)
         assert not codex_daemon.is_daemon(_parent(children["wait"]))  # the TUI runs them
-        tui.type("/quit")
-        wait_for(lambda: tui_gone(tui, typed="\r"), 30, "the TUI to quit")
+        quit_tui(tui, "/quit")
         children_gone(harness_env, timeout=5)
     finally:
         tui.close()
