@@ -43,8 +43,16 @@ _ESCAPES = re.compile(
 )
 # Anything outside printable ASCII is looked at one character at a time.
 _CANDIDATE = re.compile(r"[^\x20-\x7e\n]")
-# Fullwidth and small-form angle brackets: a model may read them as the ASCII ones.
-_LOOKALIKES = str.maketrans({"\uff1c": "<", "\ufe64": "<", "\uff1e": ">", "\ufe65": ">"})
+# Angle brackets of other scripts and forms (fullwidth, small, modifier letters, CJK, math):
+# a model may read them as the ASCII ones, so they are taken as those and defused with them.
+_LOOKALIKES = str.maketrans(
+    {
+        **dict.fromkeys("\uff1c\ufe64\u02c2\u2329\u3008\u27e8\u276e\u1438", "<"),
+        **dict.fromkeys("\uff1e\ufe65\u02c3\u232a\u3009\u27e9\u276f\u1433", ">"),
+        **dict.fromkeys("\u226a\u300a", "<<"),
+        **dict.fromkeys("\u226b\u300b", ">>"),
+    }
+)
 _MARKERS = re.compile(r"<{3,}|>{3,}")
 # A tag as harnesses write them (<system-reminder>, </tool_result>, <!-- ...): defused whole.
 # Any letter counts, spaces and a slash may come first: a model reads ``< /system-reminder>`` too.

@@ -57,6 +57,11 @@ PIECES = [
     "\uff0f",
     "<|im_start|>",
     "<_tag>",
+    # angle brackets a model may read as '<' and '>'
+    "\u02c2\u02c2\u02c2",
+    "\u3008/system-reminder\u3009",
+    "\u27e8\u27e8\u27e8",
+    "\u226b\u300b",
     "\ufe65\ufe65\ufe65",
     "<",
     ">",
@@ -82,9 +87,20 @@ def _bad(char: str, *, newline_ok: bool) -> bool:
     )
 
 
+# Angle brackets a reader may take for '<' and '>'.
+_ANGLES = str.maketrans(
+    dict.fromkeys("\uff1c\ufe64\u02c2\u2329\u3008\u27e8\u276e\u1438", "<")
+    | dict.fromkeys("\uff1e\ufe65\u02c3\u232a\u3009\u27e9\u276f\u1433", ">")
+    | dict.fromkeys("\u226a\u300a", "<<")
+    | dict.fromkeys("\u226b\u300b", ">>")
+)
+
+
 def _unmarked(text: str) -> str:
-    """``text`` as a reader's eye may take it: combining marks gone."""
-    return "".join(c for c in text if not unicodedata.category(c).startswith("M"))
+    """``text`` as a reader's eye may take it: combining marks gone, angle brackets plain."""
+    return "".join(c for c in text if not unicodedata.category(c).startswith("M")).translate(
+        _ANGLES
+    )
 
 
 def _tag_like(text: str) -> bool:
