@@ -41,6 +41,7 @@ from crossintercom.local_broker.sending import Operations
 from crossintercom.local_broker.state import BrokerState
 from crossintercom.local_broker.traffic import Traffic
 from crossintercom.models import (
+    MAX_GROUPS,
     Outcome,
     Peer,
     Receipt,
@@ -155,6 +156,11 @@ class Broker:
 
     async def _on_join(self, conn: Conn, f: p.Join) -> None:
         groups = tuple(dict.fromkeys((*self._groups_of(conn), f.group)))
+        if len(groups) > MAX_GROUPS:
+            raise ProtocolError(
+                f"a session may be in at most {MAX_GROUPS} groups; leave one first",
+                code=Code.OVER_CAPACITY,
+            )
         info = self._update_info(conn, groups=groups)
         conn.write(p.Ok(f.request_id, groups=list(info.groups)))
 

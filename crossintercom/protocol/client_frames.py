@@ -6,11 +6,13 @@ from typing import Annotated, Literal
 
 import msgspec
 
-from crossintercom.models import ACK_NOTE_CHARS, Name, Peer, Priority, WakePolicy
+from crossintercom.models import ACK_NOTE_CHARS, MAX_GROUPS, Name, Peer, Priority, WakePolicy
 
 SessionId = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
 MessageId = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
 RequestId = Annotated[int, msgspec.Meta(ge=0)]
+# At most this many ids in one frame's list (a client sends a handful).
+MAX_IDS = 10_000
 # One line of headline; longer text belongs in the message.
 Subject = Annotated[str, msgspec.Meta(min_length=1, max_length=200)]
 
@@ -30,7 +32,7 @@ class SessionBody(msgspec.Struct, frozen=True, omit_defaults=True):
     status: str | None = None
     # Checked by the broker, not here, so a wrong purpose gets its own code.
     purpose: str = "agent"
-    groups: list[Name] | None = None
+    groups: Annotated[list[Name], msgspec.Meta(max_length=MAX_GROUPS)] | None = None
     durable: bool = False
 
 
@@ -62,7 +64,7 @@ class Register(msgspec.Struct, tag="register", frozen=True):
     # Checked by the broker so a wrong mode gets a readable message.
     mode: str = "own"
     # Ids of asks this session made that the connection still waits on (after a reconnect).
-    awaiting: list[MessageId] = []
+    awaiting: Annotated[list[MessageId], msgspec.Meta(max_length=MAX_IDS)] = []
 
 
 class Send(msgspec.Struct, tag="send", frozen=True, omit_defaults=True):
@@ -91,7 +93,7 @@ class Ack(msgspec.Struct, tag="ack", frozen=True, omit_defaults=True):
 class Confirm(msgspec.Struct, tag="confirm", frozen=True):
     """The sender has these outcomes; the broker may release their dedup records."""
 
-    ids: list[MessageId]
+    ids: Annotated[list[MessageId], msgspec.Meta(max_length=MAX_IDS)]
 
 
 class ListSessions(msgspec.Struct, tag="list", frozen=True):

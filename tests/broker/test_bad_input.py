@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from crossintercom.models import MAX_GROUPS
 from tests.conftest import (
     CLI,
     Listener,
@@ -24,6 +25,7 @@ from tests.conftest import (
     cli_json,
     make_env,
     run_cli,
+    start_broker,
     wait_for,
 )
 
@@ -277,3 +279,20 @@ def test_bad_host_id(runtime_home: Path, host_id: str) -> None:
     err = error_of(out)
     assert err["code"] == "invalid_config"
     assert "invalid host id" in err["message"]
+
+
+def test_a_session_s_groups_are_bounded(cli_env: dict[str, str], runtime_home: Path) -> None:
+    """Every `list` and `groups` answer carries every session's groups: a client that registers
+    or joins without end once made those answers too large for every other client to read."""
+    start_broker(cli_env)
+    many = [f"g{i}" for i in range(MAX_GROUPS + 1)]
+    with RawConn(runtime_home) as conn:
+        refused = conn.register("s-many", name="many", groups=many)
+        assert (refused["type"], refused["code"]) == ("error", "bad_field")
+        assert conn.register("s-many", name="many", groups=many[:-1])["type"] == "registered"
+        joined = conn.request({"type": "join", "group": many[-1]})
+        assert (joined["type"], joined["code"]) == ("error", "over_capacity")
+        assert conn.request({"type": "leave", "group": many[0]})["type"] == "ok"
+        assert conn.request({"type": "join", "group": many[-1]})["type"] == "ok"
+    listed = cli_json(cli_env, "list")
+    assert [len(s["groups"]) for s in listed if s["name"] == "many"] in ([], [MAX_GROUPS])
