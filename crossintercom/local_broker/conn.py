@@ -36,7 +36,7 @@ class Conn:
         max_backlog: int = WRITE_BACKLOG_FRAMES * 8 * 1024 * 1024,
     ) -> None:
         self.cid = next(self._ids)
-        self.max_backlog = max_backlog
+        self.base_backlog = self.max_backlog = max_backlog
         self.reader = reader
         self.writer = writer
         self.out = p.Coalescer(writer)
@@ -49,6 +49,11 @@ class Conn:
         # (deadline, key, future) in the order the pushes were written (one timeout for all).
         self._due: deque[tuple[float, str, asyncio.Future[AckResult]]] = deque()
         self._sweep_at: asyncio.TimerHandle | None = None
+
+    def make_room(self, extra: int) -> None:
+        """Let ``extra`` bytes more wait unread before the peer counts as not reading (a
+        backlog handed over in one go); 0 gives back the usual bound."""
+        self.max_backlog = self.base_backlog + extra
 
     def write(self, frame: p.BrokerFrame | p.ToRelayFrame | Any) -> bool:
         """Queue a frame; False if the connection can no longer be written."""
@@ -64,7 +69,7 @@ class Conn:
             log.warning(
                 "connection %d dropped: its peer is not reading (%d bytes queued)",
                 self.cid,
-                transport.get_write_buffer_size(),
+                transport.get_write_buffer_size() + self.out.held_bytes,
             )
             # abort(): the read loop then ends and the broker retires this connection as usual.
             transport.abort()

@@ -18,11 +18,14 @@ from crossintercom.errors import Code
 from crossintercom.local_broker import outcomes
 from crossintercom.local_broker.conn import Conn
 from crossintercom.local_broker.registry import Registry
-from crossintercom.local_broker.state import BrokerState
+from crossintercom.local_broker.state import BrokerState, QueuedItem
 from crossintercom.local_broker.traffic import Traffic
 from crossintercom.models import Message, Outcome, Receipt
 
 log = logging.getLogger(__name__)
+# How much of a backlog is handed over in one go (bytes of stored bodies): the connection holds
+# that much for a client that reads it at its pace (docs/delivery.md).
+DRAIN_PAGE_BYTES = 32 * 1024 * 1024
 
 
 class Delivery:
@@ -134,9 +137,21 @@ class Delivery:
         if not items:
             return
         # Written synchronously, before anything else can run, so the backlog precedes any new
-        # message in the stream; acks are awaited afterwards.
-        waits: list[tuple[int, asyncio.Future[outcomes.AckResult]]] = []
+        # message in the stream; acks are awaited afterwards. The connection makes room for it
+        # (else a backlog over its "not reading" bound dropped the client before it could read,
+        # at every reconnect), a page of at most DRAIN_PAGE_BYTES at a time: the next page
+        # once this one is acknowledged (only a backlog that large can be overtaken by new mail
+        # at a page's end; docs/delivery.md).
+        page: list[QueuedItem] = []
+        size = 0
         for item in items:
+            if page and size + item.size > DRAIN_PAGE_BYTES:
+                break
+            page.append(item)
+            size += item.size
+        conn.make_room(size + size // 4)  # the frames around each body
+        waits: list[tuple[int, asyncio.Future[outcomes.AckResult]]] = []
+        for item in page:
             if item.kind == "receipt":
                 # The key makes the client ack it, so it is dequeued (and stops holding up the
                 # rest of the backlog); item_id is the key ``notify_sender`` queued it under.
@@ -155,25 +170,39 @@ class Delivery:
                 if self.traffic is not None:
                     fut.add_done_callback(self.traffic.acked(msg, session_id))
             waits.append((item.seq, fut))
-        self._spawn(self._await_backlog(waits))
+        more = len(page) < len(items)
+        self._spawn(self._await_backlog(conn, session_id, waits, more))
 
     async def _await_backlog(
-        self, waits: list[tuple[int, asyncio.Future[outcomes.AckResult]]]
+        self,
+        conn: Conn,
+        session_id: str,
+        waits: list[tuple[int, asyncio.Future[outcomes.AckResult]]],
+        more: bool,
     ) -> None:
+        if not await self._acked(waits):
+            return  # the rest stays queued; the next registration hands it over again
+        conn.make_room(0)
+        if more and not conn.closed and self.registry.owner(session_id) is conn:
+            self.drain_backlog(conn, session_id)
+
+    async def _acked(self, waits: list[tuple[int, asyncio.Future[outcomes.AckResult]]]) -> bool:
+        """Dequeue what the client saved, in order; False at the first it did not."""
         for seq, fut in waits:
             try:
                 code = await asyncio.wait_for(fut, self.settings.ack_timeout_s * 3)
             except TimeoutError:
-                return  # left queued; the next registration hands it over again
+                return False  # left queued; the next registration hands it over again
             if code in (outcomes.Push.CONNECTION_LOST, outcomes.Push.TIMEOUT):
                 # Not known saved (a live push of the same id shares this future and timed
                 # out): it stays queued, and the next registration hands it over again.
-                return
+                return False
             if code == Code.SAVE_FAILED:
                 # Not saved (the inbox cannot be written): it stays queued, and the client's
                 # next registration is handed it again.
-                return
+                return False
             self.state.dequeue(seq)
+        return True
 
     # --- receipts for senders on this host ------------------------------------------------------
 

@@ -81,6 +81,8 @@ class QueuedItem:
     kind: str
     item_id: str
     body: dict[str, Any]
+    # The body's stored size in bytes (its JSON): what handing it over writes, near enough.
+    size: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,7 +183,7 @@ class BrokerState:
             self._db.execute("DELETE FROM asks_sent WHERE asker_id = ?", (session_id,))
             self._db.execute("DELETE FROM known_sessions WHERE id = ?", (session_id,))
         return Forgotten(
-            [QueuedItem(r[0], r[1], r[2], r[3], json.loads(r[4])) for r in rows],
+            [QueuedItem(r[0], r[1], r[2], r[3], json.loads(r[4]), len(r[4])) for r in rows],
             [PendingEntry(r[0], r[1], r[2], r[3], json.loads(r[4]), r[5]) for r in asks],
         )
 
@@ -218,7 +220,7 @@ class BrokerState:
             "ORDER BY seq",
             (recipient,),
         ).fetchall()
-        return [QueuedItem(r[0], r[1], r[2], r[3], json.loads(r[4])) for r in rows]
+        return [QueuedItem(r[0], r[1], r[2], r[3], json.loads(r[4]), len(r[4])) for r in rows]
 
     def dequeue(self, seq: int) -> None:
         self._db.execute("DELETE FROM queue WHERE seq = ?", (seq,))
@@ -242,7 +244,7 @@ class BrokerState:
                 (now,),
             ).fetchall()
             self._db.execute("DELETE FROM queue WHERE expires <= ?", (now,))
-        return [QueuedItem(r[0], r[1], r[2], r[3], json.loads(r[4])) for r in rows]
+        return [QueuedItem(r[0], r[1], r[2], r[3], json.loads(r[4]), len(r[4])) for r in rows]
 
     # --- reply authorisation -------------------------------------------------------------------
 
