@@ -81,6 +81,9 @@ class Settings:
     store_ssl_key: str | None = None
     group: str | None = None
     max_frame_bytes: int = 8 * 1024 * 1024
+    # How long the rest of a frame may take once its length arrived: a client that trickles
+    # one in holds its memory meanwhile (docs/operations.md, "Timeouts").
+    frame_body_s: float = 30.0
     max_message_bytes: int = 1024 * 1024
     idle_exit_s: float = 5.0
     ack_timeout_s: float = 10.0

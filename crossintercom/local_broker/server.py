@@ -31,6 +31,7 @@ class Server:
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
         self.max_frame = broker.settings.max_frame_bytes
+        self.body_s = broker.settings.frame_body_s
         self.group_gid = group_gid(broker.settings)
 
     async def handle_connection(
@@ -70,9 +71,13 @@ class Server:
     async def _serve(self, conn: Conn) -> None:
         while not conn.closed:
             try:
-                body = await p.read_frame(conn.reader, self.max_frame)
+                body = await p.read_frame(conn.reader, self.max_frame, self.body_s)
             except p.FrameTooLarge as exc:
                 conn.write(p.Error(exc.code, exc.message))
+                return
+            except TimeoutError:
+                why = f"a frame's body did not arrive within {self.body_s:g} s of its length"
+                conn.write(p.Error(Code.BAD_FRAME, why))
                 return
             except (asyncio.IncompleteReadError, ConnectionError):
                 return  # a broken byte stream cannot be resynchronised: close it

@@ -31,12 +31,16 @@ def encode(frame: Any) -> bytes:
 
 
 async def read_frame(
-    reader: asyncio.StreamReader, max_frame: int = DEFAULT_MAX_FRAME
+    reader: asyncio.StreamReader,
+    max_frame: int = DEFAULT_MAX_FRAME,
+    body_timeout: float | None = None,
 ) -> bytes | None:
     """Read one frame body; ``None`` at a clean end of stream.
 
     Raises ``FrameTooLarge`` before reading an oversize body (the stream is then unusable and
-    the caller closes it) and ``asyncio.IncompleteReadError`` on truncation.
+    the caller closes it), ``asyncio.IncompleteReadError`` on truncation, and ``TimeoutError``
+    when the body takes longer than ``body_timeout`` after its length (the stream is then
+    unusable too).
     """
     try:
         header = await reader.readexactly(HEADER.size)
@@ -47,7 +51,7 @@ async def read_frame(
     (length,) = HEADER.unpack(header)
     if length > max_frame:
         raise FrameTooLarge(f"frame of {length} bytes exceeds the {max_frame}-byte limit")
-    return await reader.readexactly(length)
+    return await asyncio.wait_for(reader.readexactly(length), body_timeout)
 
 
 class Coalescer:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import pwd
+import struct
 import subprocess
 import uuid
 from pathlib import Path
@@ -296,3 +297,17 @@ def test_a_session_s_groups_are_bounded(cli_env: dict[str, str], runtime_home: P
         assert conn.request({"type": "join", "group": many[-1]})["type"] == "ok"
     listed = cli_json(cli_env, "list")
     assert [len(s["groups"]) for s in listed if s["name"] == "many"] in ([], [MAX_GROUPS])
+
+
+def test_a_frame_trickled_in_is_cut_off(cli_env: dict[str, str], runtime_home: Path) -> None:
+    """A client that sends a frame's length and then its body a byte at a time holds the
+    broker's memory for it: the body must arrive within ``frame_body_s`` of its length."""
+    (runtime_home / "config.json").write_text(json.dumps({"frame_body_s": 1}))
+    start_broker(cli_env)
+    with RawConn(runtime_home) as slow:
+        slow.send_bytes(struct.pack(">I", 1000) + b'{"type": ')
+        error = slow.recv()
+        assert error is not None and (error["type"], error["code"]) == ("error", "bad_frame")
+        assert "did not arrive within 1 s" in error["message"]
+        assert slow.recv() is None  # closed: the stream cannot be read on
+    assert cli_json(cli_env, "list") == []  # everyone else is served
