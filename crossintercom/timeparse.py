@@ -24,7 +24,10 @@ def parse_since(value: str, now: datetime | None = None) -> datetime:
     unless it says otherwise). Raises ``ValueError`` with a readable message."""
     text = value.strip()
     if _SINCE_RE.match(text):
-        return (now or datetime.now(UTC)) - timedelta(seconds=parse_age(text))
+        try:
+            return (now or datetime.now(UTC)) - timedelta(seconds=parse_age(text))
+        except OverflowError:
+            raise ValueError(f"--since {value!r} reaches back before the year 1") from None
     try:
         when = datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:

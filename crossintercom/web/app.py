@@ -9,6 +9,7 @@ so nothing an agent writes is ever run as markup or script.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from datetime import datetime
@@ -36,7 +37,7 @@ from crossintercom.errors import Code, CrossintercomError, UsageError
 from crossintercom.models import PRIORITIES
 from crossintercom.search_model import SearchQuery, search_terms
 from crossintercom.timeparse import parse_since
-from crossintercom.web.auth import COOKIE, CSRF_HEADER, Guard
+from crossintercom.web.auth import CSRF_HEADER, Guard
 from crossintercom.web.feedstore import KINDS, STATES, Filters
 from crossintercom.web.overseer import FIRST_PAGE, Overseer
 
@@ -61,13 +62,22 @@ _templates = Environment(
 )
 
 
+log = logging.getLogger(__name__)
+
+
 class GuardMiddleware(BaseHTTPMiddleware):
     def __init__(self, app: Any, guard: Guard) -> None:
         super().__init__(app)
         self.guard = guard
 
     async def dispatch(self, request: Request, call_next: RequestResponseEndpoint) -> Response:
-        response = await self._check(request, call_next)
+        try:
+            response = await self._check(request, call_next)
+        except Exception:
+            # Whatever a request could still break answers as every refusal does: JSON, with
+            # the page's headers, the details in the log only.
+            log.exception("request failed", extra={"path": request.url.path[:200]})
+            response = _refuse(500, Code.INTERNAL, "the request failed; see the page's log")
         for name, value in HEADERS.items():
             response.headers.setdefault(name, value)
         return response
@@ -84,10 +94,11 @@ class GuardMiddleware(BaseHTTPMiddleware):
                 return _refuse(401, Code.BAD_TOKEN, "wrong access token")
             # Trade the URL's token for a cookie and drop it from the address bar and history.
             back = RedirectResponse(request.url.remove_query_params("token"), status_code=303)
-            back.set_cookie(COOKIE, guard.token, httponly=True, samesite="strict", path="/")
+            back.set_cookie(guard.cookie, guard.token, httponly=True, samesite="strict", path="/")
             return back
         bearer = request.headers.get("authorization", "")
-        token = bearer[7:] if bearer.lower().startswith("bearer ") else request.cookies.get(COOKIE)
+        cookie = request.cookies.get(guard.cookie)
+        token = bearer[7:] if bearer.lower().startswith("bearer ") else cookie
         if not guard.token_ok(token):
             return _refuse(401, Code.BAD_TOKEN, "an access token is needed (printed at start)")
         if request.method not in SAFE_METHODS and not (
@@ -102,8 +113,19 @@ def _refuse(status: int, code: str, message: str) -> Response:
     return JSONResponse({"error": {"code": code, "message": message}}, status_code=status)
 
 
+class BodyTooLarge(UsageError):
+    """A request body over ``MAX_BODY_BYTES``: refused before it is read whole."""
+
+    code = Code.TOO_LARGE
+
+
+# A compose form holds one message (at most the store's 1 MiB by default, the broker's frame
+# at most 8 MiB): anything longer is refused before it fills the page's memory.
+MAX_BODY_BYTES = 9 * 1024 * 1024
+
+
 def _error(exc: CrossintercomError) -> Response:
-    status = 400 if isinstance(exc, UsageError) else 502
+    status = 413 if isinstance(exc, BodyTooLarge) else 400 if isinstance(exc, UsageError) else 502
     body = {"error": {"code": exc.code, "message": exc.message}}
     return JSONResponse(body, status_code=status)
 
@@ -267,10 +289,21 @@ def build_app(overseer: Overseer, guard: Guard, *, manage_lifecycle: bool = True
 async def _json_body(request: Request) -> dict[str, Any]:
     if not request.headers.get("content-type", "").startswith("application/json"):
         raise UsageError("send the form as application/json")
+    too_large = BodyTooLarge(f"the request body is over {MAX_BODY_BYTES} bytes")
+    length = request.headers.get("content-length", "")
+    if length.isdigit() and int(length) > MAX_BODY_BYTES:
+        raise too_large
+    raw = bytearray()
+    async for chunk in request.stream():
+        raw += chunk
+        if len(raw) > MAX_BODY_BYTES:
+            raise too_large
     try:
-        body = await request.json()
-    except ValueError:
-        raise UsageError("the request body is not JSON") from None
+        body = json.loads(raw)
+        # A lone surrogate ("\ud800") parses, and no frame can carry it.
+        json.dumps(body, ensure_ascii=False).encode()
+    except (ValueError, RecursionError):
+        raise UsageError("the request body is not JSON (nested too deep, or not Unicode)") from None
     if not isinstance(body, dict):
         raise UsageError("the request body must be a JSON object")
     return body

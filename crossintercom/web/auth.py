@@ -5,7 +5,9 @@
   written to ``web.token`` (0600) in the runtime dir; it is compared in constant time. It and
   the CSRF token are derived from ``web.key`` (0600, kept across runs), so a restarted page
   keeps both and open tabs carry on; deleting the key gives new ones.
-- The cookie is ``HttpOnly`` and ``SameSite=Strict``, so another site cannot ride on it; on top,
+- The cookie is named for the port (``ci_token_8765``): browsers send a host's cookies to all
+  its ports, and two pages on two ports must not replace each other's. It is ``HttpOnly`` and
+  ``SameSite=Strict``, so another site cannot ride on it; on top,
   every state-changing request must send the page's CSRF token in ``X-CSRF-Token`` and, when the
   browser says where it comes from (``Origin``), come from this page's own origin.
 - The ``Host`` header must name this server (loopback names or the listen address), so a DNS
@@ -31,21 +33,35 @@ CSRF_HEADER = "x-csrf-token"
 TOKEN_FILE = WEB_TOKEN_FILE
 
 
+def _same(candidate: str | None, secret: str) -> bool:
+    """In constant time, whatever the candidate holds (``compare_digest`` refuses non-ASCII
+    strings with an exception: compared as bytes)."""
+    if candidate is None:
+        return False
+    return hmac.compare_digest(candidate.encode("utf-8", "surrogatepass"), secret.encode())
+
+
 @dataclass(frozen=True)
 class Guard:
     token: str = field(default_factory=lambda: secrets.token_urlsafe(32))
     csrf: str = field(default_factory=lambda: secrets.token_urlsafe(32))
     hosts: frozenset[str] = frozenset()
+    cookie: str = COOKIE
 
     @classmethod
-    def from_key(cls, key: bytes, hosts: frozenset[str]) -> Guard:
-        return cls(token=_derive(key, b"token"), csrf=_derive(key, b"csrf"), hosts=hosts)
+    def from_key(cls, key: bytes, hosts: frozenset[str], port: int | None = None) -> Guard:
+        return cls(
+            token=_derive(key, b"token"),
+            csrf=_derive(key, b"csrf"),
+            hosts=hosts,
+            cookie=COOKIE if port is None else f"{COOKIE}_{port}",
+        )
 
     def token_ok(self, candidate: str | None) -> bool:
-        return candidate is not None and hmac.compare_digest(candidate, self.token)
+        return _same(candidate, self.token)
 
     def csrf_ok(self, candidate: str | None) -> bool:
-        return candidate is not None and hmac.compare_digest(candidate, self.csrf)
+        return _same(candidate, self.csrf)
 
     def host_ok(self, host_header: str | None) -> bool:
         return host_header is not None and host_header.lower() in self.hosts

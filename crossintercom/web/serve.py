@@ -66,7 +66,7 @@ def run_web(
     sock = bind(host, port)
     port = sock.getsockname()[1]
     url_host = f"[{host}]" if ":" in host else host
-    guard = Guard.from_key(load_key(settings.home), allowed_hosts(url_host, port))
+    guard = Guard.from_key(load_key(settings.home), allowed_hosts(url_host, port), port)
     token_file = write_token_file(settings.home, guard.token)
     info = {
         "url": f"http://{url_host}:{port}/?token={guard.token}",

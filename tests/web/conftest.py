@@ -78,6 +78,10 @@ class WebServer:
     def token(self) -> str:
         return self.url.rsplit("token=", 1)[1]
 
+    @property
+    def port(self) -> int:
+        return int(str(self.info["listen"]).rsplit(":", 1)[1])
+
     def stop(self) -> None:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
