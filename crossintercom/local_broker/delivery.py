@@ -180,9 +180,10 @@ class Delivery:
         waits: list[tuple[int, asyncio.Future[outcomes.AckResult]]],
         more: bool,
     ) -> None:
-        if not await self._acked(waits):
-            return  # the rest stays queued; the next registration hands it over again
+        saved = await self._acked(waits)
         conn.make_room(0)
+        if not saved:
+            return  # the rest stays queued; the next registration hands it over again
         if more and not conn.closed and self.registry.owner(session_id) is conn:
             self.drain_backlog(conn, session_id)
 
