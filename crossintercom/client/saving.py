@@ -16,7 +16,7 @@ from crossintercom.client.connection import BrokerConnection
 from crossintercom.client.identity import Identity
 from crossintercom.client.retries import SAVE_RETRY_S
 from crossintercom.config import Settings
-from crossintercom.errors import Code, InboxUnavailable, UsageError
+from crossintercom.errors import Code, InboxUnavailable, RuntimeDirError, UsageError
 from crossintercom.inbox import Inbox
 from crossintercom.inbox_faults import InboxFaults
 from crossintercom.models import Message, Receipt
@@ -78,7 +78,8 @@ class SavesDeliveries:
         batch = [self._entry(f) for f in frames]
         try:
             new = self.inbox.save_many([(item, waiter is not None) for item, waiter in batch])
-        except (sqlite3.Error, OSError, InboxUnavailable) as exc:
+        except (sqlite3.Error, OSError, InboxUnavailable, RuntimeDirError) as exc:
+            # RuntimeDirError: what stands where the inbox goes is refused (a planted link).
             for item, _ in batch:
                 if isinstance(item, Message):
                     self._save_failed(item, exc)

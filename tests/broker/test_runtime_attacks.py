@@ -6,6 +6,7 @@ another file, publish a secret or stall (docs/operations.md, "Files in the runti
 from __future__ import annotations
 
 import grp
+import logging
 import os
 import pwd
 import signal
@@ -23,16 +24,17 @@ import pytest
 from crossintercom.agents.escalation import Escalation
 from crossintercom.agents.session import agents_dir
 from crossintercom.agents.supervisor import EscalationLog
+from crossintercom.client import Client, Identity
 from crossintercom.config import Settings
 from crossintercom.errors import ConfigError, RuntimeDirError
 from crossintercom.inbox import Inbox
 from crossintercom.machine import machine_identity
-from crossintercom.models import Message, Peer, new_id
+from crossintercom.models import Message, Peer, durable_session_id, new_id
 from crossintercom.runtime import ensure_runtime_dir, secure_tree
 from crossintercom.storage import migrate
 from crossintercom.tools.harness import RELAY
 from crossintercom.web.auth import write_token_file
-from tests.conftest import make_env, run_cli, settings_for
+from tests.conftest import Listener, make_env, run_cli, settings_for
 from tests.procs import broker_pid, pid_alive, wait_for
 from tests.unixuser import (
     OTHER_USER,
@@ -325,3 +327,26 @@ def test_failed_start_never_quotes_a_file_a_member_linked_as_the_log(shared: Sha
     said = _tail(shared.home / "broker.log", shared.gid)
     assert SECRET.strip() not in said
     assert "it is a symlink" in said
+
+
+def test_a_link_planted_as_a_sender_s_inbox_is_refused_cleanly(
+    shared: Shared, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A member links a file of its own where a session's inbox goes: the session's client
+    refuses to save its receipts through it (they stay queued for it) and says why in one
+    line, never with an exception out of its event loop; its send itself is unharmed."""
+    victim = durable_session_id(shared.settings.host_id, "planner")
+    shared.member(
+        "ln", "-s", str(shared.secret), str(shared.settings.inbox_dir / f"{victim}.sqlite")
+    )
+    caplog.set_level(logging.ERROR)
+    with (
+        Listener(shared.env, "worker"),
+        Client(shared.settings, Identity.named(shared.settings, "planner")) as planner,
+    ):
+        assert planner.send("worker", "hi").outcome.value == "delivered"
+        # the worker's listener shows it: a `shown` receipt comes back to the planner
+        wait_for(lambda: "cannot save a receipt" in caplog.text, 20, "the refusal said")
+    assert "it is a symlink" in caplog.text
+    assert "Exception in callback" not in caplog.text, caplog.text
+    assert shared.secret_intact()
