@@ -126,10 +126,14 @@ def neutralise(text: str) -> str:
     return text.replace(QUOTE_OPEN, '"').replace(QUOTE_CLOSE, '"')
 
 
+def capped(text: str, limit: int) -> str:
+    """``text`` cut to at most ``limit`` characters, an ellipsis saying it was."""
+    return text if len(text) <= limit else text[: limit - 1] + "\u2026"
+
+
 def one_line(value: object, limit: int = ONE_LINE_CHARS) -> str:
     """A field shown on one line: neutralised, line breaks as spaces, at most ``limit`` chars."""
-    text = " ".join(neutralise(str(value)).split())
-    return text if len(text) <= limit else text[: limit - 1] + "\u2026"
+    return capped(" ".join(neutralise(str(value)).split()), limit)
 
 
 def quoted(value: object, limit: int = ONE_LINE_CHARS) -> str:
@@ -145,8 +149,7 @@ def for_terminal(text: object) -> str:
 
 def terminal_line(value: object, limit: int = ONE_LINE_CHARS) -> str:
     """A one-line field for a terminal (a table cell, a header)."""
-    text = " ".join(for_terminal(value).split())
-    return text if len(text) <= limit else text[: limit - 1] + "\u2026"
+    return capped(" ".join(for_terminal(value).split()), limit)
 
 
 def is_one_line(text: str) -> bool:

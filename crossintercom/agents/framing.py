@@ -20,6 +20,7 @@ from crossintercom.safetext import (
     MARK_OPEN,
     QUOTE_CLOSE,
     QUOTE_OPEN,
+    capped,
     is_ignorable,
     neutralise,
     one_line,
@@ -49,6 +50,7 @@ def _field(value: object) -> str:
     return one_line(shown) or "?"
 
 
+# Other modules' name for it: the same rule wherever a header value is shown.
 header_field = _field
 
 
@@ -199,8 +201,7 @@ def render_block(
         *_notes(m),
     ]
     if note:
-        flat = " ".join(note.split())
-        lines.append(flat if len(flat) <= NOTE_CHARS else flat[: NOTE_CHARS - 1] + "\u2026")
+        lines.append(capped(" ".join(note.split()), NOTE_CHARS))
     lines.append(answer_hint(m, as_name))
     if extra_hint:
         lines.append(one_line(extra_hint, NOTE_CHARS))
