@@ -85,6 +85,12 @@ class QueuedItem:
     size: int = 0
 
 
+def _queued(row: Sequence[Any]) -> QueuedItem:
+    """A ``queue`` row read as (seq, recipient, kind, item_id, body)."""
+    seq, recipient, kind, item_id, body = row
+    return QueuedItem(seq, recipient, kind, item_id, json.loads(body), len(body))
+
+
 @dataclass(frozen=True, slots=True)
 class PendingEntry:
     ask_id: str
@@ -183,7 +189,7 @@ class BrokerState:
             self._db.execute("DELETE FROM asks_sent WHERE asker_id = ?", (session_id,))
             self._db.execute("DELETE FROM known_sessions WHERE id = ?", (session_id,))
         return Forgotten(
-            [QueuedItem(r[0], r[1], r[2], r[3], json.loads(r[4]), len(r[4])) for r in rows],
+            [_queued(r) for r in rows],
             [PendingEntry(r[0], r[1], r[2], r[3], json.loads(r[4]), r[5]) for r in asks],
         )
 
@@ -220,7 +226,7 @@ class BrokerState:
             "ORDER BY seq",
             (recipient,),
         ).fetchall()
-        return [QueuedItem(r[0], r[1], r[2], r[3], json.loads(r[4]), len(r[4])) for r in rows]
+        return [_queued(r) for r in rows]
 
     def dequeue(self, seq: int) -> None:
         self._db.execute("DELETE FROM queue WHERE seq = ?", (seq,))
@@ -244,7 +250,7 @@ class BrokerState:
                 (now,),
             ).fetchall()
             self._db.execute("DELETE FROM queue WHERE expires <= ?", (now,))
-        return [QueuedItem(r[0], r[1], r[2], r[3], json.loads(r[4]), len(r[4])) for r in rows]
+        return [_queued(r) for r in rows]
 
     # --- reply authorisation -------------------------------------------------------------------
 

@@ -26,6 +26,20 @@ log = logging.getLogger(__name__)
 CLAIM_WAIT_MS = 200
 
 
+def _insert_unless_waiting(
+    conn: Connection, insert: Any, rows: Sequence[Mapping[str, Any]]
+) -> set[str] | None:
+    """The session ids ``insert`` claimed for ``rows`` (in a savepoint), or None when it waited
+    out the transaction's lock timeout (and undid only that)."""
+    try:
+        with conn.begin_nested():
+            return set(conn.execute(insert, rows).scalars())
+    except DBAPIError as exc:
+        if not lock_timed_out(exc):
+            raise
+    return None
+
+
 class SqlHostStore:
     """Hosts and rosters, each operation one body its backend's driver runs as one transaction
     (``storage.driver``). Subclasses supply the driver, locking and wake-ups."""
@@ -231,23 +245,17 @@ class SqlHostStore:
         if self.dialect != "postgresql":
             return set(conn.execute(insert, rows).scalars()), set()
         conn.execute(q.PG_SET_LOCK_TIMEOUT, {"ms": str(CLAIM_WAIT_MS)})
-        try:
-            with conn.begin_nested():
-                return set(conn.execute(insert, rows).scalars()), set()
-        except DBAPIError as exc:
-            if not lock_timed_out(exc):
-                raise
-        claimed: set[str] = set()
-        held: set[str] = set()
+        claimed = _insert_unless_waiting(conn, insert, rows)
+        if claimed is not None:
+            return claimed, set()
+        claimed, held = set(), set()
         conn.execute(q.PG_SET_LOCK_TIMEOUT, {"ms": str(CLAIM_WAIT_MS // 5)})
         for row in rows:
-            try:
-                with conn.begin_nested():
-                    claimed |= set(conn.execute(insert, [row]).scalars())
-            except DBAPIError as exc:
-                if not lock_timed_out(exc):
-                    raise
+            one = _insert_unless_waiting(conn, insert, [row])
+            if one is None:
                 held.add(str(row["session_id"]))
+            else:
+                claimed |= one
         return claimed, held
 
     async def roster(self) -> list[SessionInfo]:
