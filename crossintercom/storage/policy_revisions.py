@@ -5,7 +5,7 @@ replaced in place with 0007's statements (docs/operations.md, "Per-host roles").
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,15 +26,26 @@ def load_revision(file: str) -> Any:
     return module
 
 
-def widen(policies: Sequence[Policy], old: str, new: str) -> list[Policy]:
-    """``policies`` with the listed values ``old`` replaced by ``new`` in both clauses."""
+def _rewritten(policies: Sequence[Policy], rewrite: Callable[[str], str]) -> list[Policy]:
+    """``policies`` with ``rewrite`` applied to both clauses (where there is one)."""
 
     def one(clause: str | None) -> str | None:
-        return None if clause is None else clause.replace(old, new)
+        return None if clause is None else rewrite(clause)
 
     return [
         (table, name, cmd, one(using), one(check)) for table, name, cmd, using, check in policies
     ]
+
+
+def widen(policies: Sequence[Policy], old: str, new: str) -> list[Policy]:
+    """``policies`` with the listed values ``old`` replaced by ``new`` in both clauses."""
+    return _rewritten(policies, lambda clause: clause.replace(old, new))
+
+
+def once_per_statement(policies: Sequence[Policy]) -> list[Policy]:
+    """``policies`` written as revision 0014 writes them: every call of the role's host as a
+    scalar subquery (what every revision after 0014 must install)."""
+    return _rewritten(policies, load_revision("0014_host_once_per_statement.py").once)
 
 
 def replace_policies(policies: Sequence[Policy]) -> None:

@@ -17,7 +17,13 @@ from collections.abc import Sequence
 
 from alembic import op
 
-from crossintercom.storage.policy_revisions import Policy, load_revision, replace_policies, widen
+from crossintercom.storage.policy_revisions import (
+    Policy,
+    load_revision,
+    once_per_statement,
+    replace_policies,
+    widen,
+)
 
 revision: str = "0015"
 down_revision: str | None = "0014"
@@ -35,19 +41,7 @@ def _policies() -> tuple[list[Policy], list[Policy]]:
     base = load_revision("0007_host_trust.py")
     codes = load_revision("0011_reservations.py")
     (receipts,) = load_revision("0013_ack_note.py")._receipts_policies()[1:]
-    once = load_revision("0014_host_once_per_statement.py").once
-
-    def as_0014(p: Policy) -> Policy:
-        table, name, command, using, check = receipts if p[1] == receipts[1] else p
-        return (
-            table,
-            name,
-            command,
-            None if using is None else once(using),
-            None if check is None else once(check),
-        )
-
-    before = [as_0014(p) for p in codes._codes()[1]]
+    before = once_per_statement([receipts if p[1] == receipts[1] else p for p in codes._codes()[1]])
     return before, widen(before, base._listed(codes.CODES), base._listed(CODES))
 
 

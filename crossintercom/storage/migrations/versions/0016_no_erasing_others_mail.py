@@ -25,14 +25,18 @@ from collections.abc import Sequence
 
 from alembic import op
 
-from crossintercom.storage.policy_revisions import Policy, load_revision, replace_policies
+from crossintercom.storage.policy_revisions import (
+    Policy,
+    load_revision,
+    once_per_statement,
+    replace_policies,
+)
 
 revision: str = "0016"
 down_revision: str | None = "0015"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
-_ME = "public.crossintercom_host()"
 _RETAINED = (
     "created < pg_catalog.now() - pg_catalog.make_interval(secs => "
     "(SELECT s.retention_s FROM public.settings AS s WHERE s.id = 1))"
@@ -42,7 +46,7 @@ _RETAINED = (
 def _policies() -> tuple[list[Policy], list[Policy]]:
     """(the two deleting policies as 0014 left them, the same with this revision's rules)."""
     base = load_revision("0007_host_trust.py")
-    once = load_revision("0014_host_once_per_statement.py").once
+    me = base.ME
     before = [p for p in base.POLICIES if p[1] in ("deliveries_purge", "receipts_consume")]
     after: list[Policy] = [
         ("deliveries", "deliveries_purge", "DELETE", f"({base.MINE}) AND state <> 'queued'", None),
@@ -50,15 +54,11 @@ def _policies() -> tuple[list[Policy], list[Policy]]:
             "receipts",
             "receipts_consume",
             "DELETE",
-            f"sender_host = {_ME} OR (recipient_host = {_ME} AND {_RETAINED})",
+            f"sender_host = {me} OR (recipient_host = {me} AND {_RETAINED})",
             None,
         ),
     ]
-
-    def as_0014(policies: list[Policy]) -> list[Policy]:
-        return [(t, n, c, None if u is None else once(u), k) for t, n, c, u, k in policies]
-
-    return as_0014(before), as_0014(after)
+    return once_per_statement(before), once_per_statement(after)
 
 
 _OLD_KEY = ("uq_reservations_project_session_id_glob", ["project", "session_id", "glob"])
