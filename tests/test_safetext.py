@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from crossintercom.agents import framing
 from crossintercom.agents.mail import render_mail, render_mail_line
 from crossintercom.safetext import for_terminal, is_one_line, neutralise, one_line, terminal_line
+from tests.agents.hostile import invisible
 
 # Pieces an attacker reaches for, mixed into arbitrary text.
 PIECES = [
@@ -74,17 +75,7 @@ hostile = st.lists(st.one_of(st.sampled_from(PIECES), st.text(max_size=8)), max_
 
 
 def _bad(char: str, *, newline_ok: bool) -> bool:
-    if char == "\n":
-        return not newline_ok
-    name = unicodedata.name(char, "")
-    return (
-        unicodedata.category(char) in ("Cc", "Cf", "Cs", "Zl", "Zp")
-        or 0xE0000 <= ord(char) <= 0xE0FFF
-        # shown as nothing (Unicode's default ignorables of other categories), told by name
-        or "VARIATION SELECTOR" in name
-        or ("HANGUL" in name and name.endswith("FILLER"))
-        or name == "COMBINING GRAPHEME JOINER"
-    )
+    return not newline_ok if char == "\n" else invisible(char)
 
 
 # Angle brackets a reader may take for '<' and '>'.

@@ -116,7 +116,10 @@ _HEADER = re.compile(
 _END = re.compile(r"^<<<end crossintercom (ask|message|reply) id=\S+>>>$")
 
 
-def _invisible(char: str) -> bool:
+def invisible(char: str) -> bool:
+    """A character no reader sees as itself: a control, a format character, a line separator,
+    a surrogate, or one Unicode calls default ignorable (told here by name, apart from how the
+    neutraliser tells it). A line break is not."""
     name = unicodedata.name(char, "")
     return char != "\n" and (
         unicodedata.category(char) in ("Cc", "Cf", "Cs", "Zl", "Zp")
@@ -131,7 +134,7 @@ def assert_clean_text(text: str, *, frames: int | None = None) -> None:
     """No raw hostile sequence anywhere; every frame line is ours and frames pair up."""
     for raw in RAW:
         assert raw not in text, f"{raw!r} reached the output:\n{text}"
-    assert not any(_invisible(c) for c in text), text
+    assert not any(invisible(c) for c in text), text
     inside = False
     count = 0
     for line in text.split("\n"):
@@ -158,7 +161,7 @@ def assert_clean_data(data: Any) -> None:
 
     def walk(value: Any) -> None:
         if isinstance(value, str):
-            assert "\n" not in value and not any(_invisible(c) for c in value), value
+            assert "\n" not in value and not any(invisible(c) for c in value), value
             for raw in RAW:
                 assert raw not in value
         elif isinstance(value, dict):
@@ -174,4 +177,4 @@ def assert_clean_data(data: Any) -> None:
 def assert_clean_terminal(text: str) -> None:
     """What a terminal is handed: no escape sequence, no control or invisible character."""
     assert "\x1b" not in text and "\x9b" not in text, text
-    assert not any(_invisible(c) for c in text), text
+    assert not any(invisible(c) for c in text), text
