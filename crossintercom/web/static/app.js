@@ -3,7 +3,7 @@
 // as text, never as markup, so nothing an agent writes can run here (docs/web.md).
 
 import { el, getJSON, postJSON, when, who } from "./util.js";
-import { addMessage, addOlder, hooks, known, messageItem, resetFeed, view } from "./feed.js";
+import { addMessage, addOlder, hooks, known, liveMark, liveSince, messageItem, resetFeed, view } from "./feed.js";
 import { drawFlow, pulse } from "./flow.js";
 import { attentionHooks, renderAttention } from "./attention.js";
 
@@ -150,7 +150,13 @@ async function applyFilters() {
   const seq = ++feedSeq;
   const params = filterParams();
   view.filters = Object.fromEntries(params);
-  await feedLoad(params, seq, (page) => { resetFeed(page.messages); showOlderButton(page); });
+  const mark = liveMark();
+  await feedLoad(params, seq, (page) => {
+    const came = liveSince(mark);  // live while the page was read: not all in its answer
+    resetFeed(page.messages);
+    for (const m of came) addMessage(m);
+    showOlderButton(page);
+  });
 }
 
 // The newest page merged in as live messages are: what an open item holds stays as it is.

@@ -78,7 +78,17 @@ function keepWhatWasDone(old, item) {
   if (form && fresh) fresh.replaceWith(form);
 }
 
+// Live messages as they came, so that a feed load's answer (a page read before some of them
+// came) does not drop those that came while it was under way (docs/web.md).
+const liveLog = [];
+let liveCount = 0;
+export function liveMark() { return liveCount; }
+export function liveSince(mark) { return liveLog.slice(Math.max(0, liveLog.length - (liveCount - mark))); }
+
 export function addMessage(m) {
+  liveCount += 1;
+  liveLog.push(m);
+  if (liveLog.length > LIVE_KEEP) liveLog.shift();
   const list = document.getElementById("feed");
   const item = messageItem(m);
   const old = list.querySelector(`:scope > li[data-id="${CSS.escape(m.id)}"]`);
