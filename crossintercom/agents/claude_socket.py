@@ -81,12 +81,12 @@ def socket_writer(path: str, token: str, as_name: str | None) -> Callable[[list[
 def start_child(environ: dict[str, str]) -> bool:
     """From the SessionStart hook: start this command again, detached, as the delivery child.
     False (nothing started) without the socket or without Claude Code's pid to watch."""
-    pid = environ.get(ENV_CLAUDE_PID, "")
-    if target(environ) is None or not pid.isdigit():
-        return False
-    from crossintercom.agents.lifeline import ENV_HARNESS_PID
+    from crossintercom.agents.lifeline import ENV_HARNESS_PID, parse_pid
 
-    env = {**environ, ENV_CHILD: "1", ENV_HARNESS_PID: pid}
+    pid = parse_pid(environ.get(ENV_CLAUDE_PID, ""))
+    if target(environ) is None or pid is None:
+        return False
+    env = {**environ, ENV_CHILD: "1", ENV_HARNESS_PID: str(pid)}
     subprocess.Popen(
         [sys.executable, "-m", "crossintercom.cli.main", *sys.argv[1:]],
         env=env,

@@ -73,12 +73,12 @@ def read_hook_input(stream: IO[str] | None, wait_s: float = STDIN_WAIT_S) -> dic
         if not chunk:
             break  # end of input, or nothing came in time
         buf += chunk
-        with contextlib.suppress(ValueError):
+        with contextlib.suppress(ValueError, RecursionError):
             data = json.loads(buf)
             return data if isinstance(data, dict) else {}
     try:
         data = json.loads(buf or b"{}")
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested past the parser's depth
         return {}
     return data if isinstance(data, dict) else {}
 
@@ -99,8 +99,7 @@ def claude_one_shot(environ: dict[str, str] | None = None) -> bool:
     turn. There it runs an ``asyncRewake`` hook synchronously and waits for it, so the hook must
     return at once. Claude Code names its pid to hooks (``CLAUDE_PID``); its arguments say."""
     environ = dict(os.environ) if environ is None else environ
-    raw = environ.get("CLAUDE_PID", "")
-    pid = int(raw) if raw.isdigit() else lifeline.find_harness(environ)
+    pid = lifeline.parse_pid(environ.get("CLAUDE_PID", "")) or lifeline.find_harness(environ)
     args = _cmdline(pid)[1:]
     if not any(a in ("-p", "--print") for a in args):
         return False

@@ -81,6 +81,16 @@ LAUNCHERS = frozenset(
 )
 
 
+def parse_pid(raw: str) -> int | None:
+    """The pid a setting or a lock file names, or None: ASCII digits only (``int`` also reads
+    other scripts' digits, and refuses numbers too long to convert), never 0 or 1."""
+    raw = raw.strip()
+    if not (raw.isascii() and raw.isdigit() and len(raw) <= 10):
+        return None
+    pid = int(raw)
+    return pid if pid > 1 else None
+
+
 def _stat(pid: int) -> tuple[str, int, int] | None:
     """(command name, parent pid, start time) of ``pid``; None once it is gone."""
     try:
@@ -126,9 +136,9 @@ def _ancestry() -> tuple[int | None, bool]:
 def find_harness(environ: dict[str, str] | None = None) -> int | None:
     """The pid of the harness this process runs for, or None (no parent worth watching)."""
     environ = dict(os.environ) if environ is None else environ
-    raw = environ.get(ENV_HARNESS_PID, "").strip()
-    if raw.isdigit() and int(raw) > 1 and _stat(int(raw)) is not None:
-        return int(raw)
+    pid = parse_pid(environ.get(ENV_HARNESS_PID, ""))
+    if pid is not None and _stat(pid) is not None:
+        return pid
     return _ancestry()[0]
 
 
@@ -263,17 +273,17 @@ def install(
     environ = dict(os.environ) if environ is None else environ
     if environ.get(ENV_LIFELINE, "").lower() in ("off", "0", "no"):
         return None
-    named = environ.get(ENV_HARNESS_PID, "").strip()
-    if named.isdigit() and int(named) > 1 and _stat(int(named)) is None:
+    named = parse_pid(environ.get(ENV_HARNESS_PID, ""))
+    if named is not None and _stat(named) is None:
         # The harness that started us ended while we were starting (a plugin's waiter spawned
         # as its host quits): we may already be init's child, so there is nothing left to watch.
         _terminate()
         return None
     if detached:
-        if not (named.isdigit() and int(named) > 1):
+        if named is None:
             _terminate()
             return None
-        return Lifeline(int(named), detached=True).start()
+        return Lifeline(named, detached=True).start()
     # A hook that is init's child, or whose shell is, lost its harness before it could note it
     # (in its first tenth of a second). An MCP server may be run by a container's init
     # (`docker run --init`), through a shell or not: it has the end of its stdin instead.

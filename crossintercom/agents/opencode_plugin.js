@@ -57,6 +57,7 @@ export const CrossintercomMail = async ({ client }) => {
     });
     waiter = child;
     let out = "";
+    child.stdout.setEncoding("utf8"); // a character split between two reads stays whole
     child.stdout.on("data", (chunk) => {
       out += chunk;
     });

@@ -10,7 +10,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from crossintercom.agents.setup_common import SERVER_KEY, Agent, Change, json_change, stop_hooks
+from crossintercom.agents.setup_common import (
+    SERVER_KEY,
+    Agent,
+    Change,
+    array,
+    json_change,
+    stop_hooks,
+    table,
+)
 from crossintercom.errors import UsageError
 
 # Claude Code's rule for every tool of one MCP server (2.1.332 also takes `mcp__NAME__*`).
@@ -21,8 +29,7 @@ CLAUDE_WAIT_S = 3600
 
 def claude_code(agent: Agent, project: Path) -> list[Change]:
     def mcp(data: dict[str, Any]) -> None:
-        servers = data.setdefault("mcpServers", {})
-        servers[SERVER_KEY] = {
+        table(data, "mcpServers")[SERVER_KEY] = {
             "type": "stdio",
             "command": agent.command[0],
             "args": [*agent.command[1:], *agent.mcp_args()],
@@ -44,12 +51,12 @@ def claude_code(agent: Agent, project: Path) -> list[Change]:
             "timeout": 30,
         }
         stop_hooks(data, "claude-socket", start, event="SessionStart")
-        enabled = data.setdefault("enabledMcpjsonServers", [])
+        enabled = array(data, "enabledMcpjsonServers")
         if SERVER_KEY not in enabled:
             enabled.append(SERVER_KEY)
-        permissions = data.setdefault("permissions", {})
-        if not isinstance(permissions, dict):
-            raise UsageError('"permissions" is not an object; setup leaves the file alone')
+        permissions = table(data, "permissions")
+        if not isinstance(permissions.get("allow", []), list):
+            raise UsageError('"allow" is not a list; setup leaves the file alone')
         allow = [r for r in permissions.get("allow", []) if r != ALLOW_RULE]
         if agent.allow_tools:
             allow.append(ALLOW_RULE)

@@ -39,6 +39,8 @@ def codex(agent: Agent, codex_home: Path) -> list[Change]:
     if servers is None:
         servers = tomlkit.table(is_super_table=True)
         doc["mcp_servers"] = servers
+    elif not isinstance(servers, dict):
+        raise UsageError(f"{config}: mcp_servers is not a table; setup leaves it alone")
     entry = tomlkit.table()
     entry["command"] = agent.command[0]
     entry["args"] = [*agent.command[1:], *agent.mcp_args()]

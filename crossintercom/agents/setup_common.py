@@ -6,10 +6,14 @@ merging crossintercom's own entries into a user's files without disturbing any o
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
+import secrets
 import shlex
 import shutil
+import stat
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,6 +28,10 @@ SERVER_KEY = "crossintercom"
 # Only settings that are safe to inherit travel into harness configs; never the store URL,
 # which may hold a password and is needed by relays only.
 CARRIED_ENV = (ENV_HOME, ENV_HOST_ID, ENV_GROUP)
+# The placeholders of a shipped plugin (script_source), replaced in one pass.
+_PLACEHOLDER = re.compile("__COMMAND__|__ENV__|__NAME__|__WAIT_S__")
+# A harness config larger than this is not one setup should rewrite.
+MAX_FILE_BYTES = 16 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,7 +55,19 @@ def default_command() -> list[str]:
 
 def carried_env(environ: dict[str, str] | None = None) -> dict[str, str]:
     environ = dict(os.environ) if environ is None else environ
-    return {k: environ[k] for k in CARRIED_ENV if environ.get(k)}
+    carried = {k: environ[k] for k in CARRIED_ENV if environ.get(k)}
+    for key, value in carried.items():
+        utf8(key, value)
+    return carried
+
+
+def utf8(what: str, value: str) -> str:
+    """``value``, refused when it is not UTF-8 text (bytes a harness's file cannot hold)."""
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        raise UsageError(f"{what} is not UTF-8 text; setup cannot write it") from None
+    return value
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,14 +96,14 @@ def script_source(template: str, agent: Agent, wait_s: int) -> str:
     """A harness plugin shipped in this package (``template``), its placeholders filled in as
     JavaScript literals: how to start crossintercom, the env it carries, the name, the wait."""
     text = resources.files("crossintercom.agents").joinpath(template).read_text()
-    for key, value in (
-        ("__COMMAND__", agent.command),
-        ("__ENV__", agent.env),
-        ("__NAME__", agent.name),
-        ("__WAIT_S__", wait_s),
-    ):
-        text = text.replace(key, json.dumps(value))
-    return text
+    values = {
+        "__COMMAND__": agent.command,
+        "__ENV__": agent.env,
+        "__NAME__": agent.name,
+        "__WAIT_S__": wait_s,
+    }
+    # One pass: a value holding a placeholder's word is never substituted again.
+    return _PLACEHOLDER.sub(lambda m: json.dumps(values[m[0]]), text)
 
 
 def is_ours(hook: Any, fmt: str) -> bool:
@@ -92,10 +112,26 @@ def is_ours(hook: Any, fmt: str) -> bool:
 
 
 def read_text(path: Path) -> str | None:
+    """The file's text, None when there is none; what setup cannot take for a user's config
+    (a directory, a FIFO, a huge file, bytes that are not UTF-8) is an error that leaves it
+    alone."""
     try:
-        return path.read_text()
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise UsageError(f"{path} is not a regular file; setup leaves it alone")
+        if st.st_size > MAX_FILE_BYTES:
+            raise UsageError(f"{path} is larger than {MAX_FILE_BYTES} bytes; setup leaves it alone")
+        data = os.read(fd, MAX_FILE_BYTES + 1)
+    finally:
+        os.close(fd)
+    try:
+        return data.decode()
+    except UnicodeDecodeError:
+        raise UsageError(f"{path} is not UTF-8 text; setup leaves it alone") from None
 
 
 def json_object(path: Path, text: str | None) -> dict[str, Any]:
@@ -103,6 +139,8 @@ def json_object(path: Path, text: str | None) -> dict[str, Any]:
         return {}
     try:
         data = json.loads(text)
+    except RecursionError:
+        raise UsageError(f"{path} nests too deeply; setup leaves it alone") from None
     except ValueError as exc:
         raise UsageError(
             f"{path} is not plain JSON ({exc}); setup leaves it alone. Add the entries "
@@ -117,16 +155,36 @@ def json_change(path: Path, edit: Callable[[dict[str, Any]], None]) -> Change:
     before = read_text(path)
     data = json_object(path, before)
     edit(data)
-    return Change(path, before, json.dumps(data, indent=2, ensure_ascii=False) + "\n")
+    after = json.dumps(data, indent=2, ensure_ascii=False)
+    if not after.isascii():
+        try:
+            after.encode()
+        except UnicodeEncodeError:  # a lone surrogate the file held as an escape: keep it so
+            after = json.dumps(data, indent=2)
+    return Change(path, before, after + "\n")
+
+
+def table(data: dict[str, Any], key: str) -> dict[str, Any]:
+    """``data[key]``, an object (made when missing); anything else leaves the file alone."""
+    found = data.setdefault(key, {})
+    if not isinstance(found, dict):
+        raise UsageError(f'"{key}" is not an object; setup leaves the file alone')
+    return found
+
+
+def array(data: dict[str, Any], key: str) -> list[Any]:
+    """``data[key]``, a list (made when missing); anything else leaves the file alone."""
+    found = data.setdefault(key, [])
+    if not isinstance(found, list):
+        raise UsageError(f'"{key}" is not a list; setup leaves the file alone')
+    return found
 
 
 def stop_hooks(data: dict[str, Any], fmt: str, hook: dict[str, Any], event: str = "Stop") -> None:
     """Replace crossintercom's hook for ``event`` (Stop, SessionStart) in a Claude Code / Codex
     hooks object, keep the rest."""
-    hooks = data.setdefault("hooks", {})
-    if not isinstance(hooks, dict):
-        raise UsageError('"hooks" is not an object; setup leaves the file alone')
-    groups = [g for g in hooks.get(event, []) if isinstance(g, dict)]
+    hooks = table(data, "hooks")
+    groups = [g for g in array(hooks, event) if isinstance(g, dict)]
     kept = []
     for group in groups:
         inner = group.get("hooks", [])
@@ -139,14 +197,56 @@ def stop_hooks(data: dict[str, Any], fmt: str, hook: dict[str, Any], event: str 
     hooks[event] = [*kept, {"hooks": [hook]}]
 
 
-def apply(changes: list[Change]) -> None:
-    """Write each changed file whole (through a temporary file, so no reader sees half)."""
-    for change in changes:
-        if not change.changed:
-            continue
+def apply(changes: list[Change], root: Path) -> None:
+    """Write each changed file whole (through a temporary file, so no reader sees half).
+
+    Nothing is written when a changed file, or a directory between ``root`` (the directory
+    setup was given) and it, is a symbolic link: setup never writes out of ``root`` and never
+    replaces a user's link with a file."""
+    changed = [c for c in changes if c.changed]
+    for change in changed:
+        _refuse_links(change.path, root)
+    for change in changed:
         change.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = change.path.with_name(f".{change.path.name}.crossintercom-tmp")
-        tmp.write_text(change.after)
-        if change.path.exists():
-            os.chmod(tmp, change.path.stat().st_mode & 0o7777)
-        os.replace(tmp, change.path)
+        _write(change.path, change.after)
+
+
+def _refuse_links(path: Path, root: Path) -> None:
+    try:
+        parts = path.relative_to(root).parts
+    except ValueError:
+        parts = (path.name,)
+        root = path.parent
+    for part in parts:
+        root = root / part
+        if root.is_symlink():
+            raise UsageError(
+                f"{root} is a symbolic link; setup writes through no link and leaves it alone. "
+                "Add the entries `crossintercom setup ... --print` shows by hand"
+            )
+
+
+def _write(path: Path, text: str) -> None:
+    """``text`` into ``path`` by a rename from a new file of a name no one could plant."""
+    try:
+        mode = stat.S_IMODE(os.lstat(path).st_mode)
+    except FileNotFoundError:
+        mode = None
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    while True:
+        tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.crossintercom-tmp")
+        try:
+            fd = os.open(tmp, flags, 0o666)
+            break
+        except FileExistsError:
+            continue
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(text.encode())
+            if mode is not None:
+                os.fchmod(f.fileno(), mode)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise

@@ -15,6 +15,7 @@ from crossintercom.agents.setup_common import (
     json_change,
     read_text,
     script_source,
+    table,
 )
 from crossintercom.errors import UsageError
 
@@ -35,8 +36,7 @@ def opencode(agent: Agent, project: Path) -> list[Change]:
 
     def config(data: dict[str, Any]) -> None:
         data.setdefault("$schema", "https://opencode.ai/config.json")
-        servers = data.setdefault("mcp", {})
-        servers[SERVER_KEY] = {
+        table(data, "mcp")[SERVER_KEY] = {
             "type": "local",
             "command": [*agent.command, *agent.mcp_args()],
             "enabled": True,

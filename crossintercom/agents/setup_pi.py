@@ -15,8 +15,8 @@ from crossintercom.agents.setup_common import (
     json_change,
     read_text,
     script_source,
+    table,
 )
-from crossintercom.errors import UsageError
 
 # How long the extension's `wait` child waits for mail before it is started again.
 PI_WAIT_S = 3600
@@ -30,10 +30,7 @@ def extension_source(agent: Agent) -> str:
 
 def pi(agent: Agent, project: Path) -> list[Change]:
     def config(data: dict[str, Any]) -> None:
-        servers = data.setdefault("mcpServers", {})
-        if not isinstance(servers, dict):
-            raise UsageError('"mcpServers" is not an object; setup leaves the file alone')
-        servers[SERVER_KEY] = {
+        table(data, "mcpServers")[SERVER_KEY] = {
             "command": agent.command[0],
             "args": [*agent.command[1:], *agent.mcp_args()],
             "env": agent.env,

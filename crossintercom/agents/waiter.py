@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from crossintercom.agents.lifeline import parse_pid
 from crossintercom.agents.session import AgentSession, Busy, agents_dir, unseen
 from crossintercom.client import Identity
 from crossintercom.config import Settings
@@ -67,11 +68,11 @@ def waiter_lock(
                     f"another `crossintercom wait` already waits for this session's mail "
                     f"(lock {path.name}); pass --replace to take over"
                 ) from None
-            raw = os.pread(fd, 32, 0).decode(errors="replace").strip()
-            if raw.isdigit() and int(raw) not in asked and _holder_is_waiter(int(raw)):
+            pid = parse_pid(os.pread(fd, 32, 0).decode(errors="replace"))
+            if pid is not None and pid not in asked and _holder_is_waiter(pid):
                 with contextlib.suppress(ProcessLookupError):
-                    os.kill(int(raw), signal.SIGTERM)
-                asked.add(int(raw))
+                    os.kill(pid, signal.SIGTERM)
+                asked.add(pid)
             time.sleep(0.05)
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)

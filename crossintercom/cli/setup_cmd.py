@@ -10,6 +10,7 @@ from pathlib import Path
 import click
 
 from crossintercom.agents import harness_setup as hs
+from crossintercom.agents.setup_common import utf8
 from crossintercom.cli.common import json_option
 from crossintercom.cli.output import emit_json
 from crossintercom.config import ENV_AS
@@ -78,17 +79,25 @@ def setup(
     name = as_name or _default_name()
     if not valid_name(name):
         raise UsageError(f"invalid name {name!r}: use letters, digits, '.', '_' or '-'")
+    argv = hs.default_command()
+    if command:
+        try:
+            argv = shlex.split(utf8("--command", command))
+        except ValueError as exc:
+            raise UsageError(f"--command cannot be split as a shell would: {exc}") from None
+        if not argv:
+            raise UsageError("--command names no program")
     agent = hs.Agent(
         name=name,
-        supervisor=supervisor,
-        command=shlex.split(command) if command else hs.default_command(),
+        supervisor=utf8("--supervisor", supervisor) if supervisor else None,
+        command=argv,
         env=hs.carried_env(),
         allow_tools=allow_tools,
     )
     target = (directory or _default_dir(harness)).expanduser().absolute()
     changes = hs.plan(harness, agent, target)
     if not print_only:
-        hs.apply(changes)
+        hs.apply(changes, target)
     if as_json:
         emit_json(
             {

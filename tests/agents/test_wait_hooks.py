@@ -148,3 +148,38 @@ def test_hook_input_is_read_even_when_stdin_stays_open(cli_env: dict[str, str]) 
     )
     # the input was read as it came and the short wait ended: the open stdin held nothing
     assert (rc, out) == (0, ""), err
+
+
+def test_hook_input_nested_past_any_parser_is_no_input(cli_env: dict[str, str]) -> None:
+    for fmt in ("claude-hook", "codex-hook"):
+        rc, out, err = with_stdin_open(
+            cli_env, "[" * 100_000, "wait", "--as", "worker", "--format", fmt, "--timeout", "0.2"
+        )
+        assert (rc, out, err) == (0, "", ""), err
+
+
+def test_a_pid_setting_that_is_no_pid_is_ignored(cli_env: dict[str, str]) -> None:
+    for key, value in (
+        ("CLAUDE_PID", "²"),
+        ("CROSSINTERCOM_HARNESS_PID", "²"),
+        ("CROSSINTERCOM_HARNESS_PID", "9" * 5000),
+    ):
+        env = {**cli_env, key: value}
+        rc, out, err = finish(
+            hook(env, CLAUDE_STOP, "--as", "worker", "--format", "claude-hook", "--timeout", "0.2")
+        )
+        assert (rc, out, err) == (0, "", ""), (key, err)
+
+
+def test_a_lock_file_naming_no_pid_makes_a_hook_stand_aside(
+    cli_env: dict[str, str], runtime_home: Path
+) -> None:
+    first = hook(cli_env, None, "--as", "worker", "--format", "json", "--timeout", "120")
+    waiting(first, runtime_home)
+    (lock,) = (runtime_home / "agents").glob("*.wait.lock")
+    lock.write_text("²\n")  # what the holder wrote, overwritten: no pid to ask
+    rc, out, err = finish(hook(cli_env, CLAUDE_STOP, "--as", "worker", "--format", "claude-hook"))
+    assert (rc, out) == (0, ""), err
+    assert err.startswith("crossintercom: another `crossintercom wait` already waits"), err
+    first.terminate()
+    assert finish(first) == (6, "[]\n", "")
