@@ -35,6 +35,7 @@ from sqlalchemy import (
     table,
     text,
     tuple_,
+    type_coerce,
     update,
 )
 from sqlalchemy.dialects import postgresql, sqlite
@@ -147,7 +148,7 @@ LIST_HOSTS: Select[str, int, int, int, Any, Any] = select(
     hosts.c.generation,
     hosts.c.heartbeat,
     hosts.c.roster_rev,
-    hosts.c.beat_at,
+    type_coerce(hosts.c.beat_at, Text),  # as stored (SQLite: any text a writer put there)
     func.now(),
 ).order_by(hosts.c.host_id)
 
@@ -242,7 +243,12 @@ def insert_roster(dialect: str) -> Any:
     )
 
 
-LIST_ROSTER: Select[Any] = select(roster).order_by(roster.c.host_id, roster.c.session_id)
+# ``groups`` as stored (the driver's JSON decoding off): a writer of a SQLite file can store
+# anything in it, and one value that is not JSON failed the whole read; the rows are checked
+# one by one (hosts.roster).
+LIST_ROSTER: Select[Any] = select(
+    *(type_coerce(c, Text).label(c.name) if c.name == "groups" else c for c in roster.c)
+).order_by(roster.c.host_id, roster.c.session_id)
 
 
 # -- messages and deliveries -----------------------------------------------------------------
@@ -313,11 +319,13 @@ def inbound(
     array: bool = False,
     raw: bool = False,
     skip: bool = False,
-) -> Select[int, str, str, str | bytes | None, str, int, str]:
+) -> Select[int, str, str, str | bytes | None, str | bytes, int, str | bytes]:
     """Queued rows for one host, by state and in seq order, only for its current generation:
     seq, message_id, recipient_session, payload text (NULL when over ``:max_payload``
     characters, so an oversized row costs no memory; its bytes when ``raw``, for SQLite),
-    sender_host, payload length, digest (the sender's, checked by the receiver).
+    sender_host, payload length, digest (the sender's, checked by the receiver); with ``raw``
+    the sender and digest are bytes too: a writer may store a BLOB or text that is not UTF-8
+    in any column, and one such value failed the whole read (or the relay).
 
     Params: host_id, generation, limit, max_payload, and session_ids (a list) when
     ``by_session``, bound as one array when ``array`` (PostgreSQL). Never ``seq > cursor``:
@@ -337,9 +345,9 @@ def inbound(
                 (length <= bindparam("max_payload"), _PAYLOAD_BYTES if raw else _PAYLOAD_TEXT),
                 else_=None,
             ),
-            messages.c.sender_host,
+            cast(messages.c.sender_host, LargeBinary) if raw else messages.c.sender_host,
             length,
-            messages.c.digest,
+            cast(messages.c.digest, LargeBinary) if raw else messages.c.digest,
         )
         .join(messages, messages.c.message_id == deliveries.c.message_id)
         .where(
@@ -422,7 +430,12 @@ def receipts_for_finished(dialect: str) -> Any:
             .where(_in_keys(dialect))
             .order_by(deliveries.c.seq),
         )
-        .returning(receipts.c.sender_host)
+        # SQLite: as bytes, so a sender a writer stored as non-UTF-8 fails no ack (sqlstore).
+        .returning(
+            cast(receipts.c.sender_host, LargeBinary)
+            if dialect == "sqlite"
+            else receipts.c.sender_host
+        )
     )
 
 

@@ -5,6 +5,7 @@ files others may read or write are named in the log and in `status`."""
 
 from __future__ import annotations
 
+import contextlib
 import grp
 import os
 import re
@@ -82,7 +83,8 @@ def foreign_objects(rows: Iterable[tuple[str, str, str | None]]) -> list[str]:
 
 def loose_modes(db_path: Path, doorbells: Path) -> list[str]:
     """Warnings for the store file, its journal files and the doorbell dir where users other
-    than the owner and its group may read or write them."""
+    than the owner and its group may read or write them, and the store's directory when they
+    may create files in it (a planted journal)."""
     out = []
     for path in (db_path, *(Path(f"{db_path}{s}") for s in SIDE_FILES), doorbells):
         try:
@@ -94,6 +96,15 @@ def loose_modes(db_path: Path, doorbells: Path) -> list[str]:
                 f"WARNING {path} is {'readable' if mode & 0o004 else 'writable'} by every "
                 f"local user (mode {mode:o}): whoever reads the store reads all mail; "
                 f'chmod o-rwx it (docs/operations.md, "Trust model")'
+            )
+    with contextlib.suppress(OSError):
+        mode = stat.S_IMODE(db_path.parent.stat().st_mode)
+        if mode & 0o002:
+            out.append(
+                f"WARNING {db_path.parent} is writable by every local user (mode {mode:o}): "
+                "anyone can plant the store's journal there, which SQLite writes every page a "
+                "transaction changes to (all mail) or rolls back into the store (any row); "
+                'chmod o-w it (docs/operations.md, "Trust model")'
             )
     return out
 

@@ -82,20 +82,23 @@ def inbound_row(
     message_id: str,
     session: str,
     text: str | bytes | None,
-    sender_host: str,
+    sender: str | bytes,
     length: int | None,
-    digest: str | None = None,
+    stored_digest: str | bytes | None = None,
     *,
     max_payload: int,
 ) -> InboundRow:
     """One fetched row, its payload's text as stored: not decoded here (the relay decodes it
-    into a message once, and hands the text itself over). Bytes (SQLite) are checked to be
-    UTF-8 row by row, so a row that is not stands alone (refused by the relay's screening;
-    docs/storage.md, "Delivery states")."""
+    into a message once, and hands the text itself over). Bytes (SQLite: payload, sender and
+    digest) are checked to be UTF-8 row by row, so a row that is not stands alone (refused by
+    the relay's screening; docs/storage.md, "Delivery states")."""
+    sender_host, digest = _text(sender), _text(stored_digest)
 
     def bad(problem: str) -> InboundRow:
-        return InboundRow(seq, message_id, session, None, sender_host, problem, digest)
+        return InboundRow(seq, message_id, session, None, sender_host or "?", problem, digest)
 
+    if sender_host is None or (stored_digest is not None and digest is None):
+        return bad("sender host or digest is not valid UTF-8")
     if text is None:
         return bad(f"payload of {length} characters is over the {max_payload} that can be read")
     if isinstance(text, bytes):
@@ -104,6 +107,16 @@ def inbound_row(
         except UnicodeDecodeError as exc:
             return bad(f"payload is not valid UTF-8 (byte {exc.start})")
     return InboundRow(seq, message_id, session, text, sender_host, None, digest)
+
+
+def _text(value: str | bytes | None) -> str | None:
+    """A column read as its bytes (SQLite), as text; None when not UTF-8."""
+    if not isinstance(value, bytes):
+        return value
+    try:
+        return value.decode()
+    except UnicodeDecodeError:
+        return None
 
 
 class SqlMailboxStore(SqlReservations):
@@ -232,7 +245,7 @@ class SqlMailboxStore(SqlReservations):
         """Receipts for deliveries this transaction just finished; wakes their senders."""
         params = {"created": now, **q.key_params(self.dialect, keys)}
         senders = conn.execute(q.receipts_for_finished(self.dialect), params)
-        woken.update(senders.scalars())
+        woken.update(h for h in map(_text, senders.scalars()) if h is not None)
         self._notify(conn, woken, RECEIPTS)
 
     async def receipts(

@@ -153,3 +153,28 @@ def test_a_link_a_member_plants_in_the_doorbell_dir_is_not_written_through(
     ring_doorbell(db, "some-host")
     assert secret.read_text() == "root only\n"
     assert bell.read_text().strip().isdigit()
+
+
+def test_a_store_dir_others_may_write_is_named(public_dir: Path) -> None:
+    """Another user who may create files beside the store plants its journal: SQLite copies
+    every page a transaction changes into it (all mail), or rolls a hot one back into the store
+    (any row). The relay names such a directory at start, as it names loose files."""
+    need_root()
+    shared = open_dir(public_dir / "shared")
+    shared.chmod(0o1777)  # sticky, like /tmp: no one replaces the store, anyone adds a name
+    db = shared / "mailbox.sqlite"
+    migrate.upgrade(f"sqlite:///{db}")
+    planted = python_as_nobody(
+        "import os, sys; os.close(os.open(sys.argv[1], os.O_CREAT | os.O_WRONLY, 0o666))",
+        f"{db}-journal",
+    )
+    assert planted.returncode == 0, planted.stderr
+    os.unlink(f"{db}-journal")
+    store = SqliteStore(parse_store_url(f"sqlite:///{db}"))
+    try:
+        warnings = run(store.trust_warnings())
+    finally:
+        run(store.aclose())
+    assert any(f"{shared} is writable by every local user (mode 1777)" in w for w in warnings), (
+        warnings
+    )
