@@ -7,12 +7,13 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Annotated, Literal
 
+import msgspec
 from mcp.types import CallToolResult
 from pydantic import Field
 
 from crossintercom.agents import mcp_results as res
 from crossintercom.agents.answered import check_one_line
-from crossintercom.agents.framing import one_line
+from crossintercom.agents.framing import one_line, quoted
 from crossintercom.agents.mcp_tools import guarded
 from crossintercom.agents.session import AgentSession
 from crossintercom.client import (
@@ -26,6 +27,7 @@ from crossintercom.client import (
 )
 from crossintercom.client.reservations import held
 from crossintercom.codes import Code
+from crossintercom.protocol import Reservation
 from crossintercom.reservations import path_conflicts
 
 Project = Annotated[
@@ -75,8 +77,15 @@ class ReservationTools:
             state = await reserve(client, key, globs, mode, ttl_s, reason)
         if state.code == Code.RESERVATION_CONFLICT:
             rows = [reservation_json(r) for r in state.conflicts]
-            return res.error(state.code, state.message or state.code, conflicts=rows)
-        lines = [f"- {one_line(reservation_line(r))}" for r in state.items]
+            # Said here, not in the relay's words: its sentence holds the holders' reasons raw,
+            # and an error's text is flattened, quote marks and all (reservations quotes them).
+            clash = "; ".join(_line(r, with_reason=False) for r in state.conflicts)
+            why = (
+                f"not reserved ({', '.join(globs)}): clashes with {clash}; nothing was reserved "
+                "(the reservations tool shows why each is held)"
+            )
+            return res.error(state.code, why, conflicts=rows)
+        lines = [f"- {_line(r)}" for r in state.items]
         data = {"project": key, "reserved": [reservation_json(r) for r in state.items]}
         return res.ok(f"Reserved in {one_line(key)}:\n" + "\n".join(lines), data)
 
@@ -118,7 +127,7 @@ class ReservationTools:
             state = await reservations(client, key)
         if conflicts is None:
             rows = [reservation_json(r) for r in state.items]
-            lines = [f"- {one_line(reservation_line(r))}" for r in state.items]
+            lines = [f"- {_line(r)}" for r in state.items]
             return res.ok(
                 "\n".join(lines) or "No reservations.", {"project": key, "reservations": rows}
             )
@@ -126,9 +135,7 @@ class ReservationTools:
         me = self.session.identity.id
         found = path_conflicts([held(r) for r in state.items], me, repo_paths(conflicts))
         rows = [{"path": path, **reservation_json(by_id[h.id])} for path, h in found]
-        lines = [
-            f"- {one_line(path)}: {one_line(reservation_line(by_id[h.id]))}" for path, h in found
-        ]
+        lines = [f"- {one_line(path)}: {_line(by_id[h.id])}" for path, h in found]
         return res.ok("\n".join(lines) or "No conflicts.", {"project": key, "conflicts": rows})
 
     def all(self) -> Mapping[str, tuple[Callable[..., Awaitable[CallToolResult]], bool]]:
@@ -138,3 +145,12 @@ class ReservationTools:
             "unreserve": (self.unreserve, False),
             "reservations": (self.reservations, True),
         }
+
+
+def _line(r: Reservation, *, with_reason: bool = True) -> str:
+    """One reservation for a model: its holder's reason is that session's words, quoted as such
+    (as a status is in list_sessions), so it cannot pose as ours or the user's."""
+    plain = one_line(reservation_line(msgspec.structs.replace(r, reason=None)))
+    if not (r.reason and with_reason):
+        return plain
+    return plain + f"; its reason, in its holder's own words: {quoted(r.reason)}"

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import msgspec
 from mcp.types import CallToolResult, TextContent
 
 from crossintercom.agents.framing import (
@@ -26,12 +27,17 @@ from crossintercom.agents.framing import (
     quoted,
 )
 from crossintercom.agents.mail import render_mail
+from crossintercom.codes import Code
 from crossintercom.models import LISTED_SESSION_FIELDS, Outcome, SendResult, SessionInfo
 
 # Outcomes where nothing was done: an error result, as for any other refusal.
 _REFUSALS = (Outcome.REFUSED, Outcome.NOT_SENT)
 # A string in structured content is at most this long (one line, neutralised).
 _DATA_CHARS = 4000
+# Why the broker is down names local paths and its log's last line: for an operator, not a model.
+BROKER_DOWN = (
+    "this host's crossintercom broker cannot be reached right now (`crossintercom status` says why)"
+)
 
 
 def safe(value: Any) -> Any:
@@ -76,6 +82,8 @@ def _outcome_data(result: SendResult) -> dict[str, Any]:
 def outcome(result: SendResult, what: str = "message") -> CallToolResult:
     """A send/reply outcome, honest about what it means (``unknown``: do not resend);
     a refusal (nothing was delivered or stored) is an error result with its code."""
+    if result.code == Code.BROKER_UNAVAILABLE:
+        result = msgspec.structs.replace(result, message=BROKER_DOWN)
     text = describe_outcome(result, what)
     if result.outcome in _REFUSALS:
         data = _outcome_data(result)

@@ -78,7 +78,9 @@ class SessionTools:
     @guarded
     async def ack(
         self,
-        message_ids: Annotated[list[str], Field(description="Ids of messages you received.")],
+        message_ids: Annotated[
+            list[str], Field(description="Ids of messages you received.", min_length=1)
+        ],
         note: Annotated[
             str | None, Field(description="One line for the sender.", max_length=ACK_NOTE_CHARS)
         ] = None,
@@ -160,8 +162,23 @@ class SessionTools:
         async with self.session.operation() as client:
             state = await inbound_policy(client, pattern, None if remove else action, release)
         out = inbound_json(state)
+        # Held mail is another session's words: never shown here, outside its frame (a harness
+        # shows the model structured content); released, it is read framed (docs/agents.md).
+        out["held"] = [
+            {
+                "id": h["id"],
+                "from": h["from"],
+                "held_at": h["held_at"],
+                "characters": len(h["message"]),
+            }
+            for h in out["held"]
+        ]
         lines = [f"- {one_line(k)}: {v}" for k, v in out["rules"].items()] or ["No rules."]
-        lines += [f"held {one_line(h['id'])} from {one_line(h['from'])}" for h in out["held"]]
+        lines += [
+            f"held {header_field(h['id'])} from {header_field(h['from'])}, {h['characters']} "
+            "characters (release it to read it)"
+            for h in out["held"]
+        ]
         return res.ok("\n".join(lines), out)
 
     def all(self) -> Mapping[str, tuple[Callable[..., Awaitable[CallToolResult]], bool]]:

@@ -74,8 +74,8 @@ def guarded(
             return await fn(*args, **kwargs)
         except EscalationError as exc:
             return res.error(exc.code, exc.message + "; nothing was sent")
-        except (BrokerUnavailable, Disconnected) as exc:
-            return res.error(Code.BROKER_UNAVAILABLE, exc.message + "; nothing was done")
+        except (BrokerUnavailable, Disconnected):
+            return res.error(Code.BROKER_UNAVAILABLE, res.BROKER_DOWN + "; nothing was done")
         except RemoteError as exc:
             if exc.code in (Code.BAD_FIELD, Code.MISSING_FIELD):
                 # The broker's decoder names its own frame's fields: say it plainly instead.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -36,7 +37,10 @@ def _ack_by(marks: Marks) -> str | None:
         return None
     if within <= 0:
         raise UsageError("the acknowledgement deadline must be positive")
-    when = datetime.now(UTC) + timedelta(seconds=within)
+    try:
+        when = datetime.now(UTC) + timedelta(seconds=within)
+    except (OverflowError, ValueError):  # beyond the year 9999, infinite or NaN
+        raise UsageError("the acknowledgement deadline is too far off") from None
     return when.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
@@ -67,20 +71,31 @@ class AttachmentTooLarge(UsageError):
 
 
 def load_attachment(path: str, max_bytes: int) -> Attachment:
-    """A file attachment, refused clearly when it is too big or unreadable."""
+    """A file attachment, refused clearly when it is too big, unreadable or not a regular file
+    (a FIFO, a device or a socket could block the caller or never end); at most
+    ``max_bytes + 1`` bytes are ever read."""
     fpath = Path(path)
     try:
-        size = fpath.stat().st_size
-        if size > max_bytes:
+        # Non-blocking open: a FIFO without a writer is refused below rather than waited on.
+        fd = os.open(fpath, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as f:
+            info = os.fstat(f.fileno())
+            if not stat.S_ISREG(info.st_mode):
+                raise UsageError(f"attachment {path} is not a regular file; nothing was sent")
+            data = f.read(max_bytes + 1)
+        if len(data) > max_bytes:
             raise AttachmentTooLarge(
-                f"attachment {path} is {size} bytes; the message limit is {max_bytes} bytes; "
-                "nothing was sent"
+                f"attachment {path} is {max(info.st_size, len(data))} bytes; the message limit "
+                f"is {max_bytes} bytes; nothing was sent"
             )
-        content = fpath.read_text(errors="strict")
+        # As text files read: universal newlines.
+        content = data.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")
     except UnicodeDecodeError:
         raise UsageError(f"attachment {path} is not UTF-8 text") from None
     except OSError as exc:
         raise UsageError(f"cannot read attachment {path}: {exc.strerror}") from None
+    except ValueError:  # a NUL byte in the path
+        raise UsageError("an attachment's path holds a NUL byte; nothing was sent") from None
     return Attachment("file", fpath.name, content)
 
 
