@@ -27,7 +27,7 @@ from crossintercom.errors import (
     UsageError,
 )
 from crossintercom.inbox import Entry
-from crossintercom.models import NAME_RULE, Priority, valid_name
+from crossintercom.models import DESCRIPTION_CHARS, NAME_RULE, Priority, valid_name
 from crossintercom.storage.urls import mask_url
 
 P = ParamSpec("P")
@@ -341,7 +341,11 @@ class Tools:
     async def set_status(
         self,
         status: Annotated[
-            str | None, Field(description="Short status others see in list; null clears it.")
+            str | None,
+            Field(
+                description="Short status others see in list; null clears it.",
+                max_length=DESCRIPTION_CHARS,
+            ),
         ],
     ) -> CallToolResult:
         """Set the status text others see for you (one line)."""

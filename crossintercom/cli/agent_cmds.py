@@ -24,7 +24,7 @@ from crossintercom.cli.output import emit_json, refused_exit
 from crossintercom.client import Client, Identity, forget, set_wake
 from crossintercom.errors import Code, RemoteError, UsageError
 from crossintercom.inbox import Inbox
-from crossintercom.models import WAKE_POLICIES
+from crossintercom.models import DESCRIPTION_CHARS, WAKE_POLICIES
 from crossintercom.runtime import ensure_runtime_dir
 
 DEFAULT_WAIT_S = 600.0
@@ -171,6 +171,8 @@ def set_status(
     if text is not None and not text.strip():
         raise click.UsageError("the status is empty; use --clear to remove it")
     check_one_line("status", text)
+    if text is not None and len(text) > DESCRIPTION_CHARS:
+        raise click.UsageError(f"the status is over {DESCRIPTION_CHARS} characters")
     cfg = settings()
     with one_shot(cfg, identity(cfg, as_name, session_id)) as client:
         attached = client.aio.attached

@@ -13,6 +13,7 @@ from crossintercom import protocol as p
 from crossintercom.config import Settings
 from crossintercom.errors import Code, UsageError
 from crossintercom.models import (
+    CWD_CHARS,
     PRIORITIES,
     Attachment,
     Priority,
@@ -57,7 +58,10 @@ class Identity(p.SessionBody, frozen=True, omit_defaults=True):
                 "letter or digit, at most 64 characters"
             )
         sid = session_id or durable_session_id(settings.host_id, name)
-        return cls(id=sid, name=name, durable=True, cwd=kw.pop("cwd", os.getcwd()), **kw)
+        cwd = kw.pop("cwd", os.getcwd())
+        # A directory deeper than the bound a `list` answer carries is not described at all.
+        cwd = cwd if cwd is None or len(cwd) <= CWD_CHARS else None
+        return cls(id=sid, name=name, durable=True, cwd=cwd, **kw)
 
     @classmethod
     def ephemeral(cls, **kw: Any) -> Identity:

@@ -6,7 +6,16 @@ from typing import Annotated, Literal
 
 import msgspec
 
-from crossintercom.models import ACK_NOTE_CHARS, MAX_GROUPS, Name, Peer, Priority, WakePolicy
+from crossintercom.models import (
+    ACK_NOTE_CHARS,
+    MAX_GROUPS,
+    Cwd,
+    Description,
+    Name,
+    Peer,
+    Priority,
+    WakePolicy,
+)
 
 SessionId = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
 MessageId = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
@@ -27,9 +36,9 @@ class AttachmentBody(msgspec.Struct, frozen=True, omit_defaults=True):
 class SessionBody(msgspec.Struct, frozen=True, omit_defaults=True):
     id: SessionId
     name: Name | None = None
-    cwd: str | None = None
-    model: str | None = None
-    status: str | None = None
+    cwd: Cwd | None = None
+    model: Description | None = None
+    status: Description | None = None
     # Checked by the broker, not here, so a wrong purpose gets its own code.
     purpose: str = "agent"
     groups: Annotated[list[Name], msgspec.Meta(max_length=MAX_GROUPS)] | None = None
@@ -120,7 +129,7 @@ class Leave(msgspec.Struct, tag="leave", frozen=True):
 
 class SetStatus(msgspec.Struct, tag="set_status", frozen=True):
     request_id: RequestId
-    status: str | None
+    status: Description | None
 
 
 class Pending(msgspec.Struct, tag="pending", frozen=True):

@@ -7,14 +7,22 @@ from __future__ import annotations
 import logging
 from collections.abc import Collection, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 from sqlalchemy import Connection, RowMapping, inspect
 from sqlalchemy.exc import DBAPIError
 
 from crossintercom.errors import SchemaMissing, SchemaOutdated, SchemaTooNew, StoreError
-from crossintercom.models import SessionInfo
+from crossintercom.models import (
+    MAX_GROUPS,
+    Cwd,
+    Description,
+    Name,
+    Purpose,
+    SessionInfo,
+    WakePolicy,
+)
 from crossintercom.storage import migrate
 from crossintercom.storage import queries as q
 from crossintercom.storage.driver import Driver
@@ -271,7 +279,7 @@ class SqlHostStore:
             if bad:
                 # A writer of the store (or a bug) put values no relay writes: left out, alone.
                 log.warning(
-                    "roster rows left out: values of the wrong type or not JSON "
+                    "roster rows left out: values of the wrong type, not JSON or over their bounds "
                     '(docs/operations.md, "Trust model")',
                     extra={"sessions": bad[:20]},
                 )
@@ -283,6 +291,24 @@ class SqlHostStore:
         raise NotImplementedError
 
 
+class _Published(msgspec.Struct, frozen=True):
+    """A roster row as a broker lets a session describe itself: names as registered, every
+    field bounded (a host may publish anything in its own rows, and every `list` answer on
+    every host carries them; docs/protocol.md)."""
+
+    id: str
+    host: str
+    name: Name | None
+    cwd: Cwd | None
+    model: Description | None
+    status: Description | None
+    purpose: Purpose
+    groups: Annotated[tuple[Name, ...], msgspec.Meta(max_length=MAX_GROUPS)]
+    durable: bool
+    online: bool
+    wake: WakePolicy
+
+
 def _session_info(r: RowMapping) -> SessionInfo | None:
     """One roster row as a session, every value checked (SQLite keeps whatever a writer of the
     file stored, of any type); None for a row no relay would have written."""
@@ -290,7 +316,7 @@ def _session_info(r: RowMapping) -> SessionInfo | None:
     try:
         if isinstance(groups, str | bytes):
             groups = msgspec.json.decode(groups)
-        return msgspec.convert(
+        published = msgspec.convert(
             {
                 "id": r["session_id"],
                 "host": r["host_id"],
@@ -304,10 +330,11 @@ def _session_info(r: RowMapping) -> SessionInfo | None:
                 "online": r["online"],
                 "wake": r["wake"] if r["wake"] in ("asks", "urgent", "never") else "every",
             },
-            SessionInfo,
+            _Published,
         )
     except (msgspec.DecodeError, msgspec.ValidationError):
         return None
+    return SessionInfo(**msgspec.structs.asdict(published))
 
 
 def _age(then: datetime | str | None, now: datetime | None) -> float | None:

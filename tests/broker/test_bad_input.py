@@ -17,7 +17,8 @@ from typing import Any
 
 import pytest
 
-from crossintercom.models import MAX_GROUPS
+from crossintercom.client import Identity
+from crossintercom.models import CWD_CHARS, DESCRIPTION_CHARS, MAX_GROUPS
 from tests.conftest import (
     CLI,
     Listener,
@@ -26,6 +27,7 @@ from tests.conftest import (
     cli_json,
     make_env,
     run_cli,
+    settings_for,
     start_broker,
     wait_for,
 )
@@ -297,6 +299,31 @@ def test_a_session_s_groups_are_bounded(cli_env: dict[str, str], runtime_home: P
         assert conn.request({"type": "join", "group": many[-1]})["type"] == "ok"
     listed = cli_json(cli_env, "list")
     assert [len(s["groups"]) for s in listed if s["name"] == "many"] in ([], [MAX_GROUPS])
+
+
+def test_what_a_session_says_of_itself_is_bounded(
+    cli_env: dict[str, str], runtime_home: Path, tmp_path: Path
+) -> None:
+    """A session's cwd, model and status go into every `list` answer: three sessions with a
+    3 MB status each once made every `list` on the host too large to read."""
+    start_broker(cli_env)
+    big = "s" * (DESCRIPTION_CHARS + 1)
+    with RawConn(runtime_home) as conn:
+        for field, value in (("status", big), ("model", big), ("cwd", "/" * (CWD_CHARS + 1))):
+            refused = conn.register(f"s-{field}", name=field, **{field: value})
+            assert (refused["type"], refused["code"]) == ("error", "bad_field"), refused
+        assert conn.register("s-ok", name="ok", status="s" * DESCRIPTION_CHARS)["type"] == (
+            "registered"
+        )
+        refused = conn.request({"type": "set_status", "status": big})
+        assert (refused["type"], refused["code"]) == ("error", "bad_field")
+        assert conn.request({"type": "set_status", "status": "fine"})["type"] == "ok"
+        assert [s["status"] for s in cli_json(cli_env, "list") if s["name"] == "ok"] == ["fine"]
+    out = run_cli(cli_env, "set-status", "--as", "ok", "x" * (DESCRIPTION_CHARS + 1))
+    assert out.returncode == 2 and "over 1000 characters" in out.stderr, out.stderr
+    # a directory deeper than the bound is not described, and the session still registers
+    deep = Identity.named(settings_for(cli_env), "deep", cwd="/d" * CWD_CHARS)
+    assert deep.cwd is None
 
 
 def test_a_frame_trickled_in_is_cut_off(cli_env: dict[str, str], runtime_home: Path) -> None:

@@ -1,0 +1,34 @@
+"""What a session says of itself reaches every `list` answer of every host, through the store's
+roster: a host that publishes rows no broker would have let a session describe itself (a
+megabyte status, a name that is no name, endless groups) has those rows left out by every
+reader, and the rest of the roster stays readable (docs/protocol.md, "Sessions")."""
+
+from __future__ import annotations
+
+from crossintercom.models import CWD_CHARS, DESCRIPTION_CHARS, MAX_GROUPS, SessionInfo
+from crossintercom.storage import MailboxStore
+from crossintercom.storage.blocking import run
+
+
+def test_rows_over_their_bounds_are_left_out(store: MailboxStore) -> None:
+    gen = run(store.claim_host("a"))
+    fine = SessionInfo(
+        id="fine",
+        host="a",
+        name="n" * 64,
+        cwd="/" * CWD_CHARS,
+        model="m" * DESCRIPTION_CHARS,
+        status="s" * DESCRIPTION_CHARS,
+        groups=tuple(f"g{i}" for i in range(MAX_GROUPS)),
+    )
+    hostile = [
+        SessionInfo(id="status", host="a", status="s" * (DESCRIPTION_CHARS + 1)),
+        SessionInfo(id="model", host="a", model="m" * 5_000_000),
+        SessionInfo(id="cwd", host="a", cwd="/" * (CWD_CHARS + 1)),
+        SessionInfo(id="name", host="a", name="two\nlines"),
+        SessionInfo(id="groups", host="a", groups=tuple(f"g{i}" for i in range(MAX_GROUPS + 1))),
+        SessionInfo(id="group-name", host="a", groups=("ok", "not a name")),
+    ]
+    assert run(store.publish_sessions("a", gen, [fine, *hostile]))
+    assert [s.id for s in run(store.roster())] == ["fine"]
+    assert run(store.roster())[0] == fine
