@@ -326,6 +326,32 @@ def test_what_a_session_says_of_itself_is_bounded(
     assert deep.cwd is None
 
 
+def test_a_session_list_too_large_for_a_frame_is_refused_not_dropped(
+    cli_env: dict[str, str], runtime_home: Path
+) -> None:
+    """Many sessions at their bounds (many hosts' in a real store) can outgrow the frame a
+    client reads: the answer is ``too_large``, and the connection goes on serving."""
+    (runtime_home / "config.json").write_text(json.dumps({"max_frame_bytes": 64 * 1024}))
+    start_broker(cli_env)
+    conns = [RawConn(runtime_home) for _ in range(80)]
+    try:
+        for i, conn in enumerate(conns):
+            status = str(i % 10) * DESCRIPTION_CHARS
+            assert conn.register(f"s-{i}", name=f"w{i}", status=status)["type"] == "registered"
+        refused = conns[0].request({"type": "list"})
+        assert (refused["type"], refused["code"]) == ("error", "too_large"), refused
+        assert "over the 65536-byte frame" in refused["message"]
+        assert conns[0].request({"type": "ping"})["type"] == "pong"
+        assert conns[1].request({"type": "set_status", "status": "short"})["type"] == "ok"
+        for conn in conns[2:]:
+            conn.close()
+        listed = conns[0].request({"type": "list"})
+        assert {s["status"] for s in listed["sessions"]} == {"0" * DESCRIPTION_CHARS, "short"}
+    finally:
+        for conn in conns:
+            conn.close()
+
+
 def test_a_frame_trickled_in_is_cut_off(cli_env: dict[str, str], runtime_home: Path) -> None:
     """A client that sends a frame's length and then its body a byte at a time holds the
     broker's memory for it: the body must arrive within ``frame_body_s`` of its length."""
