@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import Any, Final
 
 from crossintercom import protocol as p
+from crossintercom.codes import Code
 from crossintercom.local_broker.outcomes import AckResult, Push
 
 log = logging.getLogger(__name__)
@@ -33,10 +34,11 @@ class Conn:
         self,
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
-        max_backlog: int = WRITE_BACKLOG_FRAMES * 8 * 1024 * 1024,
+        max_frame: int = p.DEFAULT_MAX_FRAME,
     ) -> None:
         self.cid = next(self._ids)
-        self.base_backlog = self.max_backlog = max_backlog
+        self.max_frame = max_frame
+        self.base_backlog = self.max_backlog = WRITE_BACKLOG_FRAMES * max_frame
         self.reader = reader
         self.writer = writer
         self.out = p.Coalescer(writer)
@@ -75,10 +77,21 @@ class Conn:
             transport.abort()
             return False
         try:
-            self.out.write(b"".join(p.encode(f) for f in frames))
+            self.out.write(b"".join(self._encode(f) for f in frames))
         except (OSError, RuntimeError):
             return False
         return True
+
+    def _encode(self, frame: Any) -> bytes:
+        """``frame`` on the wire; an answer the peer could not read (over its frame limit: a
+        list of every host's sessions, say) goes as ``too_large`` instead, for a frame over
+        the limit would drop the connection (docs/protocol.md)."""
+        data = p.encode(frame)
+        size, request_id = len(data) - p.HEADER.size, getattr(frame, "request_id", None)
+        if size <= self.max_frame or request_id is None:
+            return data
+        why = f"the answer is {size} bytes, over the {self.max_frame}-byte frame a client reads"
+        return p.encode(p.Error(Code.TOO_LARGE, why, request_id))
 
     def expect_ack(self, key: str, timeout: float | None = None) -> asyncio.Future[AckResult]:
         """The future a coming ``ack`` for ``key`` resolves (one per key at a time); with

@@ -10,8 +10,6 @@ from collections.abc import Callable, Coroutine
 from typing import Any, Protocol
 
 from crossintercom import protocol as p
-from crossintercom.codes import Code
-from crossintercom.config import Settings
 from crossintercom.local_broker.authority import DedupAuthority
 from crossintercom.local_broker.conn import Conn
 from crossintercom.local_broker.delivery import Delivery
@@ -27,7 +25,6 @@ class Broker(Protocol):
     """What these handlers read of the broker."""
 
     host: str
-    settings: Settings
     started: float
     authority: DedupAuthority
     state: BrokerState
@@ -42,21 +39,8 @@ async def _on_ping(broker: Broker, conn: Conn, f: p.Ping) -> None:
     conn.write(p.Pong(f.request_id, broker.host, os.getpid()))
 
 
-def _answer(broker: Broker, conn: Conn, answer: p.Sessions | p.GroupList) -> None:
-    """An answer that lists every session of every host, or ``too_large`` when it cannot fit
-    a frame the client reads (many hosts' sessions, each bounded): a frame over that limit
-    would drop the client's connection instead (docs/protocol.md)."""
-    limit = broker.settings.max_frame_bytes
-    size = len(p.encode(answer)) - p.HEADER.size
-    if size <= limit:
-        conn.write(answer)
-        return
-    why = f"the answer is {size} bytes, over the {limit}-byte frame a client reads"
-    conn.write(p.Error(Code.TOO_LARGE, why, answer.request_id))
-
-
 async def _on_list(broker: Broker, conn: Conn, f: p.ListSessions) -> None:
-    _answer(broker, conn, p.Sessions(f.request_id, broker.registry.all_sessions()))
+    conn.write(p.Sessions(f.request_id, broker.registry.all_sessions()))
 
 
 async def _on_status(broker: Broker, conn: Conn, f: p.Status) -> None:
@@ -87,7 +71,7 @@ async def _on_groups(broker: Broker, conn: Conn, f: p.Groups) -> None:
             member = p.GroupMember(s.id, s.display_name, s.host, s.online)
             groups.setdefault(g, []).append(member)
     out = [p.Group(g, m) for g, m in sorted(groups.items())]
-    _answer(broker, conn, p.GroupList(f.request_id, out))
+    conn.write(p.GroupList(f.request_id, out))
 
 
 async def _on_pending(broker: Broker, conn: Conn, f: p.Pending) -> None:

@@ -20,7 +20,7 @@ from crossintercom.errors import BrokerUnavailable, Code, ProtocolError
 from crossintercom.local_broker import peercred
 from crossintercom.local_broker.authority import DedupAuthority
 from crossintercom.local_broker.broker import Broker
-from crossintercom.local_broker.conn import WRITE_BACKLOG_FRAMES, Conn
+from crossintercom.local_broker.conn import Conn
 from crossintercom.local_broker.state import BrokerState
 from crossintercom.runtime import group_gid, secure_file, secure_tree
 
@@ -45,7 +45,7 @@ class Server:
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
             return
-        conn = Conn(reader, writer, max_backlog=WRITE_BACKLOG_FRAMES * self.max_frame)
+        conn = Conn(reader, writer, max_frame=self.max_frame)
         self.broker.open(conn)
         try:
             await self._serve(conn)
