@@ -155,6 +155,11 @@ class SchemaTooNew(StoreError):
     code = Code.SCHEMA_TOO_NEW
 
 
+class SchemaDamaged(StoreError):
+    """A table or column the schema defines is gone, renamed or a view (a writer of a SQLite
+    file changed it after migration); nothing was written."""
+
+
 class SchemaOutdated(StoreError):
     """The store's schema is older than this crossintercom; run `crossintercom db upgrade`."""
 

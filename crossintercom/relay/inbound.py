@@ -252,7 +252,9 @@ class Inbound:
                 checked.reason,
                 extra={"id": row.message_id, "code": checked.code, "error": checked.reason},
             )
-            acks.append(Ack(row.message_id, row.recipient_session, "refused", checked.code))
+            acks.append(
+                Ack(row.message_id, row.recipient_session, "refused", checked.code, row.seq)
+            )
         # The broker answers within its ack timeout; past that (a stuck broker) the rows stay
         # queued and are handed over again next round instead of hanging this host's inbound.
         answer_wait = self.relay.settings.ack_timeout_s * 2 + 5.0
@@ -294,14 +296,20 @@ class Inbound:
                 outcome, code = Outcome.REFUSED, Code.UNDELIVERABLE
             self._failed_handovers.pop(key, None)
             if outcome is Outcome.DELIVERED:
-                acks.append(Ack(row.message_id, row.recipient_session, "delivered"))
+                acks.append(Ack(row.message_id, row.recipient_session, "delivered", seq=row.seq))
             elif outcome is Outcome.QUEUED:
                 # Now in the recipient host's durable custody: done for the store.
                 acks.append(
-                    Ack(row.message_id, row.recipient_session, "delivered", Code.HOST_QUEUED)
+                    Ack(
+                        row.message_id,
+                        row.recipient_session,
+                        "delivered",
+                        Code.HOST_QUEUED,
+                        row.seq,
+                    )
                 )
             else:
-                acks.append(Ack(row.message_id, row.recipient_session, "refused", code))
+                acks.append(Ack(row.message_id, row.recipient_session, "refused", code, row.seq))
         return acks
 
     async def _hand_over_chunk(

@@ -15,7 +15,7 @@ from typing import Final
 import tenacity
 
 from crossintercom import protocol as p
-from crossintercom.errors import Code, StoreError, StoreFenced, StoreInDoubt
+from crossintercom.errors import Code, SchemaDamaged, StoreError, StoreFenced, StoreInDoubt
 from crossintercom.models import Outcome, Receipt, State, outcome_for_state
 from crossintercom.relay.core import RelayCore
 from crossintercom.storage import EnqueueResult, InDoubtEnqueue, OutboundItem, ReceiptRow
@@ -116,18 +116,23 @@ class Outbound:
                 exc.message,
                 extra={"ids": ",".join(ids)},
             )
-            self._refuse_all(batch, "the shared store is unreachable; nothing was sent")
+            if isinstance(exc, SchemaDamaged):
+                self._refuse_all(batch, f"{exc.message}; nothing was sent", exc.code)
+            else:
+                self._refuse_all(batch, "the shared store is unreachable; nothing was sent")
             return
         self._settle_batch(batch, {(r.message_id, r.recipient_session): r for r in results})
 
-    def _refuse_all(self, batch: list[_Forward], why: str) -> None:
+    def _refuse_all(
+        self, batch: list[_Forward], why: str, code: str = Code.STORE_UNAVAILABLE
+    ) -> None:
         """``not_sent`` for every recipient of the batch: nothing of it was written."""
         for fwd in batch:
             msg_id = fwd.frame.message.id
             self._answer(
                 fwd,
                 [
-                    Receipt(msg_id, Outcome.NOT_SENT, r.session, Code.STORE_UNAVAILABLE, why)
+                    Receipt(msg_id, Outcome.NOT_SENT, r.session, code, why)
                     for r in fwd.frame.recipients
                 ],
             )

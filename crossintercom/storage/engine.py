@@ -23,6 +23,7 @@ from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.exc import DBAPIError, DisconnectionError, SQLAlchemyError
 
 from crossintercom.errors import (
+    SchemaDamaged,
     SchemaMissing,
     StoreError,
     StoreInDoubt,
@@ -334,8 +335,20 @@ def is_connection_error(parsed: StoreURL, exc: DBAPIError) -> bool:
     return isinstance(exc.orig, sqlite3.OperationalError) and "readonly" not in str(exc.orig)
 
 
+# SQLite's words for a schema a writer of the file changed after migration.
+_DAMAGED_SCHEMA = ("no such table", "no such column", "has no column named", "a view")
+
+
 def translate(parsed: StoreURL, exc: SQLAlchemyError) -> StoreError:
-    """A failure before COMMIT: unavailable (nothing written) or a plain store error."""
+    """A failure before COMMIT: unavailable (nothing written), a damaged schema or a plain
+    store error."""
+    reason = one_line(exc)
+    if parsed.kind == "sqlite" and any(w in reason for w in _DAMAGED_SCHEMA):
+        return SchemaDamaged(
+            f"the store {parsed.masked} is not the schema its version defines ({reason}): a "
+            "writer of the file renamed, dropped or replaced a table or column, or truncated "
+            'the file; restore it from a backup (docs/operations.md, "Trust model")'
+        )
     if isinstance(exc, DBAPIError) and is_connection_error(parsed, exc):
         return unavailable(parsed, exc)
     return StoreError(f"store {parsed.masked} failed: {one_line(exc)}")

@@ -319,13 +319,14 @@ def inbound(
     array: bool = False,
     raw: bool = False,
     skip: bool = False,
-) -> Select[int, str, str, str | bytes | None, str | bytes, int, str | bytes]:
+) -> Select[int, str | bytes, str | bytes, str | bytes | None, str | bytes, int, str | bytes]:
     """Queued rows for one host, by state and in seq order, only for its current generation:
     seq, message_id, recipient_session, payload text (NULL when over ``:max_payload``
     characters, so an oversized row costs no memory; its bytes when ``raw``, for SQLite),
     sender_host, payload length, digest (the sender's, checked by the receiver); with ``raw``
-    the sender and digest are bytes too: a writer may store a BLOB or text that is not UTF-8
-    in any column, and one such value failed the whole read (or the relay).
+    the message id, session, sender and digest are bytes too: a writer may store a BLOB or
+    text that is not UTF-8 in any column, and one such value failed the whole read (or the
+    relay).
 
     Params: host_id, generation, limit, max_payload, and session_ids (a list) when
     ``by_session``, bound as one array when ``array`` (PostgreSQL). Never ``seq > cursor``:
@@ -339,13 +340,18 @@ def inbound(
     stmt = (
         select(
             deliveries.c.seq,
-            deliveries.c.message_id,
-            deliveries.c.recipient_session,
+            cast(deliveries.c.message_id, LargeBinary) if raw else deliveries.c.message_id,
+            cast(deliveries.c.recipient_session, LargeBinary)
+            if raw
+            else deliveries.c.recipient_session,
             case(
                 (length <= bindparam("max_payload"), _PAYLOAD_BYTES if raw else _PAYLOAD_TEXT),
                 else_=None,
             ),
-            cast(messages.c.sender_host, LargeBinary) if raw else messages.c.sender_host,
+            # Raw: at most one character past a host id's 255 (a longer one is refused).
+            cast(func.substr(messages.c.sender_host, 1, 256), LargeBinary)
+            if raw
+            else messages.c.sender_host,
             length,
             cast(messages.c.digest, LargeBinary) if raw else messages.c.digest,
         )
@@ -380,14 +386,17 @@ def inbound(
 
 
 # queued → delivered/refused for a list of (message_id, recipient_session) keys that share one
-# outcome; matches nothing for a row already finished (idempotent ack). Returns the keys it
-# changed. Params: host_id, new_state, new_reason, finished and ``key_params``.
+# outcome, or of seqs (``by_seq``: the rows as read, whatever a writer stored in their keys);
+# matches nothing for a row already finished (idempotent ack). Returns the seqs it changed.
+# Params: host_id, new_state, new_reason, finished and ``key_params`` (or seqs, a list).
 @cache
-def finish_deliveries(dialect: str) -> Any:
+def finish_deliveries(dialect: str, by_seq: bool = False) -> Any:
     return (
         update(deliveries)
         .where(
-            _in_keys(dialect),
+            deliveries.c.seq.in_(bindparam("seqs", expanding=True))
+            if by_seq
+            else _in_keys(dialect),
             deliveries.c.recipient_host == bindparam("host_id"),
             deliveries.c.state == QUEUED,
         )
@@ -396,13 +405,14 @@ def finish_deliveries(dialect: str) -> Any:
             reason=bindparam("new_reason"),
             finished_at=bindparam("finished"),
         )
-        .returning(deliveries.c.message_id, deliveries.c.recipient_session)
+        .returning(deliveries.c.seq)
     )
 
 
-# One receipt per finished delivery among ``keys``, for the sender's host, in seq order: the
-# outcome is the delivery's new state and the code its reason. Returns the sender hosts (to
-# wake). Params: created and ``key_params``.
+# One receipt per finished delivery among ``seqs``, for the sender's host, in seq order: the
+# outcome is the delivery's new state and the code its reason. By seq, not by key: a key a
+# writer stored as a BLOB or as text that is not UTF-8 is matched all the same (SQLite).
+# Returns the sender hosts (to wake). Params: created, seqs (a list; one array on PostgreSQL).
 @cache
 def receipts_for_finished(dialect: str) -> Any:
     return (
@@ -427,7 +437,11 @@ def receipts_for_finished(dialect: str) -> Any:
                 bindparam("created", type_=DateTime(timezone=True)),
             )
             .join(messages, messages.c.message_id == deliveries.c.message_id)
-            .where(_in_keys(dialect))
+            .where(
+                deliveries.c.seq == func.any(bindparam("seqs", type_=postgresql.ARRAY(BigInteger)))
+                if dialect == "postgresql"
+                else deliveries.c.seq.in_(bindparam("seqs", expanding=True))
+            )
             .order_by(deliveries.c.seq),
         )
         # SQLite: as bytes, so a sender a writer stored as non-UTF-8 fails no ack (sqlstore).
@@ -441,20 +455,26 @@ def receipts_for_finished(dialect: str) -> Any:
 
 # Params: host_id, generation, limit. Fenced in the statement itself: nothing for a stale
 # generation.
+_RECEIPT_TEXTS = (
+    receipts.c.message_id,
+    receipts.c.recipient_session,
+    receipts.c.recipient_host,
+    receipts.c.outcome,
+    receipts.c.code,
+    receipts.c.sender_session,
+    receipts.c.note,
+)
 LIST_RECEIPTS: Select[int, str, str, str, ReceiptOutcome, str | None, str | None, str | None] = (
-    select(
-        receipts.c.id,
-        receipts.c.message_id,
-        receipts.c.recipient_session,
-        receipts.c.recipient_host,
-        receipts.c.outcome,
-        receipts.c.code,
-        receipts.c.sender_session,
-        receipts.c.note,
-    )
+    select(receipts.c.id, *_RECEIPT_TEXTS)
     .where(receipts.c.sender_host == bindparam("host_id"), _current())
     .order_by(receipts.c.id)
     .limit(bindparam("limit"))
+)
+# SQLite: ``LIST_RECEIPTS`` with every text read as its bytes. A writer may store a BLOB or text
+# that is not UTF-8 in any column, and one such value failed every read of the host's
+# receipts; the rows are checked one by one (sqlstore).
+SQLITE_LIST_RECEIPTS: Select[Any] = LIST_RECEIPTS.with_only_columns(
+    receipts.c.id, *(cast(c, LargeBinary) for c in _RECEIPT_TEXTS)
 )
 
 # Receipts a recipient's host writes after its ack (``shown``, a late ``expired``), run with a
@@ -463,7 +483,7 @@ LIST_RECEIPTS: Select[int, str, str, str, ReceiptOutcome, str | None, str | None
 INSERT_LATE_RECEIPTS = receipts.insert()
 
 # `forget`: what is still queued for one session of the host expires now, with the code
-# ``forgotten``. Returns the keys it changed (their receipts are written next). Params:
+# ``forgotten``. Returns the seqs it changed (their receipts are written next). Params:
 # host_id, session_id, finished.
 FORGET_DELIVERIES = (
     update(deliveries)
@@ -473,7 +493,7 @@ FORGET_DELIVERIES = (
         deliveries.c.state == QUEUED,
     )
     .values(state="expired", reason=Code.FORGOTTEN, finished_at=bindparam("finished"))
-    .returning(deliveries.c.message_id, deliveries.c.recipient_session)
+    .returning(deliveries.c.seq)
 )
 
 # Params: host_id, receipt_ids (a list).
@@ -498,25 +518,30 @@ def _expire_batch() -> Update:
     )
 
 
-# Params: now, finished (the same time), limit. Returns the keys it expired.
-EXPIRE_BATCH = _expire_batch().returning(deliveries.c.message_id, deliveries.c.recipient_session)
+# Params: now, finished (the same time), limit. Returns the seqs it expired.
+EXPIRE_BATCH = _expire_batch().returning(deliveries.c.seq)
 
 
 # -- purge ---------------------------------------------------------------------------------
 
-# Params: cutoff, limit.
-PURGE_DELIVERIES = (
-    delete(deliveries)
-    .where(
-        deliveries.c.seq.in_(
-            select(deliveries.c.seq)
-            .where(deliveries.c.state != QUEUED, deliveries.c.finished_at < bindparam("cutoff"))
-            .limit(bindparam("limit"))
-            .scalar_subquery()
-        )
+# Params: cutoff, limit. Returns the message ids, as bytes on SQLite (``purge_deliveries``).
+_PURGE_DELIVERIES = delete(deliveries).where(
+    deliveries.c.seq.in_(
+        select(deliveries.c.seq)
+        .where(deliveries.c.state != QUEUED, deliveries.c.finished_at < bindparam("cutoff"))
+        .limit(bindparam("limit"))
+        .scalar_subquery()
     )
-    .returning(deliveries.c.message_id)
 )
+
+
+@cache
+def purge_deliveries(dialect: str) -> Any:
+    """``_PURGE_DELIVERIES`` returning the message ids; as bytes on SQLite, where a writer may
+    have stored one that is not UTF-8 (it failed every purge after it)."""
+    mid = deliveries.c.message_id
+    return _PURGE_DELIVERIES.returning(cast(mid, LargeBinary) if dialect == "sqlite" else mid)
+
 
 # Drop messages among ``message_ids`` that no delivery row refers to any more.
 PURGE_ORPHAN_MESSAGES: Delete = delete(messages).where(
@@ -540,6 +565,10 @@ PURGE_RECEIPTS: Delete = delete(receipts).where(
 
 READ_SETTINGS: Select[int, int] = select(
     settings.c.max_message_bytes, settings.c.retention_s
+).where(settings.c.id == 1)
+# SQLite: as their bytes, checked by the reader (a writer may store text that is not UTF-8).
+SQLITE_READ_SETTINGS: Select[bytes, bytes] = select(
+    cast(settings.c.max_message_bytes, LargeBinary), cast(settings.c.retention_s, LargeBinary)
 ).where(settings.c.id == 1)
 
 

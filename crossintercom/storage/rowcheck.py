@@ -1,0 +1,142 @@
+"""Rows as a writer of a SQLite file may have left them: SQLite keeps any value of any type in
+any column, and its driver fails a whole read on one text that is not UTF-8. On SQLite the
+delivery path, receipts and settings read such columns as bytes, checked here row by row, so
+one bad value is refused or left out alone (docs/operations.md, "Trust model")."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from typing import Any, cast
+
+from crossintercom.storage import queries as q
+from crossintercom.storage.interface import InboundRow, ReceiptOutcome, ReceiptRow, StoreSettings
+
+# A host id's most characters (tables.HOST_ID); SQLite reads at most one more of a sender.
+HOST_CHARS = 255
+
+
+def inbound_query(
+    host_id: str,
+    generation: int,
+    limit: int,
+    session_ids: Collection[str] | None,
+    max_payload: int,
+    skip_locked: bool,
+    arrays: bool,
+    *,
+    raw_payload: bool = False,
+    skip_seqs: Collection[int] = (),
+) -> tuple[Any, dict[str, Any]]:
+    """``fetch_inbound``'s statement and parameters; ``raw_payload``: payloads read as bytes
+    (SQLite, where a writer may store any bytes); ``skip_seqs``: rows the statement leaves
+    out."""
+    stmt = q.inbound(
+        by_session=session_ids is not None,
+        skip_locked=skip_locked,
+        array=arrays,
+        raw=raw_payload,
+        skip=bool(skip_seqs),
+    )
+    params: dict[str, Any] = {
+        "host_id": host_id,
+        "generation": generation,
+        "limit": limit,
+        "max_payload": max_payload,
+    }
+    if session_ids is not None:
+        params["session_ids"] = list(session_ids)
+    if skip_seqs:
+        params["skip_seqs"] = list(skip_seqs)
+    return stmt, params
+
+
+def inbound_row(
+    seq: int,
+    stored_id: str | bytes,
+    stored_session: str | bytes,
+    text: str | bytes | None,
+    sender: str | bytes,
+    length: int | None,
+    stored_digest: str | bytes | None = None,
+    *,
+    max_payload: int,
+) -> InboundRow:
+    """One fetched row, its payload's text as stored: not decoded here (the relay decodes it
+    into a message once, and hands the text itself over). Bytes (SQLite: every text column)
+    are checked to be UTF-8 row by row, so a row that is not stands alone (refused by the
+    relay's screening, and finished by its seq; docs/storage.md, "Delivery states")."""
+    message_id, session = text_of(stored_id), text_of(stored_session)
+    sender_host, digest = text_of(sender), text_of(stored_digest)
+
+    def bad(problem: str) -> InboundRow:
+        return InboundRow(
+            seq,
+            shown(stored_id),
+            shown(stored_session),
+            None,
+            shown(sender_host or "?")[:HOST_CHARS],
+            problem,
+            digest,
+        )
+
+    if message_id is None or session is None:
+        return bad("message id or recipient session is not valid UTF-8")
+    if sender_host is None or (stored_digest is not None and digest is None):
+        return bad("sender host or digest is not valid UTF-8")
+    if len(sender_host) > HOST_CHARS:
+        return bad(f"sender host is over {HOST_CHARS} characters")
+    if text is None:
+        return bad(f"payload of {length} characters is over the {max_payload} that can be read")
+    if isinstance(text, bytes):
+        try:
+            text = text.decode()
+        except UnicodeDecodeError as exc:
+            return bad(f"payload is not valid UTF-8 (byte {exc.start})")
+    return InboundRow(seq, message_id, session, text, sender_host, None, digest)
+
+
+def text_of(value: str | bytes | None) -> str | None:
+    """A column read as its bytes (SQLite), as text; None when not UTF-8."""
+    if not isinstance(value, bytes):
+        return value
+    try:
+        return value.decode()
+    except UnicodeDecodeError:
+        return None
+
+
+def shown(value: str | bytes) -> str:
+    """A stored value for a log line, whatever its bytes."""
+    return value.decode(errors="backslashreplace") if isinstance(value, bytes) else value
+
+
+def receipt_row(row: Sequence[Any]) -> ReceiptRow | None:
+    """A ``SQLITE_LIST_RECEIPTS`` row as a receipt; None when one of its texts is not UTF-8 (a
+    writer of the file stored it: no relay does)."""
+    texts = [text_of(v) for v in row[1:]]
+    if any(t is None and v is not None for t, v in zip(texts, row[1:], strict=True)):
+        return None
+    mid, session, host, outcome = (t or "" for t in texts[:4])
+    return ReceiptRow(row[0], mid, session, host, cast(ReceiptOutcome, outcome), *texts[4:])
+
+
+def settings_of(row: Sequence[Any] | None) -> tuple[StoreSettings, list[str]]:
+    """The settings from a settings row (none: the defaults), and the names of the values that
+    are not whole numbers (SQLite keeps any value a writer stored: read as bytes there), which
+    are left at their defaults."""
+    if row is None:
+        return StoreSettings(), []
+    default, values, bad = StoreSettings(), {}, []
+    for name, stored in zip(("max_message_bytes", "retention_s"), row, strict=True):
+        value = _whole(stored.decode(errors="replace")) if isinstance(stored, bytes) else stored
+        if isinstance(value, int) and not isinstance(value, bool):
+            values[name] = value
+        else:
+            values[name] = getattr(default, name)
+            bad.append(name)
+    return StoreSettings(**values), bad
+
+
+def _whole(text: str) -> int | None:
+    """``text`` as a whole number in ASCII digits; None when it is not one."""
+    return int(text) if text.isascii() and text.lstrip("-").isdigit() else None
