@@ -25,7 +25,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 
-from crossintercom.agents.mail import render_mail
+from crossintercom.agents.mail import NEXT_WAKE, fit_mail, unseen_left
 from crossintercom.client import Identity
 from crossintercom.config import Settings
 from crossintercom.inbox import Entry
@@ -71,9 +71,16 @@ def deliver(path: str, token: str, text: str, timeout: float = SEND_TIMEOUT_S) -
             pass
 
 
-def socket_writer(path: str, token: str, as_name: str | None) -> Callable[[list[Entry]], None]:
-    def write(entries: list[Entry]) -> None:
-        deliver(path, token, render_mail([e.body for e in entries], as_name))
+def socket_writer(
+    path: str, token: str, as_name: str | None
+) -> Callable[[list[Entry]], list[Entry]]:
+    """Writes what fits one hand-over (docs/agents.md#one-hand-over); the rest stays unseen and
+    goes in the next one, at once."""
+
+    def write(entries: list[Entry]) -> list[Entry]:
+        mail, count = fit_mail([e.body for e in entries], as_name, left=unseen_left(NEXT_WAKE))
+        deliver(path, token, mail)
+        return entries[:count]
 
     return write
 

@@ -6,7 +6,8 @@ sender, its host, the message id and how to answer. Nothing the sender controls 
 every field passes the one neutraliser (``crossintercom.safetext``), header fields are flattened
 to one line, and in the block form every line of the text is quoted with ``│``, so no line of it
 can stand where a frame line stands. What one message shows is capped (``TEXT_CHARS``); the
-rest is read by id and offset. See docs/agents.md#framing.
+rest is read by id and offset. A page is measured in characters and in UTF-8 bytes, so a page of
+emoji or CJK is no larger than one of ASCII. See docs/agents.md#framing.
 """
 
 from __future__ import annotations
@@ -38,8 +39,29 @@ TEXT_CHARS = 16384
 ATTACHMENT_PREVIEW_CHARS = 4000
 ATTACHMENTS_PREVIEW_TOTAL = 16384
 ATTACHMENTS_LISTED = 20
+# The same caps in UTF-8 bytes (a model's tokens are at least a byte each): offsets stay in
+# characters, but a page ends where its bytes would pass its budget (docs/agents.md#framing).
+TEXT_BYTES = TEXT_CHARS
 # A note of ours inside a frame (an escalation answer as parsed) is capped as well.
 NOTE_CHARS = 2000
+
+
+def utf8_len(text: str) -> int:
+    """``text``'s length in UTF-8 bytes (a lone surrogate counts as the three it encodes to)."""
+    return len(text.encode("utf-8", "surrogatepass"))
+
+
+def page_end(text: str, start: int, chars: int, nbytes: int) -> int:
+    """Where a page of ``text`` from ``start`` ends: at most ``chars`` characters and at most
+    ``nbytes`` bytes of UTF-8, cut between characters."""
+    chunk = text[start : start + chars]
+    raw = chunk.encode("utf-8", "surrogatepass")
+    if len(raw) <= nbytes:
+        return start + len(chunk)
+    cut = max(nbytes, 0)
+    while cut > 0 and raw[cut] & 0xC0 == 0x80:  # inside a character: back to its first byte
+        cut -= 1
+    return start + len(raw[:cut].decode("utf-8", "surrogatepass"))
 
 
 def _field(value: object) -> str:
@@ -132,9 +154,11 @@ def read_on(mid: str, as_name: str | None, offset: int, attachment: str | None =
     )
 
 
-def _text_lines(m: Mapping[str, Any], as_name: str | None, offset: int) -> list[str]:
+def _text_lines(
+    m: Mapping[str, Any], as_name: str | None, offset: int, nbytes: int = TEXT_BYTES
+) -> list[str]:
     text = str(m.get("message", ""))
-    shown = text[offset : offset + TEXT_CHARS]
+    shown = text[offset : page_end(text, offset, TEXT_CHARS, nbytes)]
     lines = neutralise(shown).split("\n")
     rest = len(text) - offset - len(shown)
     if offset:
@@ -148,16 +172,20 @@ def _text_lines(m: Mapping[str, Any], as_name: str | None, offset: int) -> list[
 
 
 def _attachment_lines(
-    attachments: list[Mapping[str, Any]], mid: str, as_name: str | None
+    attachments: list[Mapping[str, Any]],
+    mid: str,
+    as_name: str | None,
+    budget: int = ATTACHMENTS_PREVIEW_TOTAL,
 ) -> list[str]:
+    """The attachments listed, each with a preview; ``budget`` is the previews' bytes in all."""
     lines = []
-    budget = ATTACHMENTS_PREVIEW_TOTAL
     for a in attachments[:ATTACHMENTS_LISTED]:
         name, kind = _field(a.get("name")), _field(a.get("kind"))
         content = str(a.get("content", ""))
         lines.append(f"[attachment {kind} {name}, {len(content)} characters]")
-        preview = content[: min(ATTACHMENT_PREVIEW_CHARS, budget)]
-        budget -= len(preview)
+        nbytes = min(ATTACHMENT_PREVIEW_CHARS, budget)
+        preview = content[: page_end(content, 0, ATTACHMENT_PREVIEW_CHARS, nbytes)]
+        budget -= utf8_len(preview)
         lines.extend(neutralise(preview).split("\n") if preview else [])
         if len(content) > len(preview):
             lines.append(f"[... cut here: {read_on(mid, as_name, len(preview), name)}]")
@@ -174,23 +202,27 @@ def render_block(
     skip_attachments: Iterable[str] = (),
     note: str | None = None,
     offset: int = 0,
+    text_bytes: int = TEXT_BYTES,
+    attachment_bytes: int = ATTACHMENTS_PREVIEW_TOTAL,
 ) -> str:
     """One message as a framed block: header, who it is from, the quoted text, how to answer.
 
     ``note`` is ours about the message (an escalation answer as parsed), kept inside the frame:
     whatever of another session's it holds must come quoted (``safetext.quoted``), since the
     note is shown as given, flattened and capped, so that those quote marks stay marks;
-    ``offset`` starts the text further on (reading a long message in pages).
+    ``offset`` starts the text further on (reading a long message in pages). ``text_bytes``
+    and ``attachment_bytes`` bound the text's page and the attachments' previews in UTF-8 bytes
+    (smaller when a hand-over has less room: ``mail.fit_block``).
     """
     mid = _field(m.get("id"))
     skip = set(skip_attachments)
     body = []
     if m.get("subject"):
         body.append(f"[subject] {one_line(m['subject'])}")
-    body += _text_lines(m, as_name, offset)
+    body += _text_lines(m, as_name, offset, text_bytes)
     if not offset:
         shown = [a for a in m.get("attachments") or () if a.get("name") not in skip]
-        body += _attachment_lines(shown, mid, as_name)
+        body += _attachment_lines(shown, mid, as_name, attachment_bytes)
     sender = m.get("from") or {}
     lines = [
         f"{OPEN}{_header(m)}{CLOSE}",
@@ -210,14 +242,18 @@ def render_block(
 
 
 def render_attachment(
-    m: Mapping[str, Any], name: str, as_name: str | None, offset: int = 0
+    m: Mapping[str, Any],
+    name: str,
+    as_name: str | None,
+    offset: int = 0,
+    page_bytes: int = TEXT_BYTES,
 ) -> str | None:
-    """One page of one attachment of ``m``, framed like its message; None if it has none so
-    named."""
+    """One page of one attachment of ``m`` (at most ``page_bytes`` of UTF-8), framed like its
+    message; None if it has none so named."""
     for a in m.get("attachments") or ():
         if a.get("name") == name or _field(a.get("name")) == name:
             content = str(a.get("content", ""))
-            page = content[offset : offset + TEXT_CHARS]
+            page = content[offset : page_end(content, offset, TEXT_CHARS, page_bytes)]
             body = [
                 f"[attachment {_field(a.get('kind'))} {_field(a.get('name'))}, "
                 f"characters {offset}-{offset + len(page)} of {len(content)}]"
@@ -241,11 +277,12 @@ def render_attachment(
 def render_line(m: Mapping[str, Any], as_name: str | None = None) -> str:
     """One message on one line (for line monitors): line breaks in the text show as '⏎'."""
     text = str(m.get("message", ""))
-    shown = " \u23ce ".join(neutralise(text[:TEXT_CHARS]).split("\n"))
+    end = page_end(text, 0, TEXT_CHARS, TEXT_BYTES)
+    shown = " \u23ce ".join(neutralise(text[:end]).split("\n"))
     cut = ""
-    if len(text) > TEXT_CHARS:
-        more = read_on(_field(m.get("id")), as_name, TEXT_CHARS)
-        cut = f" [... {len(text) - TEXT_CHARS} more characters not shown: {more}]"
+    if len(text) > end:
+        more = read_on(_field(m.get("id")), as_name, end)
+        cut = f" [... {len(text) - end} more characters not shown: {more}]"
     # The subject is the sender's words too: inside the quote, where it cannot pose as ours.
     if m.get("subject"):
         shown = f"[subject] {one_line(m['subject'])} \u23ce {shown}"

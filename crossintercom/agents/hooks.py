@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from crossintercom.agents import lifeline
-from crossintercom.agents.mail import render_mail
+from crossintercom.agents.mail import NEXT_WAKE, fit_mail, unseen_left
 from crossintercom.errors import Code
 from crossintercom.inbox import Entry
 
@@ -151,22 +151,26 @@ def effective_timeout(fmt: str, hook_input: dict[str, Any], timeout: float) -> f
     return timeout
 
 
-def writer(fmt: str, as_name: str) -> Callable[[list[Entry]], None]:
-    """Writes a hand-over in ``fmt`` and flushes it; the caller marks shown afterwards."""
+def writer(fmt: str, as_name: str) -> Callable[[list[Entry]], list[Entry]]:
+    """Writes a hand-over in ``fmt`` and flushes it; returns what it showed, which the caller
+    marks shown afterwards. The formats a model reads hold what fits one hand-over's budget
+    (docs/agents.md#one-hand-over), the rest staying unseen for the next wake; ``json`` is for
+    programs and holds every message whole."""
 
-    def write(entries: list[Entry]) -> None:
+    def write(entries: list[Entry]) -> list[Entry]:
         bodies = [e.body for e in entries]
         if fmt == "json":
-            out, text = sys.stdout, json.dumps(bodies, ensure_ascii=False)
-        elif fmt == "codex-hook":
-            reason = render_mail(bodies, as_name)
-            out, text = sys.stdout, json.dumps({"decision": "block", "reason": reason})
-        elif fmt == "claude-hook":
-            out, text = sys.stderr, render_mail(bodies, as_name)
+            sys.stdout.write(json.dumps(bodies, ensure_ascii=False) + "\n")
+            sys.stdout.flush()
+            return entries
+        mail, count = fit_mail(bodies, as_name, left=unseen_left(NEXT_WAKE))
+        if fmt == "codex-hook":
+            out, text = sys.stdout, json.dumps({"decision": "block", "reason": mail})
         else:
-            out, text = sys.stdout, render_mail(bodies, as_name)
+            out, text = (sys.stderr if fmt == "claude-hook" else sys.stdout), mail
         out.write(text + "\n")
         out.flush()
+        return entries[:count]
 
     return write
 

@@ -25,8 +25,9 @@ from crossintercom.agents.framing import (
     header_field,
     one_line,
     quoted,
+    utf8_len,
 )
-from crossintercom.agents.mail import render_mail
+from crossintercom.agents.mail import HANDOVER_BYTES, render_mail
 from crossintercom.codes import Code
 from crossintercom.models import LISTED_SESSION_FIELDS, Outcome, SendResult, SessionInfo
 
@@ -102,7 +103,9 @@ def ask_text(
     if result.reply is not None:
         reply = result.reply.to_dict()
         notes = {str(reply["id"]): note} if note else None
-        text += "\nThe reply:\n" + render_mail([reply], as_name, notes)
+        text += "\nThe reply:\n"
+        # The reply is one hand-over with this outcome (docs/agents.md#one-hand-over).
+        text += render_mail([reply], as_name, notes, HANDOVER_BYTES - utf8_len(text))
     elif result.outcome in (Outcome.DELIVERED, Outcome.QUEUED):
         text += (
             f"\nNo reply yet from {one_line(to)} within {timeout:g} s. The ask stays open: "
@@ -143,7 +146,3 @@ def sessions(found: Sequence[SessionInfo], note: str) -> CallToolResult:
         lines.append("No sessions match.")
     listed = [{k: s.to_dict()[k] for k in LISTED_SESSION_FIELDS} for s in found]
     return ok("\n".join(lines), {"sessions": listed})
-
-
-def messages(found: Sequence[Mapping[str, Any]], as_name: str, empty: str) -> CallToolResult:
-    return mail(render_mail(found, as_name) if found else empty)

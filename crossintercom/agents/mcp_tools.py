@@ -14,8 +14,8 @@ from crossintercom.agents import mcp_results as res
 from crossintercom.agents import supervisor as sup
 from crossintercom.agents.answered import check_one_line, check_text, show_answered, show_by_id
 from crossintercom.agents.escalation import EscalationError, answer_note
-from crossintercom.agents.framing import one_line, render_attachment, render_block
-from crossintercom.agents.mail import render_mail
+from crossintercom.agents.framing import one_line
+from crossintercom.agents.mail import asks_left, fit_mail, fit_page, listed_left
 from crossintercom.agents.session import AgentSession, show_lock, unseen
 from crossintercom.client import MAX_ASK_TIMEOUT_S, load_attachment
 from crossintercom.errors import (
@@ -158,10 +158,13 @@ class Tools:
         """Asks that wait for your reply, oldest first."""
         async with self.session.operation() as client:
             asks = [m.to_dict() for m in await client.pending()]
-        shown = res.messages(asks, self.name, "No ask waits for your reply.")
-        # The model was shown them: no hook or monitor hands them over again (docs/agents.md).
-        show_by_id(self.session, [str(m["id"]) for m in asks])
-        return shown
+        if not asks:
+            return res.mail("No ask waits for your reply.")
+        text, count = fit_mail(asks, self.name, left=asks_left(None))
+        # The model was shown them: no hook or monitor hands them over again (docs/agents.md);
+        # those the hand-over's budget left out were not shown.
+        show_by_id(self.session, [str(m["id"]) for m in asks[:count]])
+        return res.mail(text)
 
     @guarded
     async def groups(self) -> CallToolResult:
@@ -270,38 +273,39 @@ class Tools:
             str | None, Field(description="With message_id: read this attachment instead.")
         ] = None,
     ) -> CallToolResult:
-        """Your messages, oldest first; what it returns is marked shown. Each message shows at
-        most 16384 characters: read the rest with message_id and offset."""
+        """Your messages, oldest first; what it returns is marked shown. One result shows at
+        most 24000 bytes of mail, each message at most 16384 characters: read the rest of a
+        message with message_id and offset, the messages left out by calling inbox again."""
         if message_id is not None:
             return self._one(message_id, offset, attachment)
         settings, box, sid = self.session.settings, self.session.inbox, self.session.identity.id
         result: list[CallToolResult] = []
 
-        def build(entries: list[Entry]) -> None:
-            result.append(self._mail_result(entries))
+        def build(entries: list[Entry]) -> list[Entry]:
+            # Every unseen message counts in what the result says is left (docs/agents.md).
+            text, count = self._mail_text(entries[:limit], len(entries))
+            result.append(res.mail(text))
+            return entries[:count]
 
         if unseen_only:
             await self.session.sync()
-            self.session.show(build, limit=limit)
-            return result[0] if result else res.messages([], self.name, "No unseen messages.")
+            self.session.show(build)
+            return result[0] if result else res.mail("No unseen messages.")
         with show_lock(settings, sid):
             entries = [e for e in box.transcript() if e.kind == "message"][-limit:]
-            build(entries)
-            fresh = [e for e in entries if not e.shown]
+            text, count = self._mail_text(entries, len(entries), listed_left())
+            fresh = [e for e in entries[:count] if not e.shown]
             box.mark_shown([e.seq for e in fresh])
         self.session.report_shown(fresh)
-        return result[0]
+        return res.mail(text)
 
     def _one(self, message_id: str, offset: int, attachment: str | None) -> CallToolResult:
         entry = self.session.inbox.message(message_id)
         if entry is None:
             raise UsageError("no message with that id in your inbox; nothing was read")
-        if attachment is not None:
-            text = render_attachment(entry.body, attachment, self.name, offset)
-            if text is None:
-                raise UsageError("that message has no attachment so named; nothing was read")
-        else:
-            text = render_block(entry.body, self.name, offset=offset, note=self._note(entry.body))
+        text = fit_page(entry.body, self.name, offset, attachment, self._note(entry.body))
+        if text is None:
+            raise UsageError("that message has no attachment so named; nothing was read")
         show_by_id(self.session, [message_id])
         return res.mail(text)
 
@@ -311,10 +315,15 @@ class Tools:
             return None
         return "It answers your escalation: " + answer_note(answer.to_dict())
 
-    def _mail_result(self, entries: list[Entry]) -> CallToolResult:
+    def _mail_text(
+        self, entries: list[Entry], total: int, left: Callable[[int], str] | None = None
+    ) -> tuple[str, int]:
+        """The framed messages that fit one result, and how many; ``total`` are waiting."""
         bodies = [e.body for e in entries]
+        if not bodies:
+            return "No messages.", 0
         notes = {str(b["id"]): n for b in bodies if (n := self._note(b)) is not None}
-        return res.mail(render_mail(bodies, self.name, notes) if bodies else "No messages.")
+        return fit_mail(bodies, self.name, notes, total=total, left=left)
 
     # --- membership and status ----------------------------------------------------------------
 

@@ -19,11 +19,13 @@ from crossintercom.inbox import Entry
 from crossintercom.inbox_faults import steady, steady_call
 
 
-def line_writer(as_name: str) -> Callable[[list[Entry]], None]:
-    def write(entries: list[Entry]) -> None:
+def line_writer(as_name: str) -> Callable[[list[Entry]], list[Entry]]:
+    # One line per message, each its own notification: every message given is shown.
+    def write(entries: list[Entry]) -> list[Entry]:
         for e in entries:
             sys.stdout.write(render_mail_line(e.body, as_name) + "\n")
         sys.stdout.flush()
+        return entries
 
     return write
 
@@ -49,7 +51,7 @@ async def run_line_monitor(settings: Settings, identity: Identity) -> None:
 
 
 async def show_unseen_once(
-    settings: Settings, identity: Identity, write: Callable[[list[Entry]], None]
+    settings: Settings, identity: Identity, write: Callable[[list[Entry]], list[Entry]]
 ) -> list[Entry]:
     """Pull the queued mail into the inbox, then show what was never shown (oldest first)."""
     async with AgentSession(settings, identity, watch=False) as session:

@@ -10,7 +10,8 @@ pulls the mail queued while NAME was away into the inbox; a ``ping`` round trip 
 the backlog is saved, since the broker writes the backlog before it reads the next frame.
 
 Display is shown-once across surfaces: every surface takes the session's show lock, reads the
-unshown messages, writes them out, and only then marks them shown (docs/agents.md#shown-once).
+unshown messages, writes them out, and only then marks shown what it wrote (a hand-over to a
+model may hold fewer than it was given: docs/agents.md#shown-once, #one-hand-over).
 """
 
 from __future__ import annotations
@@ -43,6 +44,9 @@ from crossintercom.runtime import (
 )
 
 log = logging.getLogger(__name__)
+
+# Writes a hand-over of the unseen messages it is given; returns those it showed, oldest first.
+Writer = Callable[[list[Entry]], list[Entry]]
 
 # How often an attached holder tries to take over a session whose owner has gone.
 TAKEOVER_EVERY_S = 2.0
@@ -122,21 +126,22 @@ def show_unseen(
     settings: Settings,
     box: Inbox,
     session_id: str,
-    write: Callable[[list[Entry]], None],
+    write: Writer,
     *,
     limit: int | None = None,
     shown: Callable[[list[Entry]], object] | None = None,
 ) -> list[Entry]:
-    """Hand unseen messages to ``write`` and mark them shown only after it returned.
+    """Hand unseen messages to ``write`` and mark shown what it showed, once it returned.
 
-    ``write`` must have written and flushed its output (or built its result) by then; if it
-    raises, nothing is marked and the messages stay unseen. ``shown`` then gets what was
-    shown (to send the senders their ``shown`` receipts).
+    ``write`` must have written and flushed its output (or built its result) by then, and
+    returns the entries it showed: only those are marked, the others stay unseen (a
+    hand-over's budget, docs/agents.md#one-hand-over). If it raises, nothing is marked.
+    ``shown`` then gets what was shown (to send the senders their ``shown`` receipts).
     """
     with show_lock(settings, session_id):
         entries = unseen(box)[:limit] if limit is not None else unseen(box)
         if entries:
-            write(entries)
+            entries = write(entries)
             box.mark_shown([e.seq for e in entries])
     if entries and shown is not None:
         shown(entries)
@@ -210,9 +215,7 @@ class AgentSession:
         if frame is not None:
             self.client.post(frame)
 
-    def show(
-        self, write: Callable[[list[Entry]], None], *, limit: int | None = None
-    ) -> list[Entry]:
+    def show(self, write: Writer, *, limit: int | None = None) -> list[Entry]:
         """``show_unseen`` on this session's inbox, then the ``shown`` report."""
         return show_unseen(
             self.settings,

@@ -2,8 +2,8 @@
 
 The waiter holds NAME's wait lock (one waiter per name), joins NAME's session in ``auto`` mode
 (which pulls mail queued while NAME was away into the inbox), waits for an unseen message, lets
-a burst settle for a short quiet window, and gives the messages to ``write``. They are marked
-shown only after ``write`` returned, i.e. after the output was written and flushed.
+a burst settle for a short quiet window, and gives the messages to ``write``. What it showed is
+marked shown only after ``write`` returned, i.e. after the output was written and flushed.
 """
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ async def _settle(session: AgentSession, quiet: float) -> None:
 async def wait_for_mail(
     settings: Settings,
     identity: Identity,
-    write: Callable[[list[Entry]], None],
+    write: Callable[[list[Entry]], list[Entry]],
     *,
     timeout: float,
     quiet: float = DEFAULT_QUIET_S,
@@ -109,6 +109,9 @@ async def wait_for_mail(
     lock: str = "wait",
 ) -> list[Entry]:
     """Wait up to ``timeout`` seconds for unseen mail; hand it to ``write``; [] on timeout.
+
+    Returns what ``write`` showed (it may leave messages for the next wake: its budget,
+    docs/agents.md#one-hand-over).
 
     ``lock`` names the lock held while waiting: ``wait`` (one waiter per name), or ``socket``
     for the Claude Code messaging-socket child, which waits beside the Stop hook (the show lock

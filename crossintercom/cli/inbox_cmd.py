@@ -15,8 +15,7 @@ from collections.abc import Iterable
 import click
 
 from crossintercom.agents.answered import mark_ids
-from crossintercom.agents.framing import render_attachment, render_block
-from crossintercom.agents.mail import render_mail
+from crossintercom.agents.mail import asks_left, fit_mail, fit_page, unseen_left
 from crossintercom.agents.session import show_lock
 from crossintercom.cli.common import as_options, identity, json_option, one_shot, settings
 from crossintercom.cli.output import emit_json, format_message, in_thread
@@ -50,14 +49,16 @@ def pending(as_name: str, session_id: str | None, as_json: bool) -> None:
     ident = identity(cfg, as_name, session_id)
     with one_shot(cfg, ident) as client:
         asks = [m.to_dict() for m in client.pending()]
+        count = len(asks)
         if as_json:
             emit_json(asks)
         elif not asks:
             click.echo("no asks waiting for a reply")
-        else:
-            click.echo(render_mail(asks, as_name))
+        else:  # an agent reads it: one hand-over's budget (docs/agents.md#one-hand-over)
+            text, count = fit_mail(asks, as_name, left=asks_left(as_name))
+            click.echo(text)
         sys.stdout.flush()
-        show_ids(cfg, client, ident.id, [str(m["id"]) for m in asks])
+        show_ids(cfg, client, ident.id, [str(m["id"]) for m in asks[:count]])
 
 
 def _one_message(
@@ -71,9 +72,8 @@ def _one_message(
         box.close()
     if entry is None:
         raise UsageError(f"no message with that id in {as_name}'s inbox")
-    if attachment is None:
-        return render_block(entry.body, as_name, offset=offset)
-    text = render_attachment(entry.body, attachment, as_name, offset)
+    # An agent reads the page: within one hand-over's budget (docs/agents.md#one-hand-over).
+    text = fit_page(entry.body, as_name, offset, attachment)
     if text is None:
         raise UsageError("that message has no attachment so named")
     return text
@@ -143,12 +143,21 @@ def inbox(
 def _unseen(cfg: Settings, ident: Identity, as_name: str, as_json: bool) -> None:
     from crossintercom.agents.monitor import show_unseen_once
 
-    def write(entries: list[Entry]) -> None:
+    again = f"run `crossintercom inbox --as {as_name} --unseen` again to read them"
+
+    def write(entries: list[Entry]) -> list[Entry]:
+        # --json is for programs: every message whole. The framed text is for an agent: what
+        # fits one hand-over, the rest stays unseen (docs/agents.md#one-hand-over).
         if as_json:
             emit_json([e.body for e in entries])
+            shown = entries
         else:
-            click.echo(render_mail([e.body for e in entries], as_name))
+            bodies = [e.body for e in entries]
+            text, count = fit_mail(bodies, as_name, left=unseen_left(again))
+            click.echo(text)
+            shown = entries[:count]
         sys.stdout.flush()
+        return shown
 
     if not asyncio.run(show_unseen_once(cfg, ident, write)):
         if as_json:

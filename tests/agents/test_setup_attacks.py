@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from crossintercom.agents.mail import HANDOVER_BYTES
 from crossintercom.client import Client, Identity
 from tests.agents.conftest import waiting
 from tests.agents.test_setup import IDLE, _setup_opencode
@@ -187,7 +188,8 @@ def test_a_command_or_supervisor_it_cannot_write_is_refused(
 def test_opencode_plugin_hands_over_long_mail_intact(
     cli_env: dict[str, str], tmp_path: Path, runtime_home: Path
 ) -> None:
-    """A hand-over longer than one pipe read: a character split between two reads is kept."""
+    """A hand-over of four-byte characters: one split between two pipe reads is kept whole
+    (the hand-over is at most 24,000 bytes, which a pipe may still deliver in pieces)."""
     plugin = _setup_opencode(cli_env, tmp_path)
     got = tmp_path / "prompt.txt"
     driver = tmp_path / "drive.mjs"
@@ -205,7 +207,7 @@ def test_opencode_plugin_hands_over_long_mail_intact(
         waiting(node, runtime_home)
         settings = settings_for(cli_env)
         with Client(settings, Identity.named(settings, "planner")) as planner:
-            for _ in range(4):  # one burst, one hand-over of about 256 KiB
+            for _ in range(4):  # one burst: the first hand-over is as long as one can be
                 assert planner.send("worker", text).outcome.value == "delivered"
         assert node.wait(timeout=60) == 0
     finally:
@@ -213,4 +215,5 @@ def test_opencode_plugin_hands_over_long_mail_intact(
             node.kill()
         node.communicate()
     shown = got.read_text()
-    assert shown.count(text) == 4 and "\ufffd" not in shown
+    assert "\U0001f600" * 4000 in shown and "\ufffd" not in shown
+    assert len(shown.encode()) <= HANDOVER_BYTES

@@ -2,8 +2,9 @@
 model (docs/agents.md#claude-code): the config is accepted and the tools load and run without a
 prompt (the permission rule), a tool call sends mail the peer receives, mail to the idle session
 starts a turn whose input holds it framed and nothing raw, a stream-json session and a one-shot
-`claude -p` exit promptly (with mail pending too), and no crossintercom child outlives Claude
-Code however it ends.
+`claude -p` exit promptly (with mail pending too), no crossintercom child outlives Claude
+Code however it ends, and a burst of long messages reaches the model through the inbox tool as
+framed mail, not as Claude Code's refusal of an oversized tool result.
 
 The session is driven as the SDK drives it: ``-p --input-format stream-json --output-format
 stream-json`` over stdin. Claude Code starts MCP servers in the background, so a turn that begins
@@ -24,7 +25,10 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import wait_for
+from crossintercom.agents.mail import HANDOVER_BYTES
+from crossintercom.client import Client, Identity
+from crossintercom.inbox import Inbox
+from tests.conftest import settings_for, wait_for
 from tests.harnesses import kits
 from tests.harnesses.agentmail import (
     PEER,
@@ -208,3 +212,64 @@ def test_one_shot_exits_promptly_with_mail_pending(
     children_gone(harness_env, timeout=10)
     seen = any(token in r.all_text() for r in mock_model.model_requests())
     assert seen != bool(pending_for_worker(kit))
+
+
+def reads_the_inbox_when_asked(prompt: str) -> Any:
+    """The model's script: asked ``prompt``, it calls the inbox tool once (after waiting for
+    the MCP servers if need be); everything else gets a short answer."""
+    state = {"called": False}
+
+    def script(req: Request) -> Reply:
+        if prompt in req.all_text() and not state["called"]:
+            inbox = req.tool_named("crossintercom", "inbox")
+            if inbox:
+                state["called"] = True
+                return Reply.call(inbox)
+            if WAIT_TOOL in req.tool_names:
+                return Reply.call(WAIT_TOOL)
+        return Reply.say("done")
+
+    return script
+
+
+def test_a_burst_of_long_messages_reaches_the_model_framed_within_the_budget(
+    kit: kits.Kit, mock_model: MockModel, harness_env: HarnessEnv
+) -> None:
+    """Twenty messages of 16,384 characters (some 330,000 in all, over Claude Code's 25,000
+    tokens for a tool result): the inbox tool's result the binary hands the model holds
+    frames, within the hand-over's budget (docs/agents.md#one-hand-over), and the rest wait."""
+    without_socket_hook(kit)  # the inbox tool alone shows the mail
+    joins(kit, WORKER)
+    cfg = settings_for(kit.env)
+    with Client(cfg, Identity.named(cfg, PEER)).connect() as peer:
+        sent = [
+            peer.send(WORKER, (f"[{n:02d}]\n" + f"long message {n:02d} line\n" * 800)[:16384]).id
+            for n in range(20)
+        ]
+    prompt = f"read your crossintercom inbox {uuid.uuid4().hex[:8]}"
+    mock_model.responder = reads_the_inbox_when_asked(prompt)
+    done = kit.run(prompt)
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    # the inbox call is the script's last: its result is the last the binary sent back
+    # (before it, at most WaitForMcpServers's, which names the servers now connected)
+    answered = mock_model.wait_for(
+        lambda r: (
+            bool(r.tool_results)
+            and WAIT_TOOL not in r.tool_results[-1]
+            and not r.tool_results[-1].startswith("ready:")
+        ),
+        timeout=30,
+    )
+    result = answered.tool_results[-1]
+    assert result.startswith("crossintercom: "), result[:500]
+    assert "exceeds maximum allowed tokens" not in result
+    assert len(result.encode()) <= HANDOVER_BYTES
+    assert f"<<<crossintercom message from {PEER}@" in result and f"id={sent[0]}" in result
+    shown = result.count("<<<end crossintercom message")
+    assert 1 <= shown < len(sent)
+    assert f"{len(sent) - shown} more unseen messages not shown here" in result
+    box = Inbox.of(cfg, Identity.named(cfg, WORKER).id)
+    try:
+        assert [e.body["id"] for e in box.unshown()] == sent[shown:]
+    finally:
+        box.close()
