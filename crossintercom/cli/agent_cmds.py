@@ -19,7 +19,14 @@ from crossintercom.agents.hooks import (
     writer,
 )
 from crossintercom.agents.session import Busy
-from crossintercom.cli.common import as_options, identity, json_option, one_shot, settings
+from crossintercom.cli.common import (
+    FiniteRange,
+    as_options,
+    identity,
+    json_option,
+    one_shot,
+    settings,
+)
 from crossintercom.cli.output import emit_json, refused_exit
 from crossintercom.client import Client, Identity, forget, set_wake
 from crossintercom.errors import Code, RemoteError, UsageError
@@ -35,7 +42,7 @@ MAX_WAIT_S = 86400.0
 @as_options(required=True)
 @click.option(
     "--timeout",
-    type=click.FloatRange(0, MAX_WAIT_S),
+    type=FiniteRange(0, MAX_WAIT_S),
     default=DEFAULT_WAIT_S,
     show_default=True,
     metavar="S",
@@ -52,7 +59,7 @@ MAX_WAIT_S = 86400.0
 )
 @click.option(
     "--settle",
-    type=click.FloatRange(0, 3),
+    type=FiniteRange(0, 3),
     default=0.3,
     show_default=True,
     metavar="S",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -68,3 +70,29 @@ def identity(cfg: Settings, as_name: str | None, session_id: str | None) -> Iden
 def one_shot(cfg: Settings, ident: Identity | None) -> Client:
     """A short-lived client: attaches to the live session here if any (docs/architecture.md)."""
     return Client(cfg, ident, mode="auto", reconnect=False).connect()
+
+
+def read_stdin_text() -> str:
+    """Standard input (an explicit '-') as text: bytes that are not UTF-8 are a usage error
+    before anything is sent, never a traceback half-way through."""
+    if sys.stdin is None:
+        raise click.UsageError("'-' given but there is no standard input")
+    buffer = getattr(sys.stdin, "buffer", None)
+    if buffer is None:  # a text stream given by a caller (a test): already text
+        return sys.stdin.read()
+    try:
+        return bytes(buffer.read()).decode()
+    except UnicodeDecodeError as exc:
+        raise click.UsageError(
+            f"standard input is not UTF-8 text (byte {exc.start}); nothing was sent"
+        ) from None
+
+
+class FiniteRange(click.FloatRange):
+    """A FloatRange that refuses "nan" (it passes every bound: a wait would never end)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a number", param, ctx)
+        return number

@@ -12,7 +12,15 @@ from crossintercom.agents import supervisor as sup
 from crossintercom.agents.answered import answered
 from crossintercom.agents.escalation import Escalation, EscalationError, answer_note
 from crossintercom.agents.mail import render_mail
-from crossintercom.cli.common import as_options, identity, json_option, one_shot, settings
+from crossintercom.cli.common import (
+    FiniteRange,
+    as_options,
+    identity,
+    json_option,
+    one_shot,
+    read_stdin_text,
+    settings,
+)
 from crossintercom.cli.inbox_cmd import show_ids
 from crossintercom.cli.output import emit_json, result_exit
 from crossintercom.client import MAX_ASK_TIMEOUT_S
@@ -29,7 +37,7 @@ to_option = click.option(
 )
 timeout_option = click.option(
     "--timeout",
-    type=click.FloatRange(0, MAX_ASK_TIMEOUT_S, min_open=True),
+    type=FiniteRange(0, MAX_ASK_TIMEOUT_S, min_open=True),
     default=MAX_ASK_TIMEOUT_S,
     show_default=True,
     metavar="S",
@@ -39,7 +47,7 @@ timeout_option = click.option(
 
 def _json_arg(raw: str, what: str) -> Any:
     if raw == "-":
-        raw = sys.stdin.read()
+        raw = read_stdin_text()
     try:
         return json.loads(raw)
     except ValueError as exc:
@@ -139,7 +147,7 @@ def interview(
 @escalate.command()
 @as_options(required=True)
 @to_option
-@click.option("--percent", type=click.FloatRange(0, 100), help="How much is done.")
+@click.option("--percent", type=FiniteRange(0, 100), help="How much is done.")
 @click.option("--details", metavar="TEXT", help="More detail.")
 @json_option
 @click.argument("summary")

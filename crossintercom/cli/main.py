@@ -71,6 +71,7 @@ class Root(click.Group):
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         ctx.meta["raw_args"] = list(args)  # to honour --json when parsing itself fails
         try:
+            _require_utf8(args)
             return super().parse_args(ctx, args)
         except click.UsageError as exc:
             _usage_fail(ctx, exc)
@@ -87,6 +88,17 @@ class Root(click.Group):
         except OSError as exc:
             click.echo(f"error: {exc}", err=True)
             sys.exit(EXIT_ERROR)
+
+
+def _require_utf8(args: list[str]) -> None:
+    """Bytes that are not UTF-8 (Python holds them as lone surrogates) cannot become a name, a
+    message or a frame: refused before anything is done, not half-way through."""
+    for n, arg in enumerate(args, 1):
+        try:
+            arg.encode()
+        except UnicodeEncodeError:
+            shown = os.fsencode(arg)[:80]
+            raise click.UsageError(f"argument {n} is not UTF-8 text: {shown!r}") from None
 
 
 def _wants_json(ctx: click.Context) -> bool:

@@ -17,7 +17,15 @@ from crossintercom.agents import lifeline
 from crossintercom.agents.answered import answered, check_one_line
 from crossintercom.agents.session import by_priority, show_lock
 from crossintercom.cli import inbox_cmd
-from crossintercom.cli.common import as_options, identity, json_option, one_shot, settings
+from crossintercom.cli.common import (
+    FiniteRange,
+    as_options,
+    identity,
+    json_option,
+    one_shot,
+    read_stdin_text,
+    settings,
+)
 from crossintercom.cli.inbox_cmd import seen_notice, show_ids
 from crossintercom.cli.marks import mark_options
 from crossintercom.cli.output import emit_json, format_message, result_exit
@@ -78,9 +86,7 @@ def _message_arg(text: str | None) -> str:
     if text is None:
         raise click.UsageError("give MESSAGE, or '-' to read it from standard input")
     if text == "-":
-        if sys.stdin is None:
-            raise click.UsageError("'-' given but there is no standard input")
-        text = sys.stdin.read()
+        text = read_stdin_text()
     if not text.strip():
         raise click.UsageError("the message is empty; nothing was sent")
     return text
@@ -262,7 +268,7 @@ def send(
 )
 @click.option(
     "--timeout",
-    type=click.FloatRange(0, MAX_ASK_TIMEOUT_S, min_open=True),
+    type=FiniteRange(0, MAX_ASK_TIMEOUT_S, min_open=True),
     default=MAX_ASK_TIMEOUT_S,
     show_default=True,
     help="Seconds to wait for the reply.",

@@ -118,6 +118,10 @@ def archive(action: str, retention: str | None, store_url: str | None, as_json: 
     click.echo(f"archive is {'on' if state.enabled else 'off'} (retention {days:g} days)")
 
 
+# The store keeps the retention in a 32-bit column (PostgreSQL's integer): about 68 years.
+MAX_RETENTION_S = 2**31 - 1
+
+
 def _retention_s(text: str) -> int:
     try:
         seconds = parse_age(text)
@@ -125,6 +129,11 @@ def _retention_s(text: str) -> int:
         seconds = 0
     if seconds <= 0:
         raise UsageError(f"--retention {text!r} is not an age such as 12h, 30d or 8w")
+    if seconds > MAX_RETENTION_S:
+        raise UsageError(
+            f"--retention {text!r} is longer than a store keeps: at most "
+            f"{MAX_RETENTION_S // 86400}d"
+        )
     return seconds
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from crossintercom.cli.common import json_option, settings
+from crossintercom.cli.common import FiniteRange, json_option, settings
 from crossintercom.cli.db import tls_options
 from crossintercom.config import ENV_STORE, ENV_STORE_PASSWORD_FILE
 from crossintercom.local_broker.authority import DedupAuthority
@@ -153,9 +153,7 @@ def bench(
     "SQLite file.",
 )
 @click.option("--hosts", type=click.IntRange(2, 16), default=3, show_default=True)
-@click.option(
-    "--duration", type=click.FloatRange(1, 3600), default=30.0, show_default=True, metavar="S"
-)
+@click.option("--duration", type=FiniteRange(1, 3600), default=30.0, show_default=True, metavar="S")
 @click.option("--seed", type=int, default=1, show_default=True, help="Seeds the fault schedule.")
 @click.option(
     "--faults",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from crossintercom.cli.common import json_option, settings
+from crossintercom.cli.common import FiniteRange, json_option, settings
 from crossintercom.cli.output import emit_json
 from crossintercom.config import ENV_AS
 from crossintercom.errors import UsageError
@@ -34,7 +34,7 @@ DROP_HOSTS_AFTER_S = 86_400.0
 )
 @click.option(
     "--queued-after",
-    type=click.FloatRange(0),
+    type=FiniteRange(0),
     default=60.0,
     show_default=True,
     metavar="SECONDS",
@@ -42,7 +42,7 @@ DROP_HOSTS_AFTER_S = 86_400.0
 )
 @click.option(
     "--drop-hosts-after",
-    type=click.FloatRange(0),
+    type=FiniteRange(0),
     default=DROP_HOSTS_AFTER_S,
     show_default=True,
     metavar="SECONDS",

@@ -124,7 +124,11 @@ class SqlArchive:
         keep = self.archive_settings().retention_s
         total = 0
         while True:
-            params = {"cutoff": datetime.now(UTC) - timedelta(seconds=keep), "limit": batch}
+            try:
+                cutoff = datetime.now(UTC) - timedelta(seconds=keep)
+            except OverflowError:  # kept since before the year 1: nothing is old enough
+                return total
+            params = {"cutoff": cutoff, "limit": batch}
 
             def one_batch(conn: Connection, params: dict[str, Any] = params) -> int:
                 ids = list(conn.execute(q.ARCHIVE_EXPIRED_IDS, params).scalars())

@@ -10,7 +10,9 @@ gets a second role (and password). docs/operations.md, "Per-host roles on Postgr
 from __future__ import annotations
 
 import hashlib
+from typing import Any, cast
 
+import psycopg
 from sqlalchemy import Connection
 
 from crossintercom.errors import StoreError
@@ -96,7 +98,11 @@ def grant_host(url: str, host_id: str, password: str | None = None) -> tuple[str
         if conn.execute(q.PG_ROLE_EXISTS, {"role": role}).first() is None:
             conn.exec_driver_sql(conn.execute(q.PG_CREATE_ROLE, {"role": role}).scalar_one())
         if password is not None:
-            stmt = conn.execute(q.PG_ROLE_PASSWORD, {"role": role, "pw": password}).scalar_one()
+            # Hashed here, as psql's \password does: a statement the server refuses is shown
+            # (in a -v traceback, in the server's log) with the hash, never the password.
+            pgconn = cast(psycopg.Connection[Any], conn.connection.dbapi_connection).pgconn
+            hashed = pgconn.encrypt_password(password.encode(), role.encode()).decode()
+            stmt = conn.execute(q.PG_ROLE_PASSWORD, {"role": role, "pw": hashed}).scalar_one()
             conn.exec_driver_sql(stmt)
         conn.exec_driver_sql(conn.execute(q.PG_GRANT_GROUP, {"role": role}).scalar_one())
         conn.execute(q.FORGET_HOST_ROLE, {"host_id": host_id, "role": role})

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Literal
 from urllib.parse import quote
 
+import psycopg
 from psycopg.conninfo import make_conninfo
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError
@@ -25,21 +26,34 @@ SQLITE_SCHEMES = ("sqlite", "sqlite+pysqlite")
 
 # scheme://user:password@host...: the password runs to the LAST "@" of the URL, so one that
 # holds "@" or ":" (written without percent-encoding) is masked whole.
-_USERINFO = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<user>[^:@/]*):(?P<pw>.*)@")
-_QUERY_PASSWORD = re.compile(r"(password=)[^&\s]*", re.IGNORECASE)
+_USERINFO = re.compile(
+    r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<user>[^:@/]*):(?P<pw>.*)@", re.DOTALL
+)
+# What is shown of a URL that does not parse (a slip in its scheme: "postgresql:/",
+# "postgresql//", none at all) is masked the same way; a libpq "password = ..." too.
+_SLIPPED_USERINFO = re.compile(
+    r"^(?P<scheme>(?:[A-Za-z][A-Za-z0-9+.-]*(?::/*|/+))?)(?P<user>[^:@/]*):(?!/)(?P<pw>.*)@",
+    re.DOTALL,
+)
+_QUERY_PASSWORD = re.compile(r"(password\s*=\s*)[^&\s]*", re.IGNORECASE)
 # Kept as they are when a password is percent-encoded: its own escapes, and what RFC 3986 allows.
 _USERINFO_SAFE = "%!$&'()*+,;=-._~"
 _USER_ONLY = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<user>[^:@/]+)@")
 # scheme://[userinfo@]h1[:p1],h2[:p2][/rest]: a libpq host list (an IPv6 host in brackets).
+# The list ends the authority: a "," in a password (before its "@") is no host list.
 _HOST_LIST = re.compile(
-    r"^(?P<head>[A-Za-z][A-Za-z0-9+.-]*://(?:[^/?#]*@)?)(?P<hosts>[^/?#@]*,[^/?#@]*)(?P<tail>.*)$"
+    r"^(?P<head>[A-Za-z][A-Za-z0-9+.-]*://(?:[^/?#]*@)?)(?P<hosts>[^/?#@]*,[^/?#@]*)"
+    r"(?P<tail>(?:[/?#].*)?)$",
+    re.DOTALL,
 )
 _HOST_PORT = re.compile(r"^(?P<host>\[[^\]]*\]|[^:\[\]]*)(?::(?P<port>[^:]*))?$")
 
 
 def mask_url(url: str) -> str:
     """The URL with any password replaced by ``***``; safe to print or log."""
-    masked = _USERINFO.sub(r"\g<scheme>\g<user>:***@", url, count=1)
+    masked, found = _USERINFO.subn(r"\g<scheme>\g<user>:***@", url, count=1)
+    if not found:
+        masked = _SLIPPED_USERINFO.sub(r"\g<scheme>\g<user>:***@", url, count=1)
     return _QUERY_PASSWORD.sub(r"\1***", masked)
 
 
@@ -128,7 +142,13 @@ def parse_store_url(raw: str) -> StoreURL:
             # Several hosts are a replica set: the store is written, so it is the primary
             # that is wanted (libpq's default, "any", takes a standby listed first).
             url = url.update_query_dict({"target_session_attrs": "read-write"})
-        return StoreURL("postgres", url, masked)
+        parsed = StoreURL("postgres", url, masked)
+        try:
+            parsed.libpq_conninfo()  # an option libpq does not know, refused here, not later
+        except psycopg.ProgrammingError as exc:
+            reason = str(exc).strip().replace(url.password or "\0", "***")
+            raise StoreURLError(f"store URL {masked}: {mask_url(reason)}") from None
+        return parsed
     if url.drivername in SQLITE_SCHEMES:
         if not url.database or url.database == ":memory:":
             raise StoreURLError(
@@ -153,10 +173,9 @@ def with_password_file(raw: str, password_file: str | None) -> str:
         return raw
     try:
         password = Path(password_file).expanduser().read_text().rstrip("\r\n")
-    except OSError as exc:
-        raise StoreURLError(
-            f"cannot read the store password file {password_file}: {exc.strerror}"
-        ) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+        raise StoreURLError(f"cannot read the store password file {password_file}: {why}") from None
     if not password:
         raise StoreURLError(f"the store password file {password_file} is empty")
     parsed = parse_store_url(raw)
