@@ -24,10 +24,8 @@ NAME_PATTERN: Final = r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}"
 Name = Annotated[str, msgspec.Meta(pattern=f"^{NAME_PATTERN}$")]
 # How many groups one session may be in: every `list` and `groups` answer carries them all.
 MAX_GROUPS: Final = 32
-# What a session says of itself travels in every `list` answer of every host (a store's roster
-# row included): each field is bounded, as the groups are (docs/protocol.md).
-CWD_CHARS: Final = 4096
-DESCRIPTION_CHARS: Final = 1000
+# What a session says of itself is in every host's `list` answers: bounded (docs/protocol.md).
+CWD_CHARS, DESCRIPTION_CHARS = 4096, 1000
 Cwd = Annotated[str, msgspec.Meta(max_length=CWD_CHARS)]
 Description = Annotated[str, msgspec.Meta(max_length=DESCRIPTION_CHARS)]
 # uuid5 namespace for durable session ids derived from (host id, name); fixed forever.
