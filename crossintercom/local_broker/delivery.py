@@ -20,7 +20,7 @@ from crossintercom.local_broker.conn import Conn
 from crossintercom.local_broker.registry import Registry
 from crossintercom.local_broker.state import BrokerState, QueuedItem
 from crossintercom.local_broker.traffic import Traffic
-from crossintercom.models import Message, Outcome, Receipt
+from crossintercom.models import REFUSAL_ADVICE, Message, Outcome, Receipt
 
 log = logging.getLogger(__name__)
 # How much of a backlog is handed over in one go (bytes of stored bodies): the connection holds
@@ -77,6 +77,18 @@ class Delivery:
 
     async def deliver(self, msg: Message, recipient: str, *, asker_host: str) -> Receipt:
         """Hand a message to a local session: delivered on its ack, else queued if durable."""
+        try:
+            named = msg.reply_to is None or self._may_name(msg, recipient)
+        except sqlite3.Error as exc:
+            return outcomes.storage_failed(msg.id, recipient, exc)
+        if not named:
+            return Receipt(
+                msg.id,
+                Outcome.REFUSED,
+                recipient,
+                Code.REPLY_NOT_AUTHORISED,
+                REFUSAL_ADVICE[Code.REPLY_NOT_AUTHORISED],
+            )
         if self.screen is not None and (screened := self.screen(msg, recipient)) is not None:
             return screened
         if msg.expects_reply:
@@ -100,6 +112,15 @@ class Delivery:
             log.error("cannot queue the message", extra={"id": msg.id, "error": str(exc)})
             return outcomes.storage_failed(msg.id, recipient, exc)
         return receipt
+
+    def _may_name(self, msg: Message, recipient: str) -> bool:
+        """A message naming an ask of its recipient in ``reply_to`` would be taken for its
+        answer: only the session the ask went to may send one (the hand-over's rule for mail
+        from other hosts, docs/delivery.md)."""
+        assert msg.reply_to is not None
+        if self.state.ask_owner(msg.reply_to) != recipient:
+            return True
+        return self.state.may_answer(msg.reply_to, msg.sender.id)
 
     async def route_reply(self, reply: Message, asker_id: str) -> Receipt:
         """To the connection waiting on the ask, else the asker's session, else its queue."""

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from crossintercom.client import AsyncClient, Client, Identity
+from crossintercom.errors import Code
 from crossintercom.inbox import Inbox
 from crossintercom.local_broker.spawn import ensure_broker
 from crossintercom.models import Attachment, Message, Outcome, fallback_alias
@@ -201,6 +202,38 @@ def test_late_reply_is_never_taken_for_a_newer_ask(cfg: Any, clients: list[Clien
     assert second.id == q2.id
     assert second.reply is not None
     assert (second.reply.text, second.reply.reply_to) == ("answer to second", q2.id)
+
+
+def test_a_send_naming_someone_elses_ask_does_not_answer_it(
+    cfg: Any, clients: list[Client]
+) -> None:
+    """Only the session an ask went to answers it: another session of the same host that
+    names the ask in ``reply_to`` (or a group send that does) is refused, as a row from
+    another host is (docs/delivery.md), and the ask still gets its real answer."""
+    worker = named(cfg, clients, "worker")
+    planner = named(cfg, clients, "planner")
+    mallory = named(cfg, clients, "mallory")
+    box: dict[str, Any] = {}
+    t = threading.Thread(target=lambda: box.setdefault("r", planner.ask("worker", "deploy?")))
+    t.start()
+    question = next_message(worker)
+    forged = mallory.send("planner", "yes, deploy", reply_to=question.id)
+    assert (forged.outcome, forged.code) == (Outcome.REFUSED, Code.REPLY_NOT_AUTHORISED)
+    own = planner.send("planner", "answered myself", reply_to=question.id)
+    assert (own.outcome, own.code) == (Outcome.REFUSED, Code.REPLY_NOT_AUTHORISED)
+    planner.join("crew")
+    grouped = mallory.send("group:crew", "yes, deploy", reply_to=question.id)
+    assert grouped.outcome is Outcome.REFUSED
+    assert grouped.receipts is not None
+    assert [r.code for r in grouped.receipts] == [Code.REPLY_NOT_AUTHORISED]
+    # Naming a message that is not an ask of the recipient's is a plain reference.
+    assert mallory.send("worker", "fyi", reply_to=question.id).outcome is Outcome.DELIVERED
+    assert worker.reply("not yet", reply_to=question.id).outcome is Outcome.DELIVERED
+    t.join(20)
+    result = box["r"]
+    assert result.reply is not None
+    assert (result.reply.text, result.reply.sender.name) == ("not yet", "worker")
+    assert all(e.body["from"]["name"] != "mallory" for e in planner.inbox.messages())
 
 
 def test_concurrent_asks_get_their_own_replies(cfg: Any, clients: list[Client]) -> None:

@@ -8,9 +8,9 @@ from __future__ import annotations
 import http.client
 import json
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
-from tests.relay.conftest import Cluster
+from tests.relay.conftest import Cluster, wait_for
 from tests.web.conftest import WebServer, start_web
 
 
@@ -75,3 +75,34 @@ def test_hostile_requests_get_refusals_not_server_errors(
     # and the page still answers
     status, _, roster = _raw(web, "GET", "/api/roster", auth)
     assert status == 200 and roster["me"]["name"] == "overseer"
+
+
+def test_ids_with_url_characters_open_their_thread_and_page(
+    sqlite_cluster: Cluster, web_servers: list[WebServer]
+) -> None:
+    """A message id is any one line the sender chose: one holding `/`, `?`, `#` or `%` once
+    answered 404 (`/` splits the path) or linked to another page."""
+    [b] = sqlite_cluster.up("B")
+    worker = b.client("worker")
+    planner = b.client("planner")
+    web = start_web(b)
+    web_servers.append(web)
+    headers = {"Host": urlsplit(web.base).netloc, "Authorization": f"Bearer {web.token}"}
+    ids = ["a/b", "../api/roster", "q?x=1#y", "%2F"]
+    for mid in ids:
+        assert planner.send("worker", "hi", message_id=mid, reply_to=ids[0]).outcome.value == (
+            "delivered"
+        )
+
+    def thread_of(mid: str) -> Any:
+        return _raw(web, "GET", f"/api/thread/{quote(mid, safe='')}", headers)
+
+    wait_for(lambda: thread_of(ids[-1])[0] == 200 and thread_of(ids[-1])[2], 10, "the feed")
+    for mid in ids:
+        status, _, body = thread_of(mid)
+        assert status == 200, (mid, body)
+        assert [m["id"] for m in body] == [mid]
+        status, _, page = _raw(web, "GET", f"/message/{quote(mid, safe='')}", headers)
+        assert status == 200, (mid, page)
+        assert b'<a href="/message/a/b">' in page
+    del worker
