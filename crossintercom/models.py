@@ -26,8 +26,8 @@ Name = Annotated[str, msgspec.Meta(pattern=f"^{NAME_PATTERN}$")]
 MAX_GROUPS: Final = 32
 # What a session says of itself is in every host's `list` answers: bounded (docs/protocol.md).
 CWD_CHARS, DESCRIPTION_CHARS = 4096, 1000
-Cwd = Annotated[str, msgspec.Meta(max_length=CWD_CHARS)]
-Description = Annotated[str, msgspec.Meta(max_length=DESCRIPTION_CHARS)]
+Cwd = Annotated[str, msgspec.Meta(max_length=CWD_CHARS, pattern="^[^\x00]*$")]  # NUL: no text
+Description = Annotated[str, msgspec.Meta(max_length=DESCRIPTION_CHARS, pattern="^[^\x00]*$")]
 # uuid5 namespace for durable session ids derived from (host id, name); fixed forever.
 SESSION_NAMESPACE = uuid.UUID("6f1c2a4e-8d0b-5b7e-9a53-3c1d2e4f5a60")
 Purpose = Literal["agent", "control"]

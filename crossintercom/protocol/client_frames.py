@@ -19,11 +19,11 @@ from crossintercom.models import (
 
 SessionId = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
 MessageId = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
-# The id a new message takes, and the thread it names: no control character (a PostgreSQL text
-# column cannot hold NUL, and a header cannot show a line break), docs/protocol.md.
-NewMessageId = Annotated[
-    str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[^\x00-\x1f\x7f-\x9f\u2028\u2029]+$")
-]
+# The id a new message or session takes, and the thread it names: no control character (a
+# PostgreSQL text column cannot hold NUL, and a header cannot show a line break),
+# docs/protocol.md.
+_NO_CONTROL = r"^[^\x00-\x1f\x7f-\x9f\u2028\u2029]+$"
+NewId = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=_NO_CONTROL)]
 RequestId = Annotated[int, msgspec.Meta(ge=0)]
 # At most this many ids in one frame's list (a client sends a handful).
 MAX_IDS = 10_000
@@ -39,7 +39,7 @@ class AttachmentBody(msgspec.Struct, frozen=True, omit_defaults=True):
 
 
 class SessionBody(msgspec.Struct, frozen=True, omit_defaults=True):
-    id: SessionId
+    id: NewId
     name: Name | None = None
     cwd: Cwd | None = None
     model: Description | None = None
@@ -53,7 +53,7 @@ class SessionBody(msgspec.Struct, frozen=True, omit_defaults=True):
 class OutgoingBody(msgspec.Struct, frozen=True, omit_defaults=True):
     """What a sender supplies; the broker adds sender and time."""
 
-    id: NewMessageId
+    id: NewId
     message: str
     to: str | None = None
     attachments: list[AttachmentBody] = []
@@ -62,7 +62,7 @@ class OutgoingBody(msgspec.Struct, frozen=True, omit_defaults=True):
     subject: Subject | None = None
     # Continue this thread (a root message's id); absent, the message starts its own, and a
     # reply takes its ask's.
-    thread_id: NewMessageId | None = None
+    thread_id: NewId | None = None
     priority: Priority = "normal"
     ack_required: bool = False
     # The acknowledgement's deadline (ISO time), set by the client so a retry repeats it.
@@ -185,7 +185,7 @@ class Resend(msgspec.Struct, tag="resend", frozen=True):
 
     request_id: RequestId
     id: MessageId
-    new_id: NewMessageId
+    new_id: NewId
     recipient: str | None = None
 
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import asyncio
 
-from crossintercom.client import AsyncClient
-from crossintercom.errors import Code
+import pytest
+
+from crossintercom.client import AsyncClient, Client, Identity
+from crossintercom.errors import Code, RemoteError
 from crossintercom.models import Outcome, SendResult
 from tests.relay.conftest import Cluster
 
@@ -42,3 +44,22 @@ def test_an_id_with_a_control_character_is_refused_and_others_go_on(cluster: Clu
     assert [(r.outcome, r.code) for r in refused] == [(Outcome.REFUSED, Code.BAD_FIELD)] * 8
     assert sum(b.inbox("other").values()) == 8
     assert sum(b.inbox("worker").values()) == 0
+
+
+def test_a_session_describing_itself_with_a_control_character_hides_no_other(
+    cluster: Cluster,
+) -> None:
+    """A NUL in what a session says of itself (a text column of the roster) would fail its
+    host's whole roster publish on PostgreSQL, hiding every other session of the host."""
+    a, b = cluster.up("A", "B")
+    odd = [a.identity("odd-cwd", cwd="x\x00y"), a.identity("odd-model", model="x\x00y")]
+    for ident in [*odd, Identity(id="eph\x00id")]:
+        client = Client(a.settings, ident)
+        try:
+            with pytest.raises(RemoteError) as refused:
+                client.connect()
+        finally:
+            client.close()
+        assert refused.value.code == Code.BAD_FIELD, refused.value
+    a.client("visible")
+    b.wait_sees("visible", "A")
