@@ -25,7 +25,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 
-from crossintercom.agents.mail import NEXT_WAKE, fit_mail, unseen_left
+from crossintercom.agents.mail import fit_unseen
 from crossintercom.client import Identity
 from crossintercom.config import Settings
 from crossintercom.inbox import Entry
@@ -78,9 +78,9 @@ def socket_writer(
     goes in the next one, at once."""
 
     def write(entries: list[Entry]) -> list[Entry]:
-        mail, count = fit_mail([e.body for e in entries], as_name, left=unseen_left(NEXT_WAKE))
+        mail, shown = fit_unseen(entries, as_name)
         deliver(path, token, mail)
-        return entries[:count]
+        return shown
 
     return write
 

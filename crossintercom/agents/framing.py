@@ -48,6 +48,8 @@ NOTE_CHARS = 2000
 
 def utf8_len(text: str) -> int:
     """``text``'s length in UTF-8 bytes (a lone surrogate counts as the three it encodes to)."""
+    if text.isascii():  # O(1) in CPython: most mail is ASCII, and then no copy is made
+        return len(text)
     return len(text.encode("utf-8", "surrogatepass"))
 
 
@@ -55,6 +57,8 @@ def page_end(text: str, start: int, chars: int, nbytes: int) -> int:
     """Where a page of ``text`` from ``start`` ends: at most ``chars`` characters and at most
     ``nbytes`` bytes of UTF-8, cut between characters."""
     chunk = text[start : start + chars]
+    if 4 * len(chunk) <= nbytes or (chunk.isascii() and len(chunk) <= nbytes):
+        return start + len(chunk)  # fits whatever its characters: nothing to encode
     raw = chunk.encode("utf-8", "surrogatepass")
     if len(raw) <= nbytes:
         return start + len(chunk)

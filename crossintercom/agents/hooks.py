@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from crossintercom.agents import lifeline
-from crossintercom.agents.mail import NEXT_WAKE, fit_mail, unseen_left
+from crossintercom.agents.mail import fit_unseen
 from crossintercom.errors import Code
 from crossintercom.inbox import Entry
 
@@ -158,19 +158,18 @@ def writer(fmt: str, as_name: str) -> Callable[[list[Entry]], list[Entry]]:
     programs and holds every message whole."""
 
     def write(entries: list[Entry]) -> list[Entry]:
-        bodies = [e.body for e in entries]
         if fmt == "json":
-            sys.stdout.write(json.dumps(bodies, ensure_ascii=False) + "\n")
+            sys.stdout.write(json.dumps([e.body for e in entries], ensure_ascii=False) + "\n")
             sys.stdout.flush()
             return entries
-        mail, count = fit_mail(bodies, as_name, left=unseen_left(NEXT_WAKE))
+        mail, shown = fit_unseen(entries, as_name)
         if fmt == "codex-hook":
             out, text = sys.stdout, json.dumps({"decision": "block", "reason": mail})
         else:
             out, text = (sys.stderr if fmt == "claude-hook" else sys.stdout), mail
         out.write(text + "\n")
         out.flush()
-        return entries[:count]
+        return shown
 
     return write
 

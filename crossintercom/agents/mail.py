@@ -16,6 +16,7 @@ from typing import Any
 from crossintercom.agents import framing
 from crossintercom.agents.escalation import ATTACHMENT_NAME, escalation_of, hint_for
 from crossintercom.agents.framing import utf8_len
+from crossintercom.inbox import Entry
 
 HANDOVER_BYTES = 24_000
 # What a hand-over says of the mail it left out: where that mail comes from next.
@@ -174,6 +175,16 @@ def fit_mail(
     if total > len(blocks):
         parts.append(left(total - len(blocks)))
     return "\n\n".join(parts), len(blocks)
+
+
+def fit_unseen(
+    entries: Sequence[Entry], as_name: str | None, how: str = NEXT_WAKE
+) -> tuple[str, list[Entry]]:
+    """A hand-over of unseen ``entries`` (a hook's, the socket's, ``inbox --unseen``): its text
+    and the entries it shows, to be marked shown; the rest stay unseen, and the text ends with
+    ``how`` they come next."""
+    text, count = fit_mail([e.body for e in entries], as_name, left=unseen_left(how))
+    return text, list(entries[:count])
 
 
 def fit_page(

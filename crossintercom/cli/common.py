@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 
 import click
 
-from crossintercom.client import Client, Identity
+from crossintercom.client import Client, Identity, file_text
 from crossintercom.config import ENV_AS, ENV_JSON, Settings, load_settings
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -73,15 +73,16 @@ def one_shot(cfg: Settings, ident: Identity | None) -> Client:
 
 
 def read_stdin_text() -> str:
-    """Standard input (an explicit '-') as text: bytes that are not UTF-8 are a usage error
-    before anything is sent, never a traceback half-way through."""
+    """Standard input (an explicit '-') as text, as a text stream reads it (universal
+    newlines): bytes that are not UTF-8 are a usage error before anything is sent, never a
+    traceback half-way through."""
     if sys.stdin is None:
         raise click.UsageError("'-' given but there is no standard input")
     buffer = getattr(sys.stdin, "buffer", None)
     if buffer is None:  # a text stream given by a caller (a test): already text
         return sys.stdin.read()
     try:
-        return bytes(buffer.read()).decode()
+        return file_text(buffer.read())
     except UnicodeDecodeError as exc:
         raise click.UsageError(
             f"standard input is not UTF-8 text (byte {exc.start}); nothing was sent"

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 import click
 
 from crossintercom.agents.answered import mark_ids
-from crossintercom.agents.mail import asks_left, fit_mail, fit_page, unseen_left
+from crossintercom.agents.mail import asks_left, fit_mail, fit_page, fit_unseen
 from crossintercom.agents.session import show_lock
 from crossintercom.cli.common import as_options, identity, json_option, one_shot, settings
 from crossintercom.cli.output import emit_json, format_message, in_thread
@@ -152,10 +152,8 @@ def _unseen(cfg: Settings, ident: Identity, as_name: str, as_json: bool) -> None
             emit_json([e.body for e in entries])
             shown = entries
         else:
-            bodies = [e.body for e in entries]
-            text, count = fit_mail(bodies, as_name, left=unseen_left(again))
+            text, shown = fit_unseen(entries, as_name, again)
             click.echo(text)
-            shown = entries[:count]
         sys.stdout.flush()
         return shown
 

@@ -119,6 +119,7 @@ def archive(action: str, retention: str | None, store_url: str | None, as_json: 
 
 
 # The store keeps the retention in a 32-bit column (PostgreSQL's integer): about 68 years.
+# storage.tables.INTEGER_MAX, written out: importing it loads SQLAlchemy for every `search`.
 MAX_RETENTION_S = 2**31 - 1
 
 

@@ -4,7 +4,13 @@ from crossintercom.client.acks import acknowledge, awaiting_mine, sent_awaiting,
 from crossintercom.client.aftercare import forget, report_shown, set_wake, shown_frame
 from crossintercom.client.aio import MAX_ASK_TIMEOUT_S, AsyncClient
 from crossintercom.client.deadletters import dead_letter_json, dead_letters, resend
-from crossintercom.client.identity import AttachmentTooLarge, Identity, Marks, load_attachment
+from crossintercom.client.identity import (
+    AttachmentTooLarge,
+    Identity,
+    Marks,
+    file_text,
+    load_attachment,
+)
 from crossintercom.client.inbound import inbound_json, inbound_policy
 from crossintercom.client.reservations import (
     project_key,
@@ -34,6 +40,7 @@ __all__ = [
     "awaiting_mine",
     "dead_letter_json",
     "dead_letters",
+    "file_text",
     "forget",
     "inbound_json",
     "inbound_policy",

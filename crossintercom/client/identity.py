@@ -74,6 +74,12 @@ class AttachmentTooLarge(UsageError):
     code = Code.TOO_LARGE
 
 
+def file_text(data: bytes) -> str:
+    """Bytes read from a file or standard input as text, as a text stream reads them: UTF-8
+    (``UnicodeDecodeError`` otherwise), universal newlines."""
+    return data.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")
+
+
 def load_attachment(path: str, max_bytes: int) -> Attachment:
     """A file attachment, refused clearly when it is too big, unreadable or not a regular file
     (a FIFO, a device or a socket could block the caller or never end); at most
@@ -92,8 +98,7 @@ def load_attachment(path: str, max_bytes: int) -> Attachment:
                 f"attachment {path} is {max(info.st_size, len(data))} bytes; the message limit "
                 f"is {max_bytes} bytes; nothing was sent"
             )
-        # As text files read: universal newlines.
-        content = data.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")
+        content = file_text(data)
     except UnicodeDecodeError:
         raise UsageError(f"attachment {path} is not UTF-8 text") from None
     except OSError as exc:

@@ -87,8 +87,11 @@ class Conn:
         list of every host's sessions, say) goes as ``too_large`` instead, for a frame over
         the limit would drop the connection (docs/protocol.md)."""
         data = p.encode(frame)
-        size, request_id = len(data) - p.HEADER.size, getattr(frame, "request_id", None)
-        if size <= self.max_frame or request_id is None:
+        size = len(data) - p.HEADER.size
+        if size <= self.max_frame:  # nearly every frame: one comparison
+            return data
+        request_id = getattr(frame, "request_id", None)
+        if request_id is None:
             return data
         why = f"the answer is {size} bytes, over the {self.max_frame}-byte frame a client reads"
         return p.encode(p.Error(Code.TOO_LARGE, why, request_id))

@@ -23,11 +23,13 @@ from crossintercom.models import (
     SessionInfo,
     WakePolicy,
 )
+from crossintercom.protocol.client_frames import SessionId
 from crossintercom.storage import migrate
 from crossintercom.storage import queries as q
 from crossintercom.storage.driver import Driver
 from crossintercom.storage.engine import lock_timed_out
 from crossintercom.storage.interface import Beat, HostRow, Waiter
+from crossintercom.storage.rowcheck import HOST_CHARS
 from crossintercom.storage.urls import StoreURL
 
 log = logging.getLogger(__name__)
@@ -273,7 +275,8 @@ class SqlHostStore:
             for r in conn.execute(q.LIST_ROSTER):
                 info = _session_info(r._mapping)
                 if info is None:
-                    bad.append(f"{r.session_id!r}@{r.host_id!r}")
+                    # Named, not quoted whole: a writer's key may be megabytes long.
+                    bad.append(f"{r.session_id!r:.80}@{r.host_id!r:.80}")
                 else:
                     out.append(info)
             if bad:
@@ -296,8 +299,8 @@ class _Published(msgspec.Struct, frozen=True):
     field bounded (a host may publish anything in its own rows, and every `list` answer on
     every host carries them; docs/protocol.md)."""
 
-    id: str
-    host: str
+    id: SessionId
+    host: Annotated[str, msgspec.Meta(min_length=1, max_length=HOST_CHARS)]
     name: Name | None
     cwd: Cwd | None
     model: Description | None

@@ -141,8 +141,9 @@ class Ack:
     recipient_session: str
     outcome: AckOutcome
     code: str | None = None
-    # The row's seq as read: SQLite finishes the row by it (a writer may have stored its key
-    # as a BLOB or as text that is not UTF-8, which no key would match); PostgreSQL by key.
+    # The row's seq as read (the relay always gives it): the row is finished by it, on either
+    # store (on SQLite a writer may have stored its key as a BLOB or as text that is not
+    # UTF-8, which no key would match); without it, by key.
     seq: int | None = None
 
 

@@ -95,6 +95,14 @@ def _in_keys(dialect: str) -> Any:
     return key.in_(bindparam("keys", expanding=True))
 
 
+def _in_seqs(dialect: str) -> Any:
+    """``seq`` is one of ``:seqs`` (a list): one array on PostgreSQL (one statement text
+    whatever the batch size, as ``_in_keys``), an expanding IN list on SQLite."""
+    if dialect == "postgresql":
+        return deliveries.c.seq == func.any(bindparam("seqs", type_=postgresql.ARRAY(BigInteger)))
+    return deliveries.c.seq.in_(bindparam("seqs", expanding=True))
+
+
 def key_params(dialect: str, keys: Sequence[tuple[str, str]]) -> dict[str, Any]:
     """The parameters ``_in_keys`` reads."""
     if dialect == "postgresql":
@@ -394,9 +402,7 @@ def finish_deliveries(dialect: str, by_seq: bool = False) -> Any:
     return (
         update(deliveries)
         .where(
-            deliveries.c.seq.in_(bindparam("seqs", expanding=True))
-            if by_seq
-            else _in_keys(dialect),
+            _in_seqs(dialect) if by_seq else _in_keys(dialect),
             deliveries.c.recipient_host == bindparam("host_id"),
             deliveries.c.state == QUEUED,
         )
@@ -437,11 +443,7 @@ def receipts_for_finished(dialect: str) -> Any:
                 bindparam("created", type_=DateTime(timezone=True)),
             )
             .join(messages, messages.c.message_id == deliveries.c.message_id)
-            .where(
-                deliveries.c.seq == func.any(bindparam("seqs", type_=postgresql.ARRAY(BigInteger)))
-                if dialect == "postgresql"
-                else deliveries.c.seq.in_(bindparam("seqs", expanding=True))
-            )
+            .where(_in_seqs(dialect))
             .order_by(deliveries.c.seq),
         )
         # SQLite: as bytes, so a sender a writer stored as non-UTF-8 fails no ack (sqlstore).

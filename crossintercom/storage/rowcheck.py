@@ -5,11 +5,13 @@ one bad value is refused or left out alone (docs/operations.md, "Trust model")."
 
 from __future__ import annotations
 
+import re
 from collections.abc import Collection, Sequence
 from typing import Any, cast
 
 from crossintercom.storage import queries as q
 from crossintercom.storage.interface import InboundRow, ReceiptOutcome, ReceiptRow, StoreSettings
+from crossintercom.storage.tables import INTEGER_MAX
 
 # A host id's most characters (tables.HOST_ID); SQLite reads at most one more of a sender.
 HOST_CHARS = 255
@@ -122,14 +124,15 @@ def receipt_row(row: Sequence[Any]) -> ReceiptRow | None:
 
 def settings_of(row: Sequence[Any] | None) -> tuple[StoreSettings, list[str]]:
     """The settings from a settings row (none: the defaults), and the names of the values that
-    are not whole numbers (SQLite keeps any value a writer stored: read as bytes there), which
+    are not whole numbers from 0 to the column's 2**31 - 1 (SQLite keeps any value a writer
+    stored: read as bytes there; a retention past the year 9999 failed every enqueue), which
     are left at their defaults."""
     if row is None:
         return StoreSettings(), []
     default, values, bad = StoreSettings(), {}, []
     for name, stored in zip(("max_message_bytes", "retention_s"), row, strict=True):
         value = _whole(stored.decode(errors="replace")) if isinstance(stored, bytes) else stored
-        if isinstance(value, int) and not isinstance(value, bool):
+        if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= INTEGER_MAX:
             values[name] = value
         else:
             values[name] = getattr(default, name)
@@ -137,6 +140,11 @@ def settings_of(row: Sequence[Any] | None) -> tuple[StoreSettings, list[str]]:
     return StoreSettings(**values), bad
 
 
+# A whole number as SQLite stores one: a 64-bit integer, in at most 19 ASCII digits.
+_WHOLE = re.compile(r"-?[0-9]{1,19}")
+
+
 def _whole(text: str) -> int | None:
-    """``text`` as a whole number in ASCII digits; None when it is not one."""
-    return int(text) if text.isascii() and text.lstrip("-").isdigit() else None
+    """``text`` as a whole number in ASCII digits; None when it is not one ("--5", or more
+    digits than ``int`` converts, failed every read of the settings)."""
+    return int(text) if _WHOLE.fullmatch(text) else None

@@ -142,8 +142,8 @@ class SqlMailboxStore(SqlReservations):
         INSERT … SELECT of the receipts for exactly the rows it changed."""
         woken: set[str] = set()
         # The first ack of a row wins, as it would one by one; the rest change nothing. Rows
-        # named by their seq (as read: SQLite, whatever a writer stored in their keys) are
-        # finished by it, the others by their key.
+        # named by their seq (as read: the relay's acks, whatever a writer stored in their
+        # keys) are finished by it, the others by their key.
         by_outcome: dict[tuple[str, str | None, bool], list[Any]] = {}
         seen: set[tuple[str, str] | int] = set()
         for a in acks:
@@ -320,11 +320,12 @@ class SqlMailboxStore(SqlReservations):
 
     def remember_settings(self, row: Sequence[Any] | None) -> StoreSettings:
         """The settings from a ``READ_SETTINGS`` row (none: the defaults), kept for reuse; a
-        value that is not a whole number (a writer of a SQLite file) is left at its default."""
+        value that is not a whole number in its column's range (a writer of a SQLite file) is
+        left at its default."""
         found, bad = settings_of(row)
         if bad:
             log.warning(
-                "store settings %s are not whole numbers: their defaults are used "
+                "store settings %s are not whole numbers in range: their defaults are used "
                 '(docs/operations.md, "Trust model")',
                 ", ".join(bad),
             )

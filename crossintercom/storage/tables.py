@@ -44,6 +44,8 @@ metadata = MetaData(
 # SQLite only auto-increments a column declared exactly INTEGER PRIMARY KEY.
 BigSerial = BigInteger().with_variant(Integer(), "sqlite")
 
+# The most an Integer column holds (PostgreSQL's integer; SQLite keeps more, read back as is).
+INTEGER_MAX = 2**31 - 1
 HOST_ID = String(255)
 SESSION_ID = String(64)
 MESSAGE_ID = String(128)

@@ -59,10 +59,13 @@ def test_standard_input_that_is_not_utf8_is_a_usage_error(cli_env: dict[str, str
             assert bad.returncode == 2, err
             assert "Traceback" not in err
             assert "not UTF-8" in err + bad.stdout.decode(errors="replace")
-        good = run_cli(cli_env, "send", "--as", "planner", "--to", "worker", "-", input="next")
+        # read as a text stream reads it: universal newlines, as before the bytes were checked
+        good = run_cli(
+            cli_env, "send", "--as", "planner", "--to", "worker", "-", input="next\r\nline"
+        )
         assert good.returncode == 0, good.stderr
         (first,) = worker.messages(1)
-        assert first["message"] == "next"
+        assert first["message"] == "next\nline"
 
 
 @pytest.mark.parametrize(

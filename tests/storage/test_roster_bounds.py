@@ -5,8 +5,10 @@ reader, and the rest of the roster stays readable (docs/protocol.md, "Sessions")
 
 from __future__ import annotations
 
+import pytest
+
 from crossintercom.models import CWD_CHARS, DESCRIPTION_CHARS, MAX_GROUPS, SessionInfo
-from crossintercom.storage import MailboxStore
+from crossintercom.storage import MailboxStore, open_store
 from crossintercom.storage.blocking import run
 
 
@@ -32,3 +34,21 @@ def test_rows_over_their_bounds_are_left_out(store: MailboxStore) -> None:
     assert run(store.publish_sessions("a", gen, [fine, *hostile]))
     assert [s.id for s in run(store.roster())] == ["fine"]
     assert run(store.roster())[0] == fine
+
+
+def test_a_session_id_no_client_could_register_is_left_out(
+    sqlite_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """SQLite keeps a session id of any length (PostgreSQL's column refuses one over 64): a
+    megabyte id in every `list` answer is as unreadable as a megabyte status, and in the log
+    that names the row left out as well."""
+    store = run(open_store(sqlite_url))
+    try:
+        gen = run(store.claim_host("a"))
+        rows = [SessionInfo(id="i" * 1_000_000, host="a"), SessionInfo(id="fine", host="a")]
+        assert run(store.publish_sessions("a", gen, rows))
+        assert [s.id for s in run(store.roster())] == ["fine"]
+    finally:
+        run(store.aclose())
+    (left_out,) = [r for r in caplog.records if r.getMessage().startswith("roster rows left out")]
+    assert len(str(left_out.__dict__["sessions"])) < 1000
