@@ -117,7 +117,9 @@ class Outbound:
                 extra={"ids": ",".join(ids)},
             )
             if isinstance(exc, SchemaDamaged):
-                self._refuse_all(batch, f"{exc.message}; nothing was sent", exc.code)
+                # Said without the store's file name: this text reaches agents' models.
+                why = "the shared store is damaged (the relay's log says how); nothing was sent"
+                self._refuse_all(batch, why, exc.code)
             else:
                 self._refuse_all(batch, "the shared store is unreachable; nothing was sent")
             return

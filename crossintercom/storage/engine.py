@@ -336,7 +336,14 @@ def is_connection_error(parsed: StoreURL, exc: DBAPIError) -> bool:
 
 
 # SQLite's words for a schema a writer of the file changed after migration.
-_DAMAGED_SCHEMA = ("no such table", "no such column", "has no column named", "a view")
+_DAMAGED_SCHEMA = (
+    "no such table",
+    "no such column",
+    "has no column named",
+    "a view",
+    "disk image is malformed",
+    "file is not a database",
+)
 
 
 def translate(parsed: StoreURL, exc: SQLAlchemyError) -> StoreError:
@@ -345,9 +352,10 @@ def translate(parsed: StoreURL, exc: SQLAlchemyError) -> StoreError:
     reason = one_line(exc)
     if parsed.kind == "sqlite" and any(w in reason for w in _DAMAGED_SCHEMA):
         return SchemaDamaged(
-            f"the store {parsed.masked} is not the schema its version defines ({reason}): a "
-            "writer of the file renamed, dropped or replaced a table or column, or truncated "
-            'the file; restore it from a backup (docs/operations.md, "Trust model")'
+            f"the store {parsed.masked} is damaged: not the schema its version defines, or not "
+            f"a whole database ({reason}): a writer of the file renamed, dropped or replaced a "
+            "table or column, or truncated or overwrote the file; restore it from a backup "
+            '(docs/operations.md, "Trust model")'
         )
     if isinstance(exc, DBAPIError) and is_connection_error(parsed, exc):
         return unavailable(parsed, exc)

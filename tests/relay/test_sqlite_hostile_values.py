@@ -276,9 +276,18 @@ def test_a_schema_a_writer_broke_is_named_with_a_code(
             ("CREATE VIEW deliveries AS SELECT * FROM kept", ()),
         ],
     )
-    answer = a.client("planner").send("worker@B", "into a view")
+    planner = a.client("planner")
+    answer = planner.send("worker@B", "into a view")
     assert (answer.outcome.value, answer.code) == ("not_sent", "store_error"), answer
-    assert "renamed, dropped or replaced a table or column" in (answer.message or "")
+    # the sender (perhaps a model) is told without the store's file name; the log says how
+    assert "store is damaged" in (answer.message or "") and str(db) not in answer.message
+    assert "renamed, dropped or replaced a table or column" in a.relay_log()
+    # a file cut short is named the same way
+    with db.open("r+b") as f:
+        f.truncate(db.stat().st_size // 2)
+    answer = planner.send("worker@B", "into a torn file")
+    assert (answer.outcome.value, answer.code) == ("not_sent", "store_error"), answer
+    assert "store is damaged" in (answer.message or ""), answer
     for host in (a, b):
         assert host.relay is not None and host.relay.poll() is None, host.relay_log()[-2000:]
 
