@@ -163,14 +163,15 @@ def fit_mail(
     blocks: list[str] = []
     for m in messages:
         render = _block(m, as_name, notes)
-        if not blocks:
-            block = fit_block(render, room - 2)
-        else:
+        if blocks:
             block = render(framing.TEXT_BYTES, framing.ATTACHMENTS_PREVIEW_TOTAL)
-            if utf8_len(block) + 2 > room:
-                break
+        else:
+            block = fit_block(render, room - 2)
+        size = utf8_len(block) + 2
+        if blocks and size > room:
+            break
         blocks.append(block)
-        room -= utf8_len(block) + 2
+        room -= size
     parts = [_head(len(blocks), as_name), *blocks]
     if total > len(blocks):
         parts.append(left(total - len(blocks)))

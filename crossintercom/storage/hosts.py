@@ -29,7 +29,7 @@ from crossintercom.storage import queries as q
 from crossintercom.storage.driver import Driver
 from crossintercom.storage.engine import lock_timed_out
 from crossintercom.storage.interface import Beat, HostRow, Waiter
-from crossintercom.storage.rowcheck import HOST_CHARS
+from crossintercom.storage.tables import HOST_ID_CHARS
 from crossintercom.storage.urls import StoreURL
 
 log = logging.getLogger(__name__)
@@ -300,7 +300,7 @@ class _Published(msgspec.Struct, frozen=True):
     every host carries them; docs/protocol.md)."""
 
     id: SessionId
-    host: Annotated[str, msgspec.Meta(min_length=1, max_length=HOST_CHARS)]
+    host: Annotated[str, msgspec.Meta(min_length=1, max_length=HOST_ID_CHARS)]
     name: Name | None
     cwd: Cwd | None
     model: Description | None

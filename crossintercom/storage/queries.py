@@ -47,6 +47,7 @@ from crossintercom.storage.archive_types import OUTCOME_RANK
 from crossintercom.storage.interface import DeliveryState, ReceiptOutcome
 from crossintercom.storage.tables import (
     ARCHIVE_FTS_TABLE,
+    HOST_ID_CHARS,
     TS_CONFIG,
     archive_messages,
     archive_recipients,
@@ -356,8 +357,8 @@ def inbound(
                 (length <= bindparam("max_payload"), _PAYLOAD_BYTES if raw else _PAYLOAD_TEXT),
                 else_=None,
             ),
-            # Raw: at most one character past a host id's 255 (a longer one is refused).
-            cast(func.substr(messages.c.sender_host, 1, 256), LargeBinary)
+            # Raw: at most one character past a host id's longest (a longer one is refused).
+            cast(func.substr(messages.c.sender_host, 1, HOST_ID_CHARS + 1), LargeBinary)
             if raw
             else messages.c.sender_host,
             length,

@@ -11,10 +11,7 @@ from typing import Any, cast
 
 from crossintercom.storage import queries as q
 from crossintercom.storage.interface import InboundRow, ReceiptOutcome, ReceiptRow, StoreSettings
-from crossintercom.storage.tables import INTEGER_MAX
-
-# A host id's most characters (tables.HOST_ID); SQLite reads at most one more of a sender.
-HOST_CHARS = 255
+from crossintercom.storage.tables import HOST_ID_CHARS, INTEGER_MAX
 
 
 def inbound_query(
@@ -76,7 +73,7 @@ def inbound_row(
             shown(stored_id),
             shown(stored_session),
             None,
-            shown(sender_host or "?")[:HOST_CHARS],
+            shown(sender_host or "?")[:HOST_ID_CHARS],
             problem,
             digest,
         )
@@ -85,8 +82,8 @@ def inbound_row(
         return bad("message id or recipient session is not valid UTF-8")
     if sender_host is None or (stored_digest is not None and digest is None):
         return bad("sender host or digest is not valid UTF-8")
-    if len(sender_host) > HOST_CHARS:
-        return bad(f"sender host is over {HOST_CHARS} characters")
+    if len(sender_host) > HOST_ID_CHARS:
+        return bad(f"sender host is over {HOST_ID_CHARS} characters")
     if text is None:
         return bad(f"payload of {length} characters is over the {max_payload} that can be read")
     if isinstance(text, bytes):

@@ -46,7 +46,8 @@ BigSerial = BigInteger().with_variant(Integer(), "sqlite")
 
 # The most an Integer column holds (PostgreSQL's integer; SQLite keeps more, read back as is).
 INTEGER_MAX = 2**31 - 1
-HOST_ID = String(255)
+HOST_ID_CHARS = 255
+HOST_ID = String(HOST_ID_CHARS)
 SESSION_ID = String(64)
 MESSAGE_ID = String(128)
 
