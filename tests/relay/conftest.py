@@ -96,6 +96,13 @@ class Cluster(harness.Cluster[Host]):
         super().close()
         shutil.rmtree(self.root, ignore_errors=True)
 
+    def worker_on_b(self, **config: dict[str, float]) -> tuple[Host, Host, Listener]:
+        """Hosts A and B (``up``'s ``config``), a `listen` sink "worker" on B that A sees."""
+        a, b = self.up("A", "B", **config)
+        worker = b.listen("worker")
+        a.wait_sees("worker", "B")
+        return a, b, worker
+
 
 # --- fixtures -------------------------------------------------------------------------------------
 

@@ -43,9 +43,7 @@ def _insert(db: Path, rows: list[tuple[str, bytes | str, str]], session: str) ->
 def test_bad_bytes_row_refused_once_and_rows_behind_it_flow(
     sqlite_cluster: Cluster, sqlite_store: str
 ) -> None:
-    a, b = sqlite_cluster.up("A", "B")
-    worker = b.listen("worker")
-    a.wait_sees("worker", "B")
+    a, b, worker = sqlite_cluster.worker_on_b()
     target = b.session_id("worker")
     db = Path(str(make_url(sqlite_store).database))
 

@@ -59,9 +59,7 @@ def _queue(
 def test_rows_with_values_of_another_type_are_refused_alone(
     sqlite_cluster: Cluster, sqlite_store: str
 ) -> None:
-    a, b = sqlite_cluster.up("A", "B")
-    worker = b.listen("worker")
-    a.wait_sees("worker", "B")
+    a, b, worker = sqlite_cluster.worker_on_b()
     target = b.session_id("worker")
     db = Path(str(make_url(sqlite_store).database))
     rogue = Rogue(sqlite_store)
@@ -98,9 +96,7 @@ def test_rows_with_values_of_another_type_are_refused_alone(
 def test_roster_and_host_rows_of_another_type_crash_no_relay(
     sqlite_cluster: Cluster, sqlite_store: str
 ) -> None:
-    a, b = sqlite_cluster.up("A", "B", A={"remote_ack_wait_s": 10})
-    worker = b.listen("worker")
-    a.wait_sees("worker", "B")
+    a, b, worker = sqlite_cluster.worker_on_b(A={"remote_ack_wait_s": 10})
     db = Path(str(make_url(sqlite_store).database))
     roster_row = (
         "INSERT INTO roster (host_id, session_id, purpose, groups, durable, online) "
@@ -172,9 +168,7 @@ def _states(db: Path) -> dict[int, tuple[str, str | None]]:
 def test_delivery_keys_of_another_type_are_refused_alone_by_seq(
     sqlite_cluster: Cluster, sqlite_store: str
 ) -> None:
-    a, b = sqlite_cluster.up("A", "B", B={"housekeeping_s": 1})
-    worker = b.listen("worker")
-    a.wait_sees("worker", "B")
+    a, b, worker = sqlite_cluster.worker_on_b(B={"housekeeping_s": 1})
     target = b.session_id("worker")
     db = Path(str(make_url(sqlite_store).database))
     rogue = Rogue(sqlite_store)
@@ -233,9 +227,7 @@ def test_delivery_keys_of_another_type_are_refused_alone_by_seq(
 def test_receipts_and_settings_of_another_type_block_no_send(
     sqlite_cluster: Cluster, sqlite_store: str
 ) -> None:
-    a, b = sqlite_cluster.up("A", "B", A={"remote_ack_wait_s": 10})
-    b.listen("worker")
-    a.wait_sees("worker", "B")
+    a, _, _ = sqlite_cluster.worker_on_b(A={"remote_ack_wait_s": 10})
     db = Path(str(make_url(sqlite_store).database))
     receipt = (
         "INSERT INTO receipts (sender_host, message_id, recipient_session, recipient_host, "
@@ -265,9 +257,7 @@ def test_receipts_and_settings_of_another_type_block_no_send(
 def test_a_schema_a_writer_broke_is_named_with_a_code(
     sqlite_cluster: Cluster, sqlite_store: str
 ) -> None:
-    a, b = sqlite_cluster.up("A", "B")
-    b.listen("worker")
-    a.wait_sees("worker", "B")
+    a, b, _ = sqlite_cluster.worker_on_b()
     db = Path(str(make_url(sqlite_store).database))
     _write(
         db,
