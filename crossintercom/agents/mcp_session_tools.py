@@ -144,7 +144,10 @@ class SessionTools:
         self,
         pattern: Annotated[
             str | None,
-            Field(description="Sender to set a rule for: NAME, NAME@HOST, *@HOST, group:NAME, *."),
+            Field(
+                description="Sender to set a rule for: NAME, NAME@HOST, *@HOST, "
+                "group:NAME (hold or refuse only: anyone may join a group), *."
+            ),
         ] = None,
         action: Annotated[
             Literal["accept", "hold", "refuse"] | None,

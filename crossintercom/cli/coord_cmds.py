@@ -183,7 +183,8 @@ def inbound_cmd(
     action: str | None,
 ) -> None:
     """NAME's inbound policy: with PATTERN ACTION, set a rule (PATTERN: NAME, NAME@HOST, *@HOST,
-    group:NAME or *; ACTION: accept, hold or refuse); then list the rules and held mail."""
+    group:NAME or *; ACTION: accept, hold or refuse, a group never accept: anyone may join one);
+    then list the rules and held mail."""
     if (pattern is None) != (action is None) or (remove and pattern):
         raise click.UsageError("give PATTERN and ACTION together, or --remove PATTERN")
     cfg = settings()

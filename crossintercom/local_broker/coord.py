@@ -16,7 +16,12 @@ from crossintercom.local_broker.aftercare import Aftercare
 from crossintercom.local_broker.conn import Conn
 from crossintercom.local_broker.deadletters import DeadLetterBook
 from crossintercom.local_broker.delivery import Delivery
-from crossintercom.local_broker.inbound_policy import ACTIONS, InboundPolicy, valid_pattern
+from crossintercom.local_broker.inbound_policy import (
+    ACTIONS,
+    InboundPolicy,
+    is_group,
+    valid_pattern,
+)
 from crossintercom.local_broker.registry import Registry
 from crossintercom.local_broker.reservations import ReservationDesk
 from crossintercom.local_broker.sending import Operations
@@ -119,6 +124,14 @@ async def _on_inbound(broker: Broker, conn: Conn, f: p.InboundPolicy) -> None:
         action = next((a for a in ACTIONS if a == f.action), None)
         if f.action is not None and action is None:
             raise ProtocolError("action must be accept, hold or refuse", code=Code.BAD_FIELD)
+        if action == "accept" and is_group(f.pattern):
+            # Anyone may join a group, so accepting one admits anyone (docs/agents.md).
+            raise ProtocolError(
+                f"{f.pattern[:80]!r} cannot be accepted: anyone may join a group, so it "
+                "would admit anyone; a group may be held or refused, and senders accepted "
+                "by NAME@HOST, NAME or *@HOST",
+                code=Code.INVALID_ARGUMENT,
+            )
         policy.set(sid, f.pattern, action)
     released = 0
     if f.release is not None:

@@ -4,9 +4,12 @@ applied where every message for a local session passes (``Delivery.deliver``), w
 sent it; replies to the session's own asks are never held or refused.
 
 A rule's pattern is ``NAME@HOST``, ``NAME``, ``*@HOST``, ``group:NAME`` or ``*``; the most
-specific matching rule wins, in that order, and no rule means accept. Held mail is saved here,
-not pushed, shown or woken for, and its sender is told ``queued``; releasing it queues it for
-the session like mail that waited while it was away.
+specific matching rule wins, in that order, and no rule means accept. HOST is any valid host id
+(``config.valid_host_id``: the default ``USER@HOSTNAME`` too), split off at the first ``@``,
+which no name holds. A group is whatever its members say they are in (anyone may join one), so a
+group rule may hold or refuse but never accept: an allowlist of a group would admit anyone.
+Held mail is saved here, not pushed, shown or woken for, and its sender is told ``queued``;
+releasing it queues it for the session like mail that waited while it was away.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import time
 from typing import Any, Literal
 
 from crossintercom.codes import Code
+from crossintercom.config import valid_host_id
 from crossintercom.local_broker.registry import Registry
 from crossintercom.local_broker.state import BrokerState
 from crossintercom.models import REFUSAL_ADVICE, Message, Outcome, Peer, Receipt, valid_name
@@ -49,7 +53,11 @@ def valid_pattern(pattern: str) -> bool:
     name, _, host = pattern.partition("@")
     if not _:
         return valid_name(name)
-    return (name == "*" or valid_name(name)) and valid_name(host)
+    return (name == "*" or valid_name(name)) and valid_host_id(host)
+
+
+def is_group(pattern: str) -> bool:
+    return pattern.startswith("group:")
 
 
 def _candidates(sender: Peer, groups: tuple[str, ...]) -> list[str]:
@@ -122,7 +130,16 @@ class InboundPolicy:
         rules = self.rules(session)
         if not rules:
             return "accept"
-        return next((rules[c] for c in _candidates(sender, groups) if c in rules), "accept")
+        # A group's accept (one kept from before such rules were refused) is passed over: the
+        # sender's own claim to be in a group lets nobody past a broader hold or refuse.
+        return next(
+            (
+                rules[c]
+                for c in _candidates(sender, groups)
+                if c in rules and not (is_group(c) and rules[c] == "accept")
+            ),
+            "accept",
+        )
 
     def summary(self) -> dict[str, dict[str, Any]]:
         """For ``status``: each session with rules or held mail, by its name."""

@@ -3,6 +3,8 @@ held sender's mail waits unshown until released, rules are durable and shown."""
 
 from __future__ import annotations
 
+import sqlite3
+
 from tests.conftest import kill_broker
 from tests.relay.conftest import Cluster, wait_for
 
@@ -75,3 +77,71 @@ def test_bad_patterns_and_unknown_ids_are_usage_errors(cluster: Cluster) -> None
     out = a.cli("release", "--as", "worker", held["id"])
     assert out.returncode == 0 and "released 1" in out.stdout, out
     assert "released 0" in a.cli("release", "--as", "worker", "--all").stdout
+
+
+# Host ids no session name could be: the default USER@HOSTNAME shape with a port-like suffix,
+# and one past a name's 64 characters.
+ODD_HOSTS = ("dev@build-box:7", "ops@" + "h" * 90)
+
+
+def test_rules_name_any_valid_host_id(cluster: Cluster) -> None:
+    """`NAME@HOST` and `*@HOST` take every host id a host may have, so a host with the default
+    id can be refused (the senders are hostile sessions on those hosts)."""
+    (b,) = cluster.up("B")
+    senders = [cluster.host(h, dirname=f"s{i}") for i, h in enumerate(ODD_HOSTS)]
+    worker = b.listen("worker")
+    for h in senders:
+        h.listen("pest")
+        h.wait_sees("worker", "B")
+        b.wait_sees("pest", h.host_id)
+    first, second = ODD_HOSTS
+    b.cli_json("inbound", "--as", "worker", f"*@{first}", "refuse")
+    b.cli_json("inbound", "--as", "worker", f"pest@{second}", "refuse")
+    assert b.cli_json("inbound", "--as", "worker")["rules"] == {
+        f"*@{first}": "refuse",
+        f"pest@{second}": "refuse",
+    }
+    for h in senders:
+        out = h.cli_json("send", "--as", "pest", "--to", "worker@B", "buy now", expect_rc=3)
+        assert out["error"]["code"] == "sender_refused", (h.host_id, out)
+    worker.no_message()
+    # A host id is checked as one: a blank or a `/` in it is still no pattern.
+    for bad in ("*@dev box", "pest@a/b", "*@"):
+        assert b.cli("inbound", "--as", "worker", bad, "refuse").returncode == 2, bad
+
+
+def test_a_group_is_no_allowlist(cluster: Cluster) -> None:
+    """Anyone may join a group, so `* refuse` with `group:trusted accept` would admit whoever
+    joins: the accept is refused as a usage error, a group may still be held or refused, and an
+    accept kept in the broker's file from before is passed over."""
+    a, b, worker = cluster.worker_on_b()
+    b.cli_json("inbound", "--as", "worker", "*", "refuse")
+    out = b.cli("inbound", "--as", "worker", "group:trusted", "accept")
+    assert out.returncode == 2 and "anyone may join a group" in out.stderr, out
+    assert b.cli_json("inbound", "--as", "worker")["rules"] == {"*": "refuse"}
+
+    # The attacker joins the group and tries its luck, with a rule planted as if kept.
+    with sqlite3.connect(b.home / "broker.sqlite") as db:
+        db.execute(
+            "INSERT INTO inbound_rules (session, pattern, action) VALUES (?, 'group:trusted', "
+            "'accept')",
+            (b.session_id("worker"),),
+        )
+    kill_broker(b.home)  # the rules are read afresh
+    worker = b.listen("worker")
+    a.listen("intruder")
+    a.cli_json("join", "--as", "intruder", "trusted")
+    wait_for(
+        lambda: any(g["name"] == "trusted" and g["members"] for g in b.cli_json("groups")),
+        30,
+        "B to see the intruder in the group",
+    )
+    refused = a.cli_json("send", "--as", "intruder", "--to", "worker@B", "let me in", expect_rc=3)
+    assert refused["error"]["code"] == "sender_refused"
+    worker.no_message()
+
+    # A group may be refused by name while the rest is accepted.
+    b.cli_json("inbound", "--as", "worker", "--remove", "*")
+    b.cli_json("inbound", "--as", "worker", "group:trusted", "refuse")
+    again = a.cli_json("send", "--as", "intruder", "--to", "worker@B", "again", expect_rc=3)
+    assert again["error"]["code"] == "sender_refused"
