@@ -64,6 +64,44 @@ def pytest_configure(config: pytest.Config) -> None:
         compileall.compile_dir(REPO / "crossintercom", quiet=1)
 
 
+# --- tiers (CONTRIBUTING.md, "Test tiers") ------------------------------------------------------
+
+TESTS = Path(__file__).resolve().parent
+# End to end: the real harness binaries, the overseer page in Chromium (any test using the
+# ``browser`` fixture), and the whole-system runs: failover, chaos and bench, soaks.
+E2E_DIRS = {"harnesses"}
+E2E_FILES = {
+    "test_bench_chaos.py",
+    "broker/test_soak.py",
+    "relay/test_bounds_soak.py",
+    "relay/test_failover.py",
+    "relay/test_pg_auto_failover.py",
+    "storage/test_failover_wakeup.py",
+}
+E2E_FIXTURES = {"browser"}
+
+
+def tier_of(item: pytest.Item) -> str:
+    """``unit`` for tests/unit (in process, checked by tests/unit/conftest.py), ``e2e`` for the
+    whole-system tests above, ``integration`` for the rest (real stores, real processes)."""
+    path = Path(str(item.fspath)).resolve().relative_to(TESTS)
+    if path.parts[0] == "unit":
+        return "unit"
+    if (
+        path.parts[0] in E2E_DIRS
+        or path.as_posix() in E2E_FILES
+        or E2E_FIXTURES & set(getattr(item, "fixturenames", ()))
+    ):
+        return "e2e"
+    return "integration"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Marks each test with its tier, so ``-m unit``, ``-m integration`` and ``-m e2e`` select."""
+    for item in items:
+        item.add_marker(tier_of(item))
+
+
 # --- processes --------------------------------------------------------------------------------
 
 

@@ -1,14 +1,11 @@
-"""The project key of path reservations: one key for every way of naming a repository."""
+"""The project key of path reservations: one key for every way of naming a repository (a
+real checkout's key: tests/client/test_project_key.py)."""
 
 from __future__ import annotations
 
-import subprocess
-from pathlib import Path
-
 import pytest
 
-from crossintercom.client.reservations import normalise_remote, project_key, repo_paths
-from crossintercom.errors import UsageError
+from crossintercom.client.reservations import normalise_remote
 
 
 @pytest.mark.parametrize(
@@ -28,21 +25,3 @@ def test_ssh_and_https_remotes_of_one_repository_match(url: str) -> None:
 def test_local_remotes_stay_paths() -> None:
     assert normalise_remote("/srv/git/app.git") == "/srv/git/app"
     assert normalise_remote("file:///srv/git/app.git/") == "/srv/git/app"
-
-
-def test_project_key_and_paths_from_a_checkout(tmp_path: Path) -> None:
-    repo = tmp_path / "app"
-    (repo / "src").mkdir(parents=True)
-    subprocess.run(["git", "init", "-q", str(repo)], check=True)
-    assert project_key(cwd=repo / "src") == "app"  # no origin: the top directory's name
-    subprocess.run(
-        ["git", "-C", str(repo), "remote", "add", "origin", "git@example.org:t/app.git"],
-        check=True,
-    )
-    assert project_key(cwd=repo) == "example.org/t/app"
-    assert project_key(" mine ", cwd=repo) == "mine"
-    assert repo_paths(["x.py", "../README"], cwd=repo / "src") == ["src/x.py", "README"]
-    with pytest.raises(UsageError):
-        repo_paths(["../../elsewhere"], cwd=repo)
-    with pytest.raises(UsageError, match="--project"):
-        project_key(cwd=tmp_path)

@@ -1,6 +1,6 @@
 """The wire protocol's encoding (docs/protocol.md): every frame type round-trips, error frames
 keep their shape, and new fields stay readable by older peers both ways. Against a live
-broker: test_wire.py."""
+broker: tests/protocol/test_wire.py."""
 
 from __future__ import annotations
 
