@@ -4,16 +4,17 @@
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Final
 
 
 class Code(StrEnum):
     """Every code that crosses a wire or ends a command: error frames, refusals, receipts,
     store rows and the CLI's JSON errors (docs/protocol.md#codes).
 
-    Codes are stable: scripts and agents branch on them. Add a code here before using it; one
-    a receipt row may carry also goes into the store's receipts policy (a migration: see
-    storage/migrations/versions/0008_split_codes.py). Outcomes are ``models.Outcome``, store
-    row states ``models.State``: neither is a code.
+    Codes are stable: scripts and agents branch on them. Add a code here before using it; the
+    store's policies take every code of this list, written in by `db upgrade` (no migration:
+    storage/schema). Outcomes are ``models.Outcome``, store row states ``models.State``:
+    neither is a code.
     """
 
     # A frame that cannot be read (the connection stays open unless the byte stream broke).
@@ -134,3 +135,8 @@ class Code(StrEnum):
     CSRF = "csrf"
     # `crossintercom chaos`: a send still open when the senders stopped (counted unknown).
     ABANDONED = "abandoned"
+
+
+# Codes no longer written that a relay of an older version may still write during an upgrade:
+# the store still accepts them in its rows (storage/schema.accepted_codes).
+RETIRED_CODES: Final = ("relay_in_use",)

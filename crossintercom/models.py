@@ -14,7 +14,7 @@ import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Annotated, Any, Final, Literal, Self
+from typing import Annotated, Any, Final, Literal, Self, get_args
 
 import msgspec
 
@@ -81,6 +81,43 @@ _STRENGTH = {
     Outcome.EXPIRED: 1,
     Outcome.REFUSED: 0,
 }
+
+# The outcomes, in the one order every surface merges a recipient's receipts by (the archive,
+# the overseer feed, the store's SQL): an outcome only moves further along, and a failure ends
+# it (docs/delivery.md, "How far along"). Not ``strength`` (which outcome of a group to report).
+PROGRESS: Final[dict[str, int]] = {
+    Outcome.UNKNOWN: 0,
+    Outcome.QUEUED: 1,
+    Outcome.DELIVERED: 2,
+    Outcome.SHOWN: 3,
+    Outcome.ACKNOWLEDGED: 4,
+    Outcome.REFUSED: 5,
+    Outcome.EXPIRED: 5,
+    Outcome.NOT_SENT: 5,
+}
+
+
+def progress(outcome: str) -> int:
+    """How far along ``outcome`` is (``PROGRESS``); a word that is no outcome counts as
+    ``unknown``."""
+    return PROGRESS.get(outcome, 0)
+
+
+def further(new: str, old: str) -> bool:
+    """Whether outcome ``new`` replaces ``old`` for the same recipient."""
+    return progress(new) > progress(old)
+
+
+# The outcomes each kind of row or frame may carry, spelt as types once, here; the tuples are
+# read from them (tests/unit/test_outcome_model.py holds every member to ``Outcome``).
+# A delivery's ack by its recipient's host.
+AckOutcome = Literal["delivered", "refused"]
+# A store's receipt row.
+ReceiptOutcome = Literal["delivered", "refused", "expired", "shown", "acknowledged"]
+# What a host learns after the first answer (a receipt between hosts).
+LateReceiptOutcome = Literal["shown", "expired", "acknowledged"]
+RECEIPT_OUTCOMES: Final[tuple[ReceiptOutcome, ...]] = get_args(ReceiptOutcome)
+LATE_RECEIPT_OUTCOMES: Final[tuple[LateReceiptOutcome, ...]] = get_args(LateReceiptOutcome)
 
 UNKNOWN_ADVICE = (
     "the message may or may not have been delivered; do not resend it automatically, "

@@ -49,7 +49,7 @@ class HostRow:
     # Bumped with every roster publish of the host: a roster is re-read only when it moved.
     roster_rev: int = 0
     # Seconds since the heartbeat last moved, by the database's clock (``hosts()`` only; None
-    # before migration 0012 stamped it): for people, never to judge a lease.
+    # until the trigger first stamped it): for people, never to judge a lease.
     beat_age_s: float | None = None
 
 

@@ -18,9 +18,10 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
+from sqlalchemy import Connection
 from sqlalchemy.exc import SQLAlchemyError
 
-from crossintercom.errors import SchemaTooNew, StoreError
+from crossintercom.errors import SchemaOutdated, SchemaTooNew, StoreError
 from crossintercom.storage import engine as db
 from crossintercom.storage.urls import parse_store_url
 
@@ -30,8 +31,14 @@ if TYPE_CHECKING:
 
 # The key under which env.py finds the engine to migrate with.
 ENGINE_ATTRIBUTE = "engine"
+# Set by ``upgrade``: env.py then writes the current lists of codes and outcomes into the
+# policies that check them (storage/schema.refresh).
+REFRESH_ATTRIBUTE = "refresh"
 # The newest script in migrations/versions; a new migration changes it (a test says so).
 HEAD_REVISION: Final = "0016"
+# Version 0.1.0's revisions before its head: the baseline (0016) replaced them, so a store at
+# one of them is brought to 0016 by 0.1.0 first (docs/storage.md, "Schema").
+OLD_CHAIN: Final = frozenset(f"{n:04d}" for n in range(1, 16))
 
 
 def script_location() -> str:
@@ -63,7 +70,19 @@ def scripts_head() -> str | None:
 
 
 def known_revisions() -> set[str]:
-    return {rev.revision for rev in _scripts().walk_revisions()}
+    """Every revision a store of this crossintercom or an older one may be at."""
+    return {rev.revision for rev in _scripts().walk_revisions()} | OLD_CHAIN
+
+
+def _refuse_old_chain(conn: Connection, masked: str) -> None:
+    from alembic.runtime.migration import MigrationContext
+
+    revision = MigrationContext.configure(conn).get_current_revision()
+    if revision in OLD_CHAIN:
+        raise SchemaOutdated(
+            f"the store {masked} is at revision {revision} of crossintercom 0.1.0; run "
+            f"`crossintercom db upgrade` of version 0.1.0 first (to 0016), then this one's"
+        )
 
 
 def _run(url: str, action: str, revision: str | None = None) -> str | None:
@@ -76,7 +95,11 @@ def _run(url: str, action: str, revision: str | None = None) -> str | None:
     cfg = alembic_config()
     # An attribute, not an ini option: no %-interpolation of a password, no second engine.
     cfg.attributes[ENGINE_ATTRIBUTE] = engine
+    cfg.attributes[REFRESH_ATTRIBUTE] = action == "upgrade"
     try:
+        if action in ("upgrade", "downgrade"):
+            with engine.connect() as conn:
+                _refuse_old_chain(conn, parsed.masked)
         if action == "upgrade":
             command.upgrade(cfg, revision or "head")
         elif action == "downgrade":

@@ -244,7 +244,7 @@ DELETE_ROSTER_SESSION: Delete = delete(roster).where(
 @cache
 def insert_roster(dialect: str) -> Any:
     """Run with a list of rows; returns the session ids inserted. A session id another host
-    holds already is left to it (the first claim wins: the unique index of migration 0007)."""
+    holds already is left to it (the first claim wins: the unique index uq_roster_session_id)."""
     return (
         _insert(dialect, roster)
         .on_conflict_do_nothing(index_elements=[roster.c.session_id])
@@ -719,7 +719,7 @@ def pg_deallocate_all(n: int) -> str:
 
 # True when row-level security applies to the connected role (a per-host role).
 PG_ROW_SECURITY: TextClause = text("SELECT row_security_active('deliveries')")
-# True once the store has per-host roles (migration 0007): a hint's rows are then never taken.
+# True once the store has per-host roles (storage/schema): a hint's rows are then never taken.
 PG_PRIVATE_HINTS: TextClause = text("SELECT public.crossintercom_private_hints()")
 # Whether the connected role may read the archive's setting (per-host roles may not).
 PG_ARCHIVE_READABLE: TextClause = text("SELECT has_table_privilege('archive_settings', 'SELECT')")
@@ -899,7 +899,7 @@ PG_ADVISORY_LOCK = text("SELECT pg_advisory_lock(:key)")
 PG_ADVISORY_UNLOCK = text("SELECT pg_advisory_unlock(:key)")
 
 
-# Per-host roles (`crossintercom db grant-host`, migration 0004). Role names are ours
+# Per-host roles (`crossintercom db grant-host`; storage/schema/postgres.sql). Role names are ours
 # (``ci_host_`` + hex), but are still quoted by the server's format(), never by string pasting.
 PG_HOSTS_GROUP = "crossintercom_hosts"
 PG_ROLE_EXISTS: TextClause = text("SELECT 1 FROM pg_roles WHERE rolname = :role")
@@ -1100,9 +1100,9 @@ ARCHIVE_DELETE_RECIPIENTS = delete(archive_recipients).where(
     archive_recipients.c.message_id.in_(bindparam("message_ids", expanding=True))
 )
 
-# The PostgreSQL document, written exactly as the GIN index of migration 0005 is, so the planner
-# uses the index; the text-search configuration is a constant, never a parameter, for the same
-# reason.
+# The PostgreSQL document, written exactly as the GIN index of storage/schema/postgres.sql is,
+# so the planner uses the index; the text-search configuration is a constant, never a
+# parameter, for the same reason.
 _PG_DOCUMENT: ColumnClause[Any] = literal_column(
     f"to_tsvector('{TS_CONFIG}'::regconfig, "
     "coalesce(archive_messages.subject, '') || ' ' || archive_messages.body)"

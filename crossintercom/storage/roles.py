@@ -1,7 +1,7 @@
 """Per-host roles on PostgreSQL (`crossintercom db grant-host`, DESIGN §7).
 
 An admin (the role that owns the tables and runs the migrations) gives each host a role of its
-own; row-level security (migrations 0004, 0007) then limits that role to its host's rows in
+own; row-level security (storage/schema/postgres.sql) then limits that role to its host's rows in
 this store. The role's name is derived from the store's database and the host id: running the
 command again updates the same role, and the same host id in a second store on the same server
 gets a second role (and password). docs/operations.md, "Per-host roles on PostgreSQL".

@@ -16,8 +16,8 @@ from typing import Final
 
 from crossintercom.config import ENV_GROUP
 
-# The triggers the schema defines (migration 0005: the archive's full-text index; 0012: a host
-# row's beat_at, docs/storage.md), as stored in sqlite_master; compared with whitespace
+# The triggers the schema defines (storage/schema/sqlite.sql: the archive's full-text index,
+# a host row's beat_at; docs/storage.md), as stored in sqlite_master; compared with whitespace
 # collapsed. Anything else is a writer's.
 SCHEMA_TRIGGERS: Final = {
     "hosts_beat_at_insert": (

@@ -69,7 +69,7 @@ hosts = Table(
     Column("machine", String(255)),
     # Bumped by every roster change of the host, so other relays re-read rosters only then.
     Column("roster_rev", BigInteger, nullable=False, server_default="0"),
-    # When the heartbeat last moved, by the database's clock: set by a trigger (migration 0012),
+    # When the heartbeat last moved, by the database's clock: set by a trigger (storage/schema),
     # never by a host; read by people (the page's "dead since"), never to judge a lease.
     Column("beat_at", DateTime(timezone=True)),
 )
@@ -164,7 +164,7 @@ settings = Table(
 )
 
 # Which database role is which host's (`crossintercom db grant-host`); on PostgreSQL the
-# row-level security policies of migration 0004 read it (docs/operations.md).
+# row-level security policies (storage/schema/postgres.sql) read it (docs/operations.md).
 host_roles = Table(
     "host_roles",
     metadata,
@@ -176,8 +176,8 @@ host_roles = Table(
 # Path reservations (docs/agents.md#path-reservations): a session's claim on a glob of a
 # project's paths. A row counts while its TTL runs, its ``generation`` is its host's current one
 # and that host's lease holds, and its session is on the roster; the holder's host writes and
-# deletes it (on PostgreSQL, row security of migration 0011). No UPDATE: renewing is a delete
-# and an insert.
+# deletes it (on PostgreSQL, row security: storage/schema/postgres.sql). No UPDATE: renewing
+# is a delete and an insert.
 reservations = Table(
     "reservations",
     metadata,
@@ -191,8 +191,7 @@ reservations = Table(
     Column("reason", Text),
     Column("created", DateTime(timezone=True), nullable=False),
     Column("expires_at", DateTime(timezone=True), nullable=False),
-    # With the host: a row another host planted for this session's id never stands in its way
-    # (migration 0016).
+    # With the host: a row another host planted for this session's id never stands in its way.
     UniqueConstraint("project", "host_id", "session_id", "glob"),
     CheckConstraint("mode IN ('exclusive', 'shared')", name="mode_valid"),
     Index("ix_reservations_host_id", "host_id", "session_id"),

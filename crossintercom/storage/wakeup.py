@@ -50,7 +50,7 @@ ROSTER: Final = "o"
 ROSTER_CHANNEL: Final = "ci_roster"
 # A receipts hint carrying the receipts as JSON: "R" + [[id, message id, recipient session,
 # recipient host, outcome, code, sender session, note], ...] (queries._PG_RECEIPT_HINTS writes
-# it). Rows without the note come from a relay older than migration 0013 (no note to carry);
+# it). Rows without the note come from a relay older than the receipts' note (no note to carry);
 # a hint of any other shape is read as a plain receipts one.
 RECEIPT_ROWS: Final = "R"
 _hint_rows = msgspec.json.Decoder(

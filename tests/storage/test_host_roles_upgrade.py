@@ -1,6 +1,6 @@
-"""Setting up per-host roles on a store that already has data and live host roles: migration
-0007 drops the roster claims no receiver would keep, roles granted before keep their traffic
-flowing through it, and an admin that does not own the database is told what is left to do."""
+"""Upgrading a store that has live host roles: roles granted before keep their traffic flowing
+while `db upgrade` rewrites the policies, and an admin that does not own the database is told
+what is left to do."""
 
 from __future__ import annotations
 
@@ -13,60 +13,39 @@ import pytest
 from psycopg import sql
 from sqlalchemy.engine import make_url
 
-from crossintercom.models import SessionInfo, durable_session_id
-from crossintercom.storage import open_store
+from crossintercom.models import SessionInfo
+from crossintercom.storage import open_store, schema
 from crossintercom.storage.blocking import run
 from crossintercom.storage.migrate import upgrade
 from crossintercom.storage.roles import grant_host, lock_database
 from tests.hostroles import drop_host_roles, role_url
 from tests.pgharness import PgServer
+from tests.storage.old_migrations import old_upgrade
 
 pytestmark = pytest.mark.pg
 PASSWORD = "live-r0le"
 
 
-def test_upgrade_drops_claims_it_cannot_keep(pg_empty_url: str) -> None:
-    """A store written before migration 0007: the durable row its host and name do not
-    derive, and both claims of a doubled id, go; the rest stays."""
-    upgrade(pg_empty_url, "0006")
-    libpq = pg_empty_url.replace("+psycopg", "")
-    rows = [
-        ("A", durable_session_id("A", "w"), "w", True),
-        ("B", durable_session_id("A", "w2"), "w2", True),
-        ("A", "dup", None, False),
-        ("B", "dup", None, False),
-        ("B", "solo", None, False),
-    ]
-    with psycopg.connect(libpq, autocommit=True) as conn:
-        for h in ("A", "B"):
-            conn.execute(
-                "INSERT INTO hosts (host_id, generation, heartbeat) VALUES (%s, 1, 0)", (h,)
-            )
-        for h, s, name, durable in rows:
-            conn.execute(
-                "INSERT INTO roster (host_id, session_id, name, purpose, groups, durable, "
-                "online) VALUES (%s, %s, %s, 'agent', '[]', %s, true)",
-                (h, s, name, durable),
-            )
-    upgrade(pg_empty_url)
-    with psycopg.connect(libpq) as conn:
-        left = conn.execute("SELECT host_id, session_id FROM roster ORDER BY 2").fetchall()
-    assert left == [("A", durable_session_id("A", "w")), ("B", "solo")]
-
-
 def test_upgrading_a_live_store_keeps_its_host_roles_working(
     pg_server: PgServer, pg_empty_url: str
 ) -> None:
-    """Roles granted before migration 0007 keep their traffic flowing through the upgrade:
-    statements wait for its short transaction, then run under the new rules."""
-    upgrade(pg_empty_url, "0006")
+    """Roles granted on a store version 0.1.0 made keep their traffic flowing through the
+    upgrade, here one whose policies take a code fewer than this version's list, so the
+    upgrade rewrites them: statements wait for its short transaction, then run under the
+    new rules."""
+    old_upgrade(pg_empty_url)
     role, _ = grant_host(pg_empty_url, "live", PASSWORD)
+    listed = schema.listed_checks()
+    behind = [(p, schema.filled(p.check).replace("'already_resent', ", "")) for p in listed]
     # as a role granted before this version: no CONNECT of its own, PUBLIC's instead
     database = make_url(pg_empty_url).database or ""
     with pg_server.admin() as admin:
         for stmt in ("GRANT CONNECT, TEMPORARY ON DATABASE {} TO PUBLIC",
                      "REVOKE CONNECT ON DATABASE {} FROM " + role):  # fmt: skip
             admin.execute(sql.SQL(stmt).format(sql.Identifier(database)))
+    with psycopg.connect(pg_empty_url.replace("+psycopg", ""), autocommit=True) as owner:
+        for policy, check in behind:
+            owner.execute(f"ALTER POLICY {policy.name} ON {policy.table} WITH CHECK ({check})")
     url = role_url(pg_empty_url, role, PASSWORD)
     libpq = url.replace("+psycopg", "")
     errors: list[BaseException] = []
@@ -92,6 +71,11 @@ def test_upgrading_a_live_store_keeps_its_host_roles_working(
         while beats[0] < 5 and time.monotonic() < deadline and not errors:
             time.sleep(0.05)
         upgrade(pg_empty_url)
+        with psycopg.connect(pg_empty_url.replace("+psycopg", "")) as owner:
+            checks = owner.execute(
+                "SELECT count(*) FROM pg_policies WHERE with_check LIKE '%already_resent%'"
+            ).fetchone()
+        assert checks == (len(behind),)  # the policies were rewritten under the traffic
         assert lock_database(pg_empty_url) is not None  # what `db upgrade` does next
         before = beats[0]
         while beats[0] < before + 5 and time.monotonic() < deadline + 30 and not errors:

@@ -24,7 +24,8 @@ from crossintercom.config import ENV_STORE
 from crossintercom.errors import StoreError
 from crossintercom.storage import engine as db
 from crossintercom.storage import queries as q
-from crossintercom.storage.migrate import ENGINE_ATTRIBUTE
+from crossintercom.storage import schema
+from crossintercom.storage.migrate import ENGINE_ATTRIBUTE, REFRESH_ATTRIBUTE
 from crossintercom.storage.tables import include_name, metadata
 from crossintercom.storage.urls import parse_store_url
 
@@ -64,6 +65,9 @@ def run_migrations(engine: Engine) -> None:
             )
             with context.begin_transaction():
                 context.run_migrations()
+                if config.attributes.get(REFRESH_ATTRIBUTE):
+                    # The lists of codes and outcomes the policies take (storage/schema).
+                    schema.refresh(connection)
         finally:
             if postgres:
                 connection.rollback()

@@ -15,7 +15,12 @@ from collections.abc import Sequence
 
 from alembic import op
 
-from crossintercom.storage.policy_revisions import Policy, load_revision, replace_policies, widen
+from tests.storage.old_migrations.policy_revisions import (
+    Policy,
+    load_revision,
+    replace_policies,
+    widen,
+)
 
 revision: str = "0010"
 down_revision: str | None = "0009"

@@ -16,7 +16,12 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-from crossintercom.storage.policy_revisions import Policy, load_revision, replace_policies, widen
+from tests.storage.old_migrations.policy_revisions import (
+    Policy,
+    load_revision,
+    replace_policies,
+    widen,
+)
 
 revision: str = "0011"
 down_revision: str | None = "0010"

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 from alembic import op
 
-from crossintercom.storage.policy_revisions import Policy, load_revision, replace_policies
+from tests.storage.old_migrations.policy_revisions import Policy, load_revision, replace_policies
 
 revision: str = "0009"
 down_revision: str | None = "0008"

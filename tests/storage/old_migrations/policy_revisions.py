@@ -11,7 +11,7 @@ from typing import Any
 
 from alembic import op
 
-VERSIONS = Path(__file__).parent / "migrations" / "versions"
+VERSIONS = Path(__file__).parent / "versions"
 # (table, name, command, USING, WITH CHECK), as 0007 lists its policies.
 Policy = tuple[str, str, str, str | None, str | None]
 

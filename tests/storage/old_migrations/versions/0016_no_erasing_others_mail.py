@@ -25,7 +25,7 @@ from collections.abc import Sequence
 
 from alembic import op
 
-from crossintercom.storage.policy_revisions import (
+from tests.storage.old_migrations.policy_revisions import (
     Policy,
     load_revision,
     once_per_statement,

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-from crossintercom.storage.policy_revisions import Policy, load_revision, replace_policies
+from tests.storage.old_migrations.policy_revisions import Policy, load_revision, replace_policies
 
 revision: str = "0013"
 down_revision: str | None = "0012"

@@ -19,7 +19,12 @@ from typing import Any
 
 from alembic import op
 
-from crossintercom.storage.policy_revisions import Policy, load_revision, replace_policies, widen
+from tests.storage.old_migrations.policy_revisions import (
+    Policy,
+    load_revision,
+    replace_policies,
+    widen,
+)
 
 revision: str = "0008"
 down_revision: str | None = "0007"
