@@ -1,5 +1,5 @@
 """The delivery path's store operations timed one message at a time (enqueue, fetch, ack),
-as the relay runs them: the store's own coroutines on the caller's loop (docs/performance.md,
+as the relay runs them: the store's own coroutines on the caller's loop (docs/perf-log/2026-12.md,
 "The relay's hot path").
 
 ``python -m lab.hotops URL [ROUNDS]``: URL names a migrated scratch database whose rows it

@@ -1,5 +1,5 @@
 """Statements and commits per delivered cross-host message, and idle commits per relay, on a
-throwaway PostgreSQL cluster with ``pg_stat_statements`` loaded (docs/performance.md, "Store
+throwaway PostgreSQL cluster with ``pg_stat_statements`` loaded (docs/perf-log/2026-12.md, "Store
 path reshaped").
 
 ``python -m lab.storecount [N]``: starts the cluster (``tools.pgcluster``, with

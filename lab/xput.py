@@ -1,5 +1,5 @@
 """Cross-host throughput and backlog catch-up, alone and with every process on the path under
-py-spy (docs/performance.md, "Cross-host throughput and catch-up").
+py-spy (docs/perf-log/2026-12.md, "Cross-host throughput and catch-up").
 
 ``python -m lab.xput --store URL [--total N] [--backlog N] [--profile DIR]``:
 three simulated hosts on one store, as the bench's (``alpha`` sends, ``beta`` receives with a
@@ -144,7 +144,7 @@ def _pg_counts(store_url: str) -> dict[str, int]:
 @contextlib.contextmanager
 def _store_work(out: dict[str, Any], key: str, store_url: str, count: int) -> Iterator[None]:
     """What the server counted per message while the block ran (its commits: how well the
-    path batches; docs/performance.md, "Cross-host throughput: the cycle")."""
+    path batches; docs/perf-log/2026-12.md, "Cross-host throughput: the cycle")."""
     before = _pg_counts(store_url)
     yield
     time.sleep(1.2)  # the last backends' counters reach the shared view

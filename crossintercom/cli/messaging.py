@@ -155,7 +155,7 @@ async def _listen(
 ) -> None:
     """The client and the display on one event loop: the display reads and marks the inbox
     through the connection that saves into it, so neither waits on the other's file lock and
-    no delivery wakes a second thread (docs/performance.md, "Same-host path reshaped")."""
+    no delivery wakes a second thread (docs/perf-log/2026-12.md, "Same-host path reshaped")."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

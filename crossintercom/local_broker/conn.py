@@ -20,7 +20,7 @@ log = logging.getLogger(__name__)
 # (docs/reliability.md, "Memory under socket hostility").
 WRITE_BACKLOG_FRAMES = 2
 # Pushes' ack deadlines are swept this many times per timeout, not timed one by one: a push
-# times out at most a tenth of its timeout late (docs/performance.md, "The hand-over's
+# times out at most a tenth of its timeout late (docs/perf-log/2026-12.md, "The hand-over's
 # Python per message").
 SWEEPS_PER_TIMEOUT: Final = 10
 

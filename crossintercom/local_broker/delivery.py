@@ -70,7 +70,7 @@ class Delivery:
                 self._retire(conn)  # a write that fails retires the session at once
                 return outcomes.Push.CONNECTION_LOST
         # Resolved by the ack, or ``Push.TIMEOUT`` by the connection's sweep (no timer per
-        # push: docs/performance.md, "The hand-over's Python per message"); on a timeout the
+        # push: docs/perf-log/2026-12.md, "The hand-over's Python per message"); on a timeout the
         # session stays.
         code = await fut
         return outcomes.Push.ACKED if code is None else code

@@ -1,4 +1,4 @@
-"""Group commit for the dedup authority (docs/performance.md, "Same-host path reshaped").
+"""Group commit for the dedup authority (docs/perf-log/2026-12.md, "Same-host path reshaped").
 
 Every reservation and acceptance asked for while the event loop turns is written in one
 transaction when it turns next, and each caller resumes once that transaction committed: durable

@@ -35,12 +35,13 @@ class Handover:
         """``receive`` for each of one recipient's messages, in their order: each hand-over
         writes its ``deliver`` frame before its first wait and they start in order, so the
         recipient gets them in order, in one write, and saves them in one inbox transaction
-        (docs/performance.md, "Cross-host throughput and catch-up")."""
+        (docs/perf-log/2026-12.md, "Cross-host throughput and catch-up")."""
         handing = asyncio.gather(*(self.receive(m, recipient) for m in msgs))
         owner = self.registry.owner(recipient)
         if owner is not None and len(msgs) > 1:
             # Held past the tasks' first steps: one write for the batch, not the first frame
-            # alone and then the rest (docs/performance.md, "Cross-host throughput: the cycle").
+            # alone and then the rest (docs/perf-log/2026-12.md, "Cross-host throughput: the
+            # cycle").
             owner.out.hold_turn()
         return list(await handing)
 

@@ -76,7 +76,8 @@ class InboundPolicy:
         self.registry = registry
         self.db.executescript(_SCHEMA)
         # Each session's rules as last read: every message handed over asks for them, and
-        # only ``set`` changes them (docs/performance.md, "The hand-over's Python per message").
+        # only ``set`` changes them (docs/perf-log/2026-12.md, "The hand-over's Python per
+        # message").
         self._rules: dict[str, dict[str, str]] = {}
 
     def screen(self, msg: Message, recipient: str) -> Receipt | None:

@@ -137,7 +137,7 @@ class RelayLink:
     def _expire(self) -> None:
         """Fail the forwards the relay has not answered by their deadline. One sweep a second
         for all of them, not a timer per forward: at a thousand forwards a second those timers
-        were a sixth of the broker's CPU (docs/performance.md, "Cross-host throughput: the
+        were a sixth of the broker's CPU (docs/perf-log/2026-12.md, "Cross-host throughput: the
         cycle")."""
         now = asyncio.get_running_loop().time()
         for fid, deadline in self._deadlines.items():

@@ -88,7 +88,7 @@ class Send(msgspec.Struct, tag="send", frozen=True, omit_defaults=True):
     message: OutgoingBody
     # How long an ask's client waits for the reply: only shown on the overseer page, never
     # part of the message (its digest) nor of delivery. Absent from older clients; ignored by
-    # older brokers (docs/web.md, "Attention").
+    # older brokers (docs/web.md, "Needs attention").
     wait_s: float | None = None
 
 

@@ -57,7 +57,7 @@ async def read_frame(
 class Coalescer:
     """Writes to one stream: the first of a loop turn goes out at once, the others of that turn
     together when it ends. A burst then costs one system call and one wake-up of the peer, and
-    a lone frame waits for nothing (docs/performance.md, "Same-host path reshaped")."""
+    a lone frame waits for nothing (docs/perf-log/2026-12.md, "Same-host path reshaped")."""
 
     def __init__(self, writer: asyncio.StreamWriter) -> None:
         self.writer = writer

@@ -73,7 +73,7 @@ class Inbound:
     def poke(self, wake: Wake) -> None:
         """Look at what ``wake`` names, on the loop's next turn; receipts the hint carries are
         passed on now, not after a fetch or an ack the loop may be in (the sender waits on
-        them: docs/performance.md, "Cross-host throughput: the cycle")."""
+        them: docs/perf-log/2026-12.md, "Cross-host throughput: the cycle")."""
         if wake.hinted:
             self.receipts.take(wake.hinted)
             wake = dataclasses.replace(wake, hinted=())
@@ -129,7 +129,7 @@ class Inbound:
 
     async def _fetch_all(self) -> None:
         """Hand over every queued row, a batch at a time, reading the next batch while one is
-        handed over (the read ahead; docs/performance.md, "Catch-up: the read ahead and the
+        handed over (the read ahead; docs/perf-log/2026-12.md, "Catch-up: the read ahead and the
         stored text passed through").
 
         The read ahead's statement leaves out the rows being handed over and those of the ack
@@ -206,7 +206,8 @@ class Inbound:
         )
         acks = [a for part in parts for a in part]
         # One ack at a time, each after its batch was handed over; the next batch is read and
-        # handed over while it runs (docs/performance.md, "Cross-host throughput and catch-up").
+        # handed over while it runs (docs/perf-log/2026-12.md, "Cross-host throughput and
+        # catch-up").
         await self._acked()
         if acks:
             keys = {(a.message_id, a.recipient_session) for a in acks}

@@ -184,7 +184,7 @@ class Outbound:
         """Answer each forward as soon as its last receipt is known: at once for what the
         enqueue settled, else when the receipt arrives, and ``queued`` for what is still
         waiting at ``remote_ack_wait``. Callbacks on the waits and one timer for the batch, not
-        a task, a shield and a timer per forward (docs/performance.md, "Cross-host throughput:
+        a task, a shield and a timer per forward (docs/perf-log/2026-12.md, "Cross-host throughput:
         the cycle")."""
         loop = asyncio.get_running_loop()
         waiting: list[_Settling] = []

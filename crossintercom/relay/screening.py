@@ -59,7 +59,7 @@ class Refusal:
 class Cleared:
     """A row that may be handed over: its message, and the JSON the frame carries for it (the
     stored text itself, decoded into ``message`` just now, so the broker decodes the same
-    bytes into the same message; docs/performance.md, "Catch-up: the read ahead and the
+    bytes into the same message; docs/perf-log/2026-12.md, "Catch-up: the read ahead and the
     stored text passed through")."""
 
     message: Message

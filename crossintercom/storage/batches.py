@@ -243,7 +243,7 @@ def ack_params(
         "generation": generation,
         "finished": now,
         # One JSON array of rows, not a text[] per column: the driver dumps a text[] element
-        # by element in Python (docs/performance.md, "The hand-over's Python per message").
+        # by element in Python (docs/perf-log/2026-12.md, "The hand-over's Python per message").
         "rows": _json.encode(
             [[a.message_id, a.recipient_session, a.outcome, a.code] for a in first.values()]
         ).decode(),

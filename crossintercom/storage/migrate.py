@@ -7,7 +7,7 @@ store can pass its schema check) and is handed to ``migrations/env.py`` through
 
 Alembic is imported only where a migration runs or an unexpected revision is looked up: every
 store opened checks its revision against ``HEAD_REVISION``, and importing alembic for that
-cost each relay start and store command about 0.13 s (docs/performance.md, "Catch-up: where
+cost each relay start and store command about 0.13 s (docs/perf-log/2026-12.md, "Catch-up: where
 the time goes"). tests/storage/test_migrations.py keeps the constant equal to alembic's head.
 """
 

@@ -7,7 +7,7 @@ sequential scan is the cheapest way to look up a row, and keeps scanning as they
 millions of rows unless something runs ANALYZE (autovacuum does; a server with it off never
 does). So every store connection drops its plans (``queries.pg_deallocate_all``) now and
 then, on a schedule that starts soon after it connects and backs off: the next plan is made
-on the tables as they are by then (docs/performance.md, "Plans made on empty tables").
+on the tables as they are by then (docs/perf-log/2026-12.md, "Plans made on empty tables").
 """
 
 from __future__ import annotations

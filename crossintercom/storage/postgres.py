@@ -3,7 +3,7 @@ wake-ups.
 
 The operations on a delivery's path (enqueue, fetch, ack, receipts) are one statement each here
 (``queries.PG_*``) in autocommit: one round trip and one commit, the fence, the rows and the
-NOTIFY inside it (docs/performance.md, "Store path reshaped").
+NOTIFY inside it (docs/perf-log/2026-12.md, "Store path reshaped").
 """
 
 from __future__ import annotations

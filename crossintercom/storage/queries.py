@@ -342,7 +342,7 @@ def inbound(
     sequences commit out of order, so a cursor would skip late commits. With ``skip``, the
     rows whose seq is in ``:skip_seqs`` (a list; one array when ``array``) are left out in the
     statement: the relay's read ahead names the rows it is handing over and those of its ack
-    under way, so only new rows are transferred and decoded (docs/performance.md, "Catch-up:
+    under way, so only new rows are transferred and decoded (docs/perf-log/2026-12.md, "Catch-up:
     the read ahead and the stored text passed through").
     """
     length = func.length(_PAYLOAD_TEXT)

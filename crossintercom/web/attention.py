@@ -1,5 +1,5 @@
 """What needs the overseer's attention, from what the page already holds (docs/web.md,
-"Attention"): asks waiting for an answer, escalations, mail queued too long, refusals and
+"Needs attention"): asks waiting for an answer, escalations, mail queued too long, refusals and
 expiries, lapsed hosts, sessions offline with mail waiting. Recomputed after every poll; the page
 gets it whole (``attention`` events), each entry pointing at its message or thread.
 """

@@ -1,4 +1,4 @@
-"""Group commit for the dedup authority (docs/performance.md, "Same-host path reshaped"):
+"""Group commit for the dedup authority (docs/perf-log/2026-12.md, "Same-host path reshaped"):
 the sends of one loop turn share one transaction and get the decisions one write after another
 would have given them."""
 

@@ -1,4 +1,4 @@
-"""The receiving side in batches (docs/performance.md, "Cross-host throughput and catch-up"):
+"""The receiving side in batches (docs/perf-log/2026-12.md, "Cross-host throughput and catch-up"):
 a fetch of queued rows goes to the broker as one ``inbound_batch`` frame per recipient, the
 recipient saves them in order and once each, and a broker killed in the middle of a batch
 loses and repeats nothing: the rows it did not answer for stay queued and are handed over

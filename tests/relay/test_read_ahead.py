@@ -1,4 +1,4 @@
-"""The inbound read ahead (docs/performance.md, "Catch-up: the read ahead and the stored text
+"""The inbound read ahead (docs/perf-log/2026-12.md, "Catch-up: the read ahead and the stored text
 passed through"): the next batch is read while one is handed over, its statement leaving out
 the rows in flight. Run in one process against a real store, with a broker stand-in that
 decodes each frame as the broker does: every row is handed over once, none is skipped, each

@@ -1,7 +1,7 @@
 """What a session says of itself reaches every `list` answer of every host, through the store's
 roster: a host that publishes rows no broker would have let a session describe itself (a
 megabyte status, a name that is no name, endless groups) has those rows left out by every
-reader, and the rest of the roster stays readable (docs/protocol.md, "Sessions")."""
+reader, and the rest of the roster stays readable (docs/protocol.md, "register")."""
 
 from __future__ import annotations
 

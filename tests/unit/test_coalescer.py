@@ -1,6 +1,6 @@
 """The broker's and client's write coalescing (``protocol.Coalescer``): a lone frame goes at
 once; a batch of frames its tasks write on the next loop turn goes in one write once the turn
-is held (docs/performance.md, "Cross-host throughput: the cycle")."""
+is held (docs/perf-log/2026-12.md, "Cross-host throughput: the cycle")."""
 
 from __future__ import annotations
 

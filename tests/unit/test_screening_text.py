@@ -1,5 +1,5 @@
 """The receiving relay's bounded check of a stored payload before its text is handed over as it
-is (``relay.screening``; docs/performance.md, "Catch-up: the read ahead and the stored text
+is (``relay.screening``; docs/perf-log/2026-12.md, "Catch-up: the read ahead and the stored text
 passed through"): an honest row's text goes to the broker byte for byte; anything else is
 either encoded afresh from the message it decodes to, as before, or refused with a clear
 reason, and never reaches the broker as something it could fail to decode."""

@@ -1,14 +1,13 @@
-"""The attention view at the top of the page (docs/web.md, "Attention"), on two simulated hosts
-with the archive off: an ask between two agents waits there with its age and its asker's
+"""The attention view at the top of the page (docs/web.md, "Needs attention"), on two simulated
+hosts with the archive off: an ask between two agents waits there with its age and its asker's
 timeout until it is answered; a decision and an interview sent to the overseer are rendered as
 such and answered from the page (the `escalate` commands get the answers); a progress update
 shows its percentage; an ask to the overseer is answered from its entry; a refusal shows its
 code; a session offline with mail waiting is listed; the tab title carries the count; each entry
 links to its message page, which shows attachments, flags and receipts; hostile text stays text
-throughout (on five hosts with the archive on too). A host whose relay stops is listed as
-lapsed until it is back, and leaves the host list (not the history) once lapsed past
-``--drop-hosts-after``.
-"""
+throughout (on five hosts with the archive on too). A host whose relay stops is listed as lapsed
+until it is back, and leaves the host list (not the history) once lapsed past
+``--drop-hosts-after``."""
 
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ Counted by the server while the many hosts are up: idle commits per second per r
 relays and seconds; target at most 1) and database connections per host (each host's backends
 in ``pg_stat_activity``, told apart by the ``application_name`` its relay gives every connection:
 ``storage.engine.application_name``), sampled idle and during the sends; the most on any host is
-the figure (target at most 3). See docs/performance.md, "Scale: 20 hosts on one PostgreSQL".
+the figure (target at most 3). See docs/perf-log/2026-12.md, "Scale: 20 hosts on one PostgreSQL".
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ def inbox_counter(host: SimHost, name: str) -> Callable[[], int]:
     """Counts the messages saved in NAME's inbox on ``host`` (0 before it has one), as a running
     total: each call reads only the entries saved since the call before. Counting the whole
     inbox on every poll took 4.5 ms of CPU per inbox at 25,000 entries, half a core of the
-    bench's own process taken from the path it times during a catch-up (docs/performance.md,
+    bench's own process taken from the path it times during a catch-up (docs/perf-log/2026-12.md,
     "Catch-up: where the time goes")."""
     directory, session_id = host.settings.inbox_dir, host.session_id(name)
     total, last = 0, 0

@@ -6,7 +6,7 @@ bench process) connect to the second. Then rounds alternate the two brokers, lik
 baselines and the paths of the other figures: same-host `delivered` latency and `list` latency
 on each, back to back; a figure's ratio is the median of the rounds' ratios. Measuring the
 two-session figure once before the crowd connects left the ratio to one pair of runs, which
-swung 0.9x to 1.6x from one run to the next (docs/performance.md, "The scale
+swung 0.9x to 1.6x from one run to the next (docs/perf-log/2026-12.md, "The scale
 figures, alternated"). Also the crowded broker's resident memory per session (``/proc/PID/status``
 ``VmRSS``, before and after the crowd). The ratio target of issue 9 is the send latency with
 many sessions within 1.2x of the two-session figure.
