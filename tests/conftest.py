@@ -96,10 +96,26 @@ def tier_of(item: pytest.Item) -> str:
     return "integration"
 
 
+def _start_rank(item: pytest.Item, tier: str) -> int:
+    if tier == "e2e":
+        return (
+            0 if Path(str(item.fspath)).resolve().relative_to(TESTS).as_posix() in E2E_FILES else 1
+        )
+    return 2 if tier == "integration" else 3
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Marks each test with its tier, so ``-m unit``, ``-m integration`` and ``-m e2e`` select."""
+    """Marks each test with its tier, so ``-m unit``, ``-m integration`` and ``-m e2e`` select,
+    and runs the longest first: the whole-system runs, the rest of end to end, integration, and
+    the unit tier last. Workers handed tests as they free up (``--dist load``, as .ci/run runs)
+    then start the long ones at once and end on short ones, instead of one worker starting a
+    minutes-long test while the others have run out (the stable sort keeps each file's order)."""
+    ranks = {}
     for item in items:
-        item.add_marker(tier_of(item))
+        tier = tier_of(item)
+        item.add_marker(tier)
+        ranks[item.nodeid] = _start_rank(item, tier)
+    items.sort(key=lambda item: ranks[item.nodeid])
 
 
 # --- processes --------------------------------------------------------------------------------
