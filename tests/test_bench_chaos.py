@@ -106,7 +106,11 @@ HOSTS = {
     ("scale 6 hosts", "idle commits/s per relay"),
     ("scale 6 hosts", "connections per host"),
 }
+CPU = {"CPU per message, throughput", "CPU per message, sequential"}
+# Beside the peer (PgQueuer, in the test extra) on PostgreSQL, measured in the same run.
+PEER = {"one-way p50", "throughput", "backlog catch-up", *CPU}
 CEILINGS = {
+    *CPU,
     "idle commits/s per relay",
     "connections per host",
     "statements per message",
@@ -122,9 +126,11 @@ def check_bench(report: dict[str, Any], backends: list[str], scale: bool = False
     assert report["backends"] == backends
     assert report["quick"] is True
     figures = {(f["path"], f["metric"]): f for f in report["figures"]}
-    expected = SAME_HOST | {(f"cross-host {b}", m) for b in backends for m in CROSS_METRICS}
+    expected = SAME_HOST | {(f"cross-host {b}", m) for b in backends for m in CROSS_METRICS | CPU}
+    check_cpu(report, backends)
     if "postgres" in backends:
         expected |= STORE_WORK
+        check_peer(report, figures)
         if report["details"]["store_work"]["statements_per_message"] is not None:
             expected.add(STATEMENTS)
     if scale:
@@ -171,6 +177,33 @@ def check_bench(report: dict[str, Any], backends: list[str], scale: bool = False
             assert set(outcomes) <= {"delivered", "queued", "replied"}, (backend, phase)
 
 
+def check_cpu(report: dict[str, Any], backends: list[str]) -> None:
+    """CPU per delivered cross-host message, by the processes on the path (and the server's
+    backends on PostgreSQL: the test's server runs on this machine)."""
+    for backend in backends:
+        phases = report["details"]["cpu_ms_per_message"][backend]
+        for phase in ("throughput", "sequential"):
+            roles = {"senders", "broker", "relay", "listener", "total"}
+            assert roles | ({"server"} if backend == "postgres" else set()) <= set(phases[phase])
+            assert phases[phase]["total"] > 0, phases
+
+
+def check_peer(report: dict[str, Any], figures: dict[tuple[str, str], Any]) -> None:
+    """The peer's phase ran on the same server: its value and the ratio to it beside the raw
+    baseline's, in the JSON."""
+    assert report["details"]["peer"]["name"] == "PgQueuer", report["details"]["peer"]
+    for (path, metric), f in figures.items():
+        if path == "cross-host postgres" and metric in PEER:
+            assert f["peer"] > 0 and f["peer_ratio"] > 0 and f["peer_is"], f
+            assert len(f["peer_ratios"]) >= 1, f
+        else:
+            assert f["peer"] is None and f["peer_ratio"] is None, f
+    assert set(report["details"]["cpu_ms_per_message"]["postgres"]) >= {
+        "peer throughput",
+        "peer sequential",
+    }
+
+
 def check_hosts(hosts: dict[str, Any]) -> None:
     """The raw numbers behind the many-hosts figures: every host's backends were found by the
     name its relay gives them, and every send came back delivered."""
@@ -206,11 +239,13 @@ def check_chart(page: str) -> None:
     assert "<script" not in page
 
 
+# On PostgreSQL the run includes the peer's phases too (a consumer process started twice).
+@pytest.mark.timeout(360)
 def test_bench_quick_json(store_args: list[str], short_tmp: Path, tmp_path: Path) -> None:
     # --scale: one broker with many sessions, and with PostgreSQL many hosts on it too.
     chart = tmp_path / "bench.html"
     args = ["bench", "--quick", "--json", "--chart", str(chart), "--scale", *store_args]
-    proc = run_cli(args, short_tmp, timeout=180)
+    proc = run_cli(args, short_tmp, timeout=330)
     assert proc.returncode == 0, proc.stderr[-2000:]
     backends = ["postgres", "sqlite"] if store_args else ["sqlite"]
     check_bench(json.loads(proc.stdout), backends, scale=True)

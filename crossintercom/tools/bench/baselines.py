@@ -35,12 +35,14 @@ _encoder = msgspec.json.Encoder()
 
 
 class RawProc:
-    """One far end (see ``rawproc``): started until it says ready, stopped by closing stdin."""
+    """One far end (see ``rawproc``; the peer's consumer is ``peerproc``): started until it
+    says ready, stopped by closing stdin."""
 
-    def __init__(self, role: str, *args: str) -> None:
+    def __init__(self, role: str, *args: str, module: str | None = None) -> None:
         self.role = role
+        cmd = [*_RAWPROC, role] if module is None else [sys.executable, "-m", module]
         self.proc = subprocess.Popen(
-            [*_RAWPROC, role, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0
+            [*cmd, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0
         )
         # Lines read off the raw pipe by hand: a buffered reader could hold a second line that
         # select() then no longer sees.

@@ -31,8 +31,16 @@ class Figure:
     target_met: bool | None = None
     pairing: str = ""  # one of PAIRINGS: like is paired with like
     ratios: list[float] = field(default_factory=list)
+    # The peer (PgQueuer) measured in the same run, alternated: its value, and the median of
+    # the per-round crossintercom / peer ratios (docs/performance.md, "The peer").
+    peer: float | None = None
+    peer_ratio: float | None = None
+    peer_ratios: list[float] = field(default_factory=list)
+    peer_is: str = ""
 
     def __post_init__(self) -> None:
+        if self.peer_ratios:
+            self.peer_ratio = statistics.median(self.peer_ratios)
         if self.ratios:
             self.ratio = statistics.median(self.ratios)
         else:
@@ -85,7 +93,9 @@ def render(report: BenchReport) -> None:
         title=f"crossintercom bench ({', '.join(report.backends) or report.backend}; "
         f"{'quick' if report.quick else 'full'} run, {report.date})"
     )
-    for col in ("path", "metric", "pairing", "crossintercom", "baseline", "ratio", "target"):
+    columns = ("path", "metric", "pairing", "crossintercom", "baseline", "ratio", "target")
+    peer = any(f.peer is not None for f in report.figures)
+    for col in (*columns, "peer", "ratio to peer") if peer else columns:
         table.add_column(col, justify="left" if col in ("path", "metric", "pairing") else "right")
     for f in report.figures:
         fmt = "{:,.0f}" if f.unit == "msg/s" else "{:.2f}"
@@ -94,7 +104,7 @@ def render(report: BenchReport) -> None:
         else:
             sign = ">=" if f.higher_is_better else "<="
             target = f"{sign}{f.target}x {'met' if f.target_met else 'NOT met'}"
-        table.add_row(
+        row = [
             f.path,
             f"{f.metric} ({f.unit})",
             f.pairing,
@@ -102,7 +112,10 @@ def render(report: BenchReport) -> None:
             fmt.format(f.baseline),
             f"{f.ratio:.2f}x",
             target,
-        )
+        ]
+        if peer:
+            row += ["-", "-"] if f.peer is None else [fmt.format(f.peer), f"{f.peer_ratio:.2f}x"]
+        table.add_row(*row)
     console = Console()
     console.print(table)
     seen = set()
@@ -110,7 +123,11 @@ def render(report: BenchReport) -> None:
         if f.baseline_is not in seen:
             seen.add(f.baseline_is)
             console.print(f"  baseline ({f.path} {f.metric}): {f.baseline_is}")
+    for f in report.figures:
+        if f.peer_is:
+            console.print(f"  peer ({f.path} {f.metric}): {f.peer_is}")
     for key, value in report.details.items():
-        console.print(f"  {key}: {value}")
+        # Not markup: "pip install 'crossintercom[bench]'" would lose its "[bench]".
+        console.print(f"  {key}: {value}", markup=False)
     console.print(f"  machine: {report.machine}")
     console.print(f"  took {report.elapsed_s} s; nothing left running")

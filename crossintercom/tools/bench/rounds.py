@@ -4,7 +4,9 @@ Hosts, all over the one store: ``alpha`` (the senders, and same-host sinks), ``b
 cross-host sinks and an ask replier) and ``gamma`` (same-host sinks at ``durability`` ``full``;
 it also fills the backlog for the catch-up, with a short ``remote_ack_wait_s`` so that queuing
 10,000 messages does not wait 5 s per send). Every round measures each pair in turn: the raw
-baseline, then the crossintercom path it is paired with.
+baseline, then the crossintercom path it is paired with; on PostgreSQL, with the peer
+installed, the peer's phase follows crossintercom's (``peer``). The cross-host sequential and
+throughput phases also count their CPU per delivered message (``cpu``).
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from typing import Any
 from crossintercom.client import AsyncClient
 from crossintercom.tools.bench import paths
 from crossintercom.tools.bench.baselines import RawPostgres, RawSQLite, RawUDS
+from crossintercom.tools.bench.cpu import CpuAccount, run_processes
+from crossintercom.tools.bench.peer import Peer
 from crossintercom.tools.bench.report import percentile
 from crossintercom.tools.bench.workload import Counts
 from crossintercom.tools.harness import BULK_SENDER, Cluster, SimHost
@@ -42,6 +46,10 @@ class Rounds:
     store_work: dict[str, Any] | None = None
     # Every `delivered` sample (ms) with its raw round trip, by path: the chart's curves.
     samples: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
+    # Per figure key, each round's (crossintercom, peer) value, and the peer's own CPU.
+    peer: dict[str, list[tuple[float, float]]] = field(default_factory=lambda: defaultdict(list))
+    # Per phase, each round's CPU ms per message by role ("total" summed), ours and the peer's.
+    cpu: dict[str, list[dict[str, float]]] = field(default_factory=lambda: defaultdict(list))
 
     def add(self, key: str, ci: float, raw: float) -> None:
         self.values[key].append((ci, raw))
@@ -77,6 +85,8 @@ class ClusterBench:
         self.counts, self.step = counts, step
         self.ids = [f"bench-{h}-{token}" for h in ("alpha", "beta", "gamma")]
         self.sinks = [f"sink{k}" for k in range(counts.receivers)]
+        self.conninfo: str | None = None  # the store's, when PostgreSQL: its backends' CPU
+        self.peer: Peer | None = None
 
     def _up(self, cluster: Cluster[SimHost]) -> list[SimHost]:
         hosts = [cluster.host(h, relay=False) for h in self.ids]
@@ -99,12 +109,21 @@ class ClusterBench:
         return hosts
 
     def run(
-        self, uds: RawUDS | None, store: RawPostgres | RawSQLite, conninfo: str | None
+        self,
+        uds: RawUDS | None,
+        store: RawPostgres | RawSQLite,
+        conninfo: str | None,
+        peer: Peer | None = None,
     ) -> Rounds:
+        self.conninfo, self.peer = conninfo, peer
         with Cluster(self.root, self.store_url, SimHost) as cluster:
             hosts = self._up(cluster)
             self.step(f"{self.kind} hosts up")
             return asyncio.run(self._measure(hosts, uds, store, conninfo))
+
+    def _cpu(self) -> CpuAccount:
+        """CPU of every process of this cluster, the senders' thread and the store's backends."""
+        return CpuAccount(lambda: run_processes(self.root), self.conninfo)
 
     async def _measure(
         self,
@@ -129,6 +148,8 @@ class ClusterBench:
             s0, sink = senders[0], self.sinks[0]
             for host, client in ((alpha, s0), (beta, s0), (gamma, full)):  # warm-up
                 await paths.sequential(client, host, sink, c.warm_up)
+            if self.peer is not None:
+                await asyncio.to_thread(self.peer.one_way, c.warm_up)
             for r in range(c.repeats):
                 if uds is not None:
                     await self._same_host(out, uds, senders, full, alpha, gamma)
@@ -137,6 +158,9 @@ class ClusterBench:
             rate, got = await paths.catch_up(full, beta, self.sinks, c.backlog, c.window)
             out.once["catch_up"] = rate
             out.outcomes["catch_up_fill"] += got
+            if self.peer is not None:
+                drained = await asyncio.to_thread(self.peer.drain, c.backlog)
+                out.peer["catch_up"].append((rate, drained))
             self.step(f"{self.kind} backlog catch-up")
             if conninfo is not None:
                 from crossintercom.tools.bench.store_work import per_message
@@ -187,7 +211,14 @@ class ClusterBench:
     ) -> None:
         c, sink = self.counts, self.sinks[0]
         raw_one = await asyncio.to_thread(store.one_way, c.latency)
+        cpu = self._cpu()
+        cpu.start()
         seq = await paths.sequential(senders[0], beta, sink, c.latency)
+        out.cpu["sequential"].append(cpu.stop(seq.outcomes["delivered"] + seq.outcomes["queued"]))
+        if self.peer is not None:
+            peer_one, peer_cpu = await asyncio.to_thread(self.peer.one_way, c.latency)
+            out.peer["cross_one_way_p50"].append((_p(seq.one_way, 50), _p(peer_one, 50)))
+            out.cpu["peer sequential"].append(peer_cpu)
         raw_rtt = await asyncio.to_thread(store.round_trip, c.latency)
         asks = await paths.ask_reply(senders[0], replier, f"replier@{beta.host_id}", c.asks)
         out.latency("cross", seq, raw_one, raw_rtt)
@@ -197,6 +228,15 @@ class ClusterBench:
             raw_rate = await asyncio.to_thread(store.batched_claim, c.raw_rows, c.batch)
         else:
             raw_rate = await asyncio.to_thread(store.tx_rate, c.raw_tx)
+        cpu = self._cpu()
+        cpu.start()
         rate, got = await paths.throughput(senders, beta, self.sinks, c.throughput, c.window)
+        out.cpu["throughput"].append(cpu.stop(sum(got.values())))
         out.add("cross_throughput", rate, raw_rate)
         out.outcomes["cross_throughput"] += got
+        if self.peer is not None:
+            peer_rate, peer_cpu = await asyncio.to_thread(
+                self.peer.throughput, c.throughput, len(senders), c.window
+            )
+            out.peer["cross_throughput"].append((rate, peer_rate))
+            out.cpu["peer throughput"].append(peer_cpu)

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from crossintercom.tools.bench.baselines import RawPostgres, RawSQLite, RawUDS
+from crossintercom.tools.bench.peer import PEER, Peer, missing
 from crossintercom.tools.bench.report import BenchReport, Figure, median
 from crossintercom.tools.bench.rounds import ClusterBench, Rounds
 from crossintercom.tools.bench.workload import Counts
@@ -58,6 +59,24 @@ TARGETS = {
 }
 # Ceilings per delivered PostgreSQL message, figures of their own (``_store_work_figures``).
 STORE_WORK_TARGETS = {"statements_per_message": 3, "commits_per_message": 3}
+# CPU per delivered cross-host message, summed over every process and the store's backends.
+CPU_CEILING_MS = 0.5
+CPU_IS = (
+    f"the design's ceiling: {CPU_CEILING_MS} ms of CPU per delivered cross-host message, summed "
+    "over senders, brokers, relays, listeners and the store's backends (/proc utime + stime)"
+)
+PEER_IS = {
+    "cross_one_way_p50": "PgQueuer (psycopg, a consumer process with its defaults): one job at "
+    "a time, enqueue until its handler starts",
+    "cross_throughput": "PgQueuer: as many producers as senders, each enqueueing the window's "
+    "jobs per call, until the consumer has started them all",
+    "catch_up": "PgQueuer: a backlog of the same size enqueued with no consumer, from starting "
+    "the consumer until it has started them all",
+    "cpu": "PgQueuer: its consumer process, the producers' thread and its database's backends",
+}
+NO_PEER_STORE = (
+    "the peer phase runs on PostgreSQL only: give --store postgresql://... or --own-postgres"
+)
 HOSTS_STEPS = 8  # the progress bar's steps in bench.hosts
 
 
@@ -91,6 +110,16 @@ def _progress(enabled: bool, total: int, took: dict[str, float]) -> Iterator[Cal
 def _figures(kind: str, rounds: Rounds, same_host: bool) -> list[Figure]:
     """The figures of one cluster, each from its rounds' (crossintercom, raw) values."""
 
+    def peer(key: str) -> dict[str, Any]:
+        pairs = rounds.peer.get(key)
+        if not pairs:
+            return {}
+        return {
+            "peer": median([p for _, p in pairs]),
+            "peer_ratios": [ci / p for ci, p in pairs if p > 0],
+            "peer_is": PEER_IS[key],
+        }
+
     def fig(key: str, path: str, metric: str, unit: str, is_: str, pairing: str) -> Figure:
         pairs = rounds.values[key]
         higher = unit == "msg/s"
@@ -105,6 +134,7 @@ def _figures(kind: str, rounds: Rounds, same_host: bool) -> list[Figure]:
             TARGETS.get(key if same_host and key.startswith(("same", "full")) else (kind, key)),
             pairing=pairing,
             ratios=[ci / raw for ci, raw in pairs if raw > 0],
+            **peer(key),
         )
 
     out: list[Figure] = []
@@ -144,8 +174,42 @@ def _figures(kind: str, rounds: Rounds, same_host: bool) -> list[Figure]:
             True,
             TARGETS.get((kind, "catch_up")),
             pairing="throughput",
+            **peer("catch_up"),
         )
     )
+    for phase in ("throughput", "sequential"):
+        ours = [c["total"] for c in rounds.cpu[phase]]
+        theirs = [c["total"] for c in rounds.cpu.get(f"peer {phase}", [])]
+        extra: dict[str, Any] = {}
+        if theirs:
+            extra = {
+                "peer": median(theirs),
+                "peer_ratios": [a / b for a, b in zip(ours, theirs, strict=False) if b > 0],
+                "peer_is": PEER_IS["cpu"],
+            }
+        out.append(
+            Figure(
+                path,
+                f"CPU per message, {phase}",
+                "ms",
+                median(ours),
+                CPU_CEILING_MS,
+                CPU_IS,
+                False,
+                1.0,
+                pairing="ceiling",
+                **extra,
+            )
+        )
+    return out
+
+
+def cpu_details(rounds: Rounds) -> dict[str, dict[str, float]]:
+    """Per phase, the median over the rounds of each role's CPU ms per message."""
+    out = {}
+    for phase, samples in rounds.cpu.items():
+        roles = {r for s in samples for r in s}
+        out[phase] = {r: round(median([s.get(r, 0.0) for s in samples]), 3) for r in sorted(roles)}
     return out
 
 
@@ -207,6 +271,21 @@ def _machine(conninfo: str | None) -> dict[str, Any]:
     return facts
 
 
+@contextlib.contextmanager
+def _peer(kind: str, conninfo: str | None, details: dict[str, Any]) -> Iterator[Peer | None]:
+    """The peer on the PostgreSQL store's server when it is installed, else None."""
+    if kind != "postgres" or conninfo is None or missing() is not None:
+        yield None
+        return
+    with Peer(conninfo) as peer:
+        details["peer"] = {
+            "name": PEER,
+            "version": peer.version,
+            "database": "a throwaway database of its own on the store's server, dropped after",
+        }
+        yield peer
+
+
 def run_bench(
     store_url: str | None = None,
     *,
@@ -253,7 +332,8 @@ def run_bench(
         )
         steps = sum(counts.repeats + 3 + (s.kind == "postgres") for s in stores)
         steps += scale * (1 + HOSTS_STEPS * (conninfo is not None))
-        details: dict[str, Any] = {"outcomes": {}, "step_s": {}}
+        details: dict[str, Any] = {"outcomes": {}, "step_s": {}, "cpu_ms_per_message": {}}
+        details["peer"] = NO_PEER_STORE if conninfo is None else missing() or {"name": PEER}
         with _progress(progress, steps, details["step_s"]) as step, RawUDS(root) as uds:
             for k, store in enumerate(stores):
                 bench = ClusterBench(root / store.kind, store.url, store.kind, counts, step, token)
@@ -267,11 +347,15 @@ def run_bench(
                     assert path is not None
                     # A file of its own beside the store: the raw table never touches the mailbox.
                     raw = RawSQLite(path.with_name(f"{path.name}.bench-raw-{os.getpid()}"))
-                with raw:
+                with raw, _peer(store.kind, conninfo, details) as peer:
                     step(f"{store.kind} raw baselines ready")
                     rounds = bench.run(
-                        uds if k == 0 else None, raw, conninfo if store.kind == "postgres" else None
+                        uds if k == 0 else None,
+                        raw,
+                        conninfo if store.kind == "postgres" else None,
+                        peer,
                     )
+                details["cpu_ms_per_message"][store.kind] = cpu_details(rounds)
                 report.figures += _figures(store.kind, rounds, same_host=k == 0)
                 if k == 0:  # the chart's curves: same-host, and the first store's cross-host
                     for name, key in (("same-host", "same"), ("cross-host", "cross")):

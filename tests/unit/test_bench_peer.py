@@ -1,0 +1,83 @@
+"""The bench's peer columns and its skip line, and CPU read from /proc, in process.
+
+The peer's phase itself runs in tests/test_bench_chaos.py (``bench --quick --json`` on
+PostgreSQL, PgQueuer from the test extra)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import time
+
+import pytest
+
+from crossintercom.tools.bench import peer, render
+from crossintercom.tools.bench.cpu import CpuAccount, process_cpu
+from crossintercom.tools.bench.report import BenchReport, Figure
+
+
+def test_without_pgqueuer_the_peer_is_skipped_saying_how_to_install_it(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    real = importlib.util.find_spec
+
+    def find_spec(name: str, *args: object) -> object:
+        return None if name == "pgqueuer" else real(name)
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    why = peer.missing()
+    assert why is not None and "pip install 'crossintercom[bench]'" in why
+    report = BenchReport("postgres", "pg", True, "now", {}, details={"peer": why})
+    throughput = Figure("cross-host postgres", "throughput", "msg/s", 10, 100, "raw", True)
+    report.figures.append(throughput)
+    render(report)
+    out = capsys.readouterr().out
+    assert "crossintercom[bench]" in out
+    assert "ratio to peer" not in out  # no peer column without a peer figure
+
+
+def test_peer_figures_carry_the_median_ratio_beside_the_raw_one(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("COLUMNS", "200")  # the table's headers on one line each
+    f = Figure(
+        "cross-host postgres",
+        "throughput",
+        "msg/s",
+        900.0,
+        9000.0,
+        "raw",
+        True,
+        ratios=[0.1, 0.1, 0.1],
+        peer=1000.0,
+        peer_ratios=[0.8, 0.9, 1.2],
+        peer_is="PgQueuer",
+    )
+    assert f.ratio == pytest.approx(0.1) and f.peer_ratio == pytest.approx(0.9)
+    report = BenchReport("postgres", "pg", True, "now", {}, figures=[f])
+    assert report.to_dict()["figures"][0]["peer_ratio"] == pytest.approx(0.9)
+    render(report)
+    out = capsys.readouterr().out
+    assert "ratio to peer" in out and "0.90x" in out and "peer (cross-host postgres" in out
+
+
+def test_cpu_is_counted_for_the_processes_named_and_the_calling_thread() -> None:
+    child = os.fork()
+    if child == 0:  # burns CPU until killed
+        while True:
+            pass
+    try:
+        account = CpuAccount(lambda: {child: "relay"})
+        account.start()
+        deadline = time.monotonic() + 30
+        burnt = process_cpu(child) or 0.0
+        while (process_cpu(child) or 0.0) - burnt < 0.2 and time.monotonic() < deadline:
+            sum(range(10_000))  # the calling thread works too
+        used = account.stop(10)
+    finally:
+        os.kill(child, 9)
+        os.waitpid(child, 0)
+    assert used["relay"] >= 20.0  # 0.2 s over 10 messages, in ms
+    assert used["senders"] > 0
+    assert used["total"] == pytest.approx(used["relay"] + used["senders"], abs=0.01)
+    assert process_cpu(child) is None
