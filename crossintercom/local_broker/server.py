@@ -12,6 +12,7 @@ import logging
 import os
 import signal
 import socket
+import time
 from pathlib import Path
 
 from crossintercom import protocol as p
@@ -33,6 +34,12 @@ class Server:
         self.max_frame = broker.settings.max_frame_bytes
         self.body_s = broker.settings.frame_body_s
         self.group_gid = group_gid(broker.settings)
+        # Connections waiting for a frame's body, since when (monotonic): ``cut_slow_bodies``
+        # watches them all with one timer. A timeout around each body read (asyncio.wait_for)
+        # cost a task and two loop turns per frame even when the body had already arrived,
+        # and split every burst the broker read into turns of one frame each, undoing the
+        # batching behind it (docs/perf-log/2026-12-07-peer-and-regression.md).
+        self.bodies: dict[Conn, float] = {}
 
     async def handle_connection(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
@@ -68,21 +75,36 @@ class Server:
             return f"peer credentials unreadable: {exc}"
         return peercred.refusal(peer, self.group_gid)
 
+    async def cut_slow_bodies(self) -> None:
+        """A frame's body must arrive within ``frame_body_s`` of its length: one that has not
+        gets ``bad_frame`` and its connection is closed (a trickle would hold the broker's
+        memory for it), every such connection checked on one timer."""
+        while True:
+            await asyncio.sleep(min(self.body_s / 4, 0.5))
+            now = time.monotonic()
+            for conn, since in list(self.bodies.items()):
+                if now - since >= self.body_s:
+                    why = f"a frame's body did not arrive within {self.body_s:g} s of its length"
+                    conn.write(p.Error(Code.BAD_FRAME, why))
+                    conn.out.flush()
+                    conn.writer.close()  # its read ends: _serve returns
+
     async def _serve(self, conn: Conn) -> None:
         while not conn.closed:
             try:
-                body = await p.read_frame(conn.reader, self.max_frame, self.body_s)
+                length = await p.read_length(conn.reader, self.max_frame)
+                if length is None:
+                    return
+                self.bodies[conn] = time.monotonic()
+                try:
+                    body = await conn.reader.readexactly(length)
+                finally:
+                    del self.bodies[conn]
             except p.FrameTooLarge as exc:
                 conn.write(p.Error(exc.code, exc.message))
                 return
-            except TimeoutError:
-                why = f"a frame's body did not arrive within {self.body_s:g} s of its length"
-                conn.write(p.Error(Code.BAD_FRAME, why))
-                return
             except (asyncio.IncompleteReadError, ConnectionError):
                 return  # a broken byte stream cannot be resynchronised: close it
-            if body is None:
-                return
             try:
                 frame = p.decode_client_frame(body)
             except ProtocolError as exc:
@@ -158,12 +180,14 @@ async def serve(settings: Settings, authority: DedupAuthority, state: BrokerStat
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, broker.stop)
     housekeeping = loop.create_task(broker.housekeeping())
+    cutter = loop.create_task(server.cut_slow_bodies())
     try:
         await self_check(settings.socket_path)
         log.info("broker ready", extra={"pid": os.getpid(), "host_id": settings.host_id})
         await broker.wait_stopped()
     finally:
         housekeeping.cancel()
+        cutter.cancel()
         aserver.close()
         with contextlib.suppress(FileNotFoundError):
             settings.socket_path.unlink()

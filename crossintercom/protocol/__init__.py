@@ -92,6 +92,7 @@ from crossintercom.protocol.framing import (
     FrameTooLarge,
     encode,
     read_frame,
+    read_length,
 )
 from crossintercom.protocol.relay_frames import (
     ArchiveCopy,
@@ -222,5 +223,6 @@ __all__ = [
     "encode",
     "frame_type",
     "read_frame",
+    "read_length",
     "request_id_of",
 ]

@@ -30,17 +30,13 @@ def encode(frame: Any) -> bytes:
     return HEADER.pack(len(body)) + body
 
 
-async def read_frame(
-    reader: asyncio.StreamReader,
-    max_frame: int = DEFAULT_MAX_FRAME,
-    body_timeout: float | None = None,
-) -> bytes | None:
-    """Read one frame body; ``None`` at a clean end of stream.
+async def read_length(
+    reader: asyncio.StreamReader, max_frame: int = DEFAULT_MAX_FRAME
+) -> int | None:
+    """Read one frame's length header; ``None`` at a clean end of stream.
 
-    Raises ``FrameTooLarge`` before reading an oversize body (the stream is then unusable and
-    the caller closes it), ``asyncio.IncompleteReadError`` on truncation, and ``TimeoutError``
-    when the body takes longer than ``body_timeout`` after its length (the stream is then
-    unusable too).
+    Raises ``FrameTooLarge`` for a length over ``max_frame`` (the stream is then unusable and
+    the caller closes it) and ``asyncio.IncompleteReadError`` on truncation.
     """
     try:
         header = await reader.readexactly(HEADER.size)
@@ -48,10 +44,19 @@ async def read_frame(
         if not exc.partial:
             return None
         raise
-    (length,) = HEADER.unpack(header)
+    length: int = HEADER.unpack(header)[0]
     if length > max_frame:
         raise FrameTooLarge(f"frame of {length} bytes exceeds the {max_frame}-byte limit")
-    return await asyncio.wait_for(reader.readexactly(length), body_timeout)
+    return length
+
+
+async def read_frame(
+    reader: asyncio.StreamReader, max_frame: int = DEFAULT_MAX_FRAME
+) -> bytes | None:
+    """Read one frame body; ``None`` at a clean end of stream. Raises as ``read_length`` does,
+    and ``asyncio.IncompleteReadError`` on a body cut short."""
+    length = await read_length(reader, max_frame)
+    return None if length is None else await reader.readexactly(length)
 
 
 class Coalescer:
