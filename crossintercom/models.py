@@ -133,6 +133,7 @@ REFUSAL_ADVICE: Final[dict[str, str]] = {
     Code.SENDER_REFUSED: "the recipient does not take mail from this sender",
     Code.RATE_LIMITED: "the recipient's host refuses this sender for now: over its message rate",
     Code.REPLY_NOT_AUTHORISED: "that ask was not sent to this sender",
+    Code.ALREADY_REPLIED: "that ask was already answered",
     Code.NOT_FOUND: "no such session on the recipient's host",
     Code.ASKER_GONE: "the asking session has left and keeps no mailbox",
     Code.UNDELIVERABLE: "the recipient's host could not hand it over in repeated tries",

@@ -220,9 +220,9 @@ def set_wake_cmd(as_name: str, session_id: str | None, as_json: bool, policy: st
 @json_option
 @click.argument("name")
 def forget_cmd(session_id: str | None, as_json: bool, name: str) -> None:
-    """Forget the durable session NAME on this host: its queued mail expires (the senders get
-    `expired` receipts), asks waiting for its reply are told, other hosts stop listing it,
-    and its inbox file is deleted. Refused while NAME is live."""
+    """Forget the durable session NAME on this host: its queued and held mail expires (the
+    senders get `expired` receipts), its inbound rules go, asks waiting for its reply are told,
+    other hosts stop listing it, and its inbox file is deleted. Refused while NAME is live."""
     cfg = settings()
     ensure_runtime_dir(cfg)
     sid = Identity.named(cfg, name, session_id).id

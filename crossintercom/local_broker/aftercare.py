@@ -1,8 +1,9 @@
-"""What happens to a message after it was delivered, and to a session after it stops being
-used: ``shown`` receipts for senders, the wake policy, ``forget``, and expiry receipts
-(docs/agents.md). A receipt for a sender on this host is shown to it; one for a sender on
-another host goes through the relay (``send_receipts``), which writes it to the store; while
-no relay is connected it waits in ``broker.sqlite`` for the next one.
+"""What happens to a message after it was delivered, and to a session after it stops being used:
+``shown`` receipts for senders, the wake policy, ``forget`` (its queued and held mail, its
+inbound rules), and expiry receipts (docs/agents.md). A receipt for a sender on this host is
+shown to it; one for a sender on another host goes through the relay (``send_receipts``), which
+writes it to the store; while no relay is connected it waits in ``broker.sqlite`` for the next
+one.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from crossintercom.local_broker.acks import AckBook
 from crossintercom.local_broker.conn import Conn
 from crossintercom.local_broker.deadletters import DeadLetterBook
 from crossintercom.local_broker.delivery import Delivery
+from crossintercom.local_broker.inbound_policy import InboundPolicy
 from crossintercom.local_broker.registry import Registry
 from crossintercom.local_broker.relay_link import RelayLink
 from crossintercom.local_broker.state import BrokerState, QueuedItem
@@ -52,6 +54,7 @@ class Aftercare:
         self.relay = relay
         self.acks: AckBook | None = None  # set by the broker
         self.dead: DeadLetterBook | None = None
+        self.inbound: InboundPolicy | None = None
 
     def _tell(self, receipts: list[tuple[Peer, Receipt]]) -> None:
         """Receipts for messages' senders: shown here, or carried to their hosts together."""
@@ -102,14 +105,19 @@ class Aftercare:
 
     def expired(self, items: list[QueuedItem], code: str = Code.EXPIRED) -> int:
         """Queued messages that will never be collected: an ``expired`` receipt each."""
+        return self.expired_mail(
+            [(i.recipient, Message.from_dict(i.body)) for i in items if i.kind == "message"],
+            code,
+        )
+
+    def expired_mail(self, mail: list[tuple[str, Message]], code: str = Code.EXPIRED) -> int:
+        """Messages (with their recipient here) that will never be collected, queued or held
+        by an inbound policy: an ``expired`` receipt each for its sender."""
         receipts: list[tuple[Peer, Receipt]] = []
-        for item in items:
-            if item.kind != "message":
-                continue
-            msg = Message.from_dict(item.body)
-            outcome, code_, text = outcome_for_state(State.EXPIRED, code)
-            receipts.append((msg.sender, Receipt(msg.id, outcome, item.recipient, code_, text)))
-            log.info("message expired", extra={"id": msg.id, "recipient": item.recipient})
+        outcome, code_, text = outcome_for_state(State.EXPIRED, code)
+        for recipient, msg in mail:
+            receipts.append((msg.sender, Receipt(msg.id, outcome, recipient, code_, text)))
+            log.info("message expired", extra={"id": msg.id, "recipient": recipient})
         self._tell(receipts)
         return len(receipts)
 
@@ -133,6 +141,12 @@ class Aftercare:
         gone = self.state.forget_session(sid)
         self.registry.forget(sid)
         expired = self.expired(gone.queued, Code.FORGOTTEN)
+        if self.inbound is not None:
+            # Its rules and held mail are the name's: the next session to take the name
+            # inherits neither, and held mail's senders learn it will not be read.
+            expired += self.expired_mail(
+                [(sid, m) for m in self.inbound.forget(sid)], Code.FORGOTTEN
+            )
         queued_ids = {i.item_id for i in gone.queued}
         _, code, text = outcome_for_state(State.EXPIRED, Code.FORGOTTEN)
         asks = [e for e in gone.open_asks if e.ask_id not in queued_ids]

@@ -75,7 +75,7 @@ class Broker:
         self.traffic = Traffic(self.registry)
         self.acks = self.aftercare.acks = AckBook(state, settings.retention_s)
         self.dead = self.aftercare.dead = DeadLetterBook(state, settings.retention_s)
-        self.inbound = InboundPolicy(state, self.registry)
+        self.inbound = self.aftercare.inbound = InboundPolicy(state, self.registry)
         self.reservations = ReservationDesk(self.relay)
         self.delivery.screen = self.inbound.screen
         self.relay.traffic = self.delivery.traffic = self.traffic
@@ -324,6 +324,7 @@ class Broker:
         self.state.forget_old()
         self.state.checkpoint()
         self.aftercare.expired(self.state.take_expired())
+        self.aftercare.expired_mail(self.inbound.take_expired(self.settings.retention_s))
         retire_idle(self.state, self.registry, self.aftercare, self.settings.retire_idle_s)
 
     def stop(self) -> None:

@@ -7,6 +7,7 @@ this host. Outcome rules are in ``outcomes``; this module does the waiting and w
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import sqlite3
 from collections.abc import Callable, Coroutine
@@ -78,17 +79,11 @@ class Delivery:
     async def deliver(self, msg: Message, recipient: str, *, asker_host: str) -> Receipt:
         """Hand a message to a local session: delivered on its ack, else queued if durable."""
         try:
-            named = msg.reply_to is None or self._may_name(msg, recipient)
+            refusal = None if msg.reply_to is None else self._may_name(msg, recipient)
         except sqlite3.Error as exc:
             return outcomes.storage_failed(msg.id, recipient, exc)
-        if not named:
-            return Receipt(
-                msg.id,
-                Outcome.REFUSED,
-                recipient,
-                Code.REPLY_NOT_AUTHORISED,
-                REFUSAL_ADVICE[Code.REPLY_NOT_AUTHORISED],
-            )
+        if refusal is not None:
+            return refusal
         if self.screen is not None and (screened := self.screen(msg, recipient)) is not None:
             return screened
         if msg.expects_reply:
@@ -113,17 +108,38 @@ class Delivery:
             return outcomes.storage_failed(msg.id, recipient, exc)
         return receipt
 
-    def _may_name(self, msg: Message, recipient: str) -> bool:
+    def _may_name(self, msg: Message, recipient: str) -> Receipt | None:
         """A message naming an ask of its recipient in ``reply_to`` would be taken for its
-        answer: only the session the ask went to may send one (the hand-over's rule for mail
-        from other hosts, docs/delivery.md)."""
+        answer: only the session the ask went to may send one, and not once the ask is
+        answered (the hand-over's rule for mail from other hosts, docs/delivery.md). None: it
+        goes on, through the inbound policy."""
         assert msg.reply_to is not None
         if self.state.ask_owner(msg.reply_to) != recipient:
-            return True
-        return self.state.may_answer(msg.reply_to, msg.sender.id)
+            return None
+        if not self.state.may_answer(msg.reply_to, msg.sender.id):
+            return _refused(msg.id, recipient, Code.REPLY_NOT_AUTHORISED)
+        if self.state.answered(msg.reply_to):
+            return _refused(msg.id, recipient, Code.ALREADY_REPLIED)
+        return None
 
     async def route_reply(self, reply: Message, asker_id: str) -> Receipt:
-        """To the connection waiting on the ask, else the asker's session, else its queue."""
+        """The answer to an open ask: to the connection waiting on it, else the asker's
+        session, else its queue. Passes no inbound policy (the asker asked for it), so it
+        answers the ask once: any other reply naming it is ``already_replied``, from this host
+        or another (docs/agents.md#inbound-policy)."""
+        assert reply.reply_to is not None
+        try:
+            if not self.state.answer_ask(reply.reply_to, reply.id):
+                return _refused(reply.id, asker_id, Code.ALREADY_REPLIED)
+        except sqlite3.Error as exc:
+            return outcomes.storage_failed(reply.id, asker_id, exc)
+        receipt = await self._route_reply(reply, asker_id)
+        if receipt.outcome in (Outcome.REFUSED, Outcome.NOT_SENT):
+            with contextlib.suppress(sqlite3.Error):  # then it stays answered: never twice
+                self.state.unanswer_ask(reply.reply_to, reply.id)
+        return receipt
+
+    async def _route_reply(self, reply: Message, asker_id: str) -> Receipt:
         assert reply.reply_to is not None
         waiter = self.ask_waiters.get(reply.reply_to)
         pushed = False
@@ -274,3 +290,7 @@ class Delivery:
             self.state.dequeue_items(items)
         except sqlite3.Error as exc:
             log.error("cannot dequeue acknowledged receipts: %s", exc, extra={"error": str(exc)})
+
+
+def _refused(message_id: str, recipient: str, code: Code) -> Receipt:
+    return Receipt(message_id, Outcome.REFUSED, recipient, code, REFUSAL_ADVICE[code])

@@ -1,6 +1,8 @@
 """Hand-over of a message the relay brings from another host for a session on this one:
-the sender's rate limit, a reply checked against the ask it answers, then delivery. Any
-failure is a receipt, never an exception, so the relay always learns what became of the row.
+the sender's rate limit, then either the answer to an open ask of the recipient (from the
+session it went to, once: ``Delivery.route_reply``) or delivery through the recipient's inbound
+policy (``Delivery.deliver``). Any failure is a receipt, never an exception, so the relay
+always learns what became of the row.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """Inbound policy: per session, rules by sender that accept, hold or refuse its mail
 (docs/agents.md#inbound-policy). Kept in ``broker.sqlite`` (durable across restarts) and
 applied where every message for a local session passes (``Delivery.deliver``), whichever host
-sent it; replies to the session's own asks are never held or refused.
+sent it; the one answer to an open ask of the session (``Delivery.route_reply``) is never held
+or refused.
 
 A rule's pattern is ``NAME@HOST``, ``NAME``, ``*@HOST``, ``group:NAME`` or ``*``; the most
 specific matching rule wins, in that order, and no rule means accept. HOST is any valid host id
@@ -171,6 +172,26 @@ class InboundPolicy:
             (session,),
         )
         return [(mid, json.loads(body), at) for mid, body, at in cur]
+
+    def forget(self, session: str) -> list[Message]:
+        """A name that is forgotten or retired: its rules go, and its held mail is returned
+        (removed) for its senders to be told; the next session of that name starts clean."""
+        self._rules.pop(session, None)
+        held = self.take(session, None)
+        self.db.execute("DELETE FROM inbound_rules WHERE session = ?", (session,))
+        return held
+
+    def take_expired(
+        self, retention_s: float, now: float | None = None
+    ) -> list[tuple[str, Message]]:
+        """Held mail older than the retention (as queued mail expires), removed, with the
+        session it was held for: its senders are told ``expired``."""
+        cutoff = (time.time() if now is None else now) - retention_s
+        rows = self.db.execute(
+            "SELECT seq, session, body FROM held_mail WHERE held <= ? ORDER BY seq", (cutoff,)
+        ).fetchall()
+        self.db.executemany("DELETE FROM held_mail WHERE seq = ?", [(r[0],) for r in rows])
+        return [(sid, Message.from_dict(json.loads(body))) for _, sid, body in rows]
 
     def take(self, session: str, ids: list[str] | None) -> list[Message]:
         """Held messages to release (``None``: all of them), removed from the hold."""

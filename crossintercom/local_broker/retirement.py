@@ -1,7 +1,7 @@
 """Name retirement: a durable session with no activity for ``retire_idle_s`` (0, the default:
-never) is forgotten by the broker's sweep, as ``forget`` would: its queued mail expires with
-receipts (code ``forgotten``), asks waiting for its reply are told, other hosts stop listing
-it (docs/agents.md#name-retirement).
+never) is forgotten by the broker's sweep, as ``forget`` would: its queued and held mail
+expires with receipts (code ``forgotten``), its inbound rules go, asks waiting for its reply
+are told, other hosts stop listing it (docs/agents.md#name-retirement).
 
 Activity is being held by a live connection or changed (registered, wake policy, groups):
 the sweep stamps the sessions live at each pass, so idleness counts from when the last

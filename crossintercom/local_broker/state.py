@@ -67,6 +67,13 @@ CREATE TABLE IF NOT EXISTS ask_recipients (
     recipient_id TEXT NOT NULL,
     created REAL NOT NULL
 );
+-- The reply that answered an ask of a session of this host: a second one is already_replied,
+-- from another host as from this one (the replier's host may not be the one that tells).
+CREATE TABLE IF NOT EXISTS asks_answered (
+    ask_id TEXT PRIMARY KEY,
+    reply_id TEXT NOT NULL,
+    created REAL NOT NULL
+);
 """
 
 # Replied entries and sent asks are kept this long, so a second reply is told `already_replied`
@@ -345,6 +352,28 @@ class BrokerState:
         ).fetchone()
         return row is None or row[0] == replier_id
 
+    def answer_ask(self, ask_id: str, reply_id: str) -> bool:
+        """Record ``reply_id`` as the answer to the ask: False when another reply answered it
+        (the same reply handed over again is still its answer)."""
+        self._db.execute(
+            "INSERT OR IGNORE INTO asks_answered (ask_id, reply_id, created) VALUES (?, ?, ?)",
+            (ask_id, reply_id, time.time()),
+        )
+        row = self._db.execute(
+            "SELECT reply_id FROM asks_answered WHERE ask_id = ?", (ask_id,)
+        ).fetchone()
+        return row is not None and row[0] == reply_id
+
+    def answered(self, ask_id: str) -> bool:
+        row = self._db.execute("SELECT 1 FROM asks_answered WHERE ask_id = ?", (ask_id,))
+        return row.fetchone() is not None
+
+    def unanswer_ask(self, ask_id: str, reply_id: str) -> None:
+        """A reply that reached nobody answers nothing: the ask is open again."""
+        self._db.execute(
+            "DELETE FROM asks_answered WHERE ask_id = ? AND reply_id = ?", (ask_id, reply_id)
+        )
+
     def ask_owner(self, ask_id: str) -> str | None:
         row = self._db.execute(
             "SELECT asker_id FROM asks_sent WHERE ask_id = ?", (ask_id,)
@@ -374,6 +403,7 @@ class BrokerState:
         cutoff = (time.time() if now is None else now) - _REPLY_MEMORY_S
         self._db.execute("DELETE FROM asks_sent WHERE created < ?", (cutoff,))
         self._db.execute("DELETE FROM ask_recipients WHERE created < ?", (cutoff,))
+        self._db.execute("DELETE FROM asks_answered WHERE created < ?", (cutoff,))
         self._db.execute(
             "DELETE FROM pending_replies WHERE state = 'replied' AND created < ?", (cutoff,)
         )

@@ -480,10 +480,32 @@ SQLITE_LIST_RECEIPTS: Select[Any] = LIST_RECEIPTS.with_only_columns(
     receipts.c.id, *(cast(c, LargeBinary) for c in _RECEIPT_TEXTS)
 )
 
-# Receipts a recipient's host writes after its ack (``shown``, a late ``expired``), run with a
-# list of rows. The writer is always the recipient's host (``recipient_host``); the caller
-# checks its generation in the same transaction.
-INSERT_LATE_RECEIPTS = receipts.insert()
+# Receipts a recipient's host writes after its ack (``shown``, a late ``expired``,
+# ``acknowledged``), run with a list of rows. The writer is always the recipient's host
+# (``recipient_host``); the caller checks its generation in the same transaction. A row is
+# written only about a delivery to that host and session (PG_ADD_RECEIPTS's rule): a session
+# that never received the message acknowledges nothing (docs/operations.md, "Trust").
+_LATE_COLUMNS = (
+    "message_id",
+    "recipient_session",
+    "sender_host",
+    "sender_session",
+    "outcome",
+    "code",
+    "note",
+    "recipient_host",
+    "created",
+)
+INSERT_LATE_RECEIPTS = receipts.insert().from_select(
+    list(_LATE_COLUMNS),
+    select(*(bindparam(c, type_=receipts.c[c].type) for c in _LATE_COLUMNS)).where(
+        exists().where(
+            deliveries.c.message_id == bindparam("message_id"),
+            deliveries.c.recipient_session == bindparam("recipient_session"),
+            deliveries.c.recipient_host == bindparam("recipient_host"),
+        )
+    ),
+)
 
 # `forget`: what is still queued for one session of the host expires now, with the code
 # ``forgotten``. Returns the seqs it changed (their receipts are written next). Params:

@@ -232,10 +232,10 @@ class SqlMailboxStore(SqlReservations):
             if not receipts or not self._is_current(conn, host_id, generation):
                 return 0
             extra = {"recipient_host": host_id, "created": utcnow()}
-            conn.execute(q.INSERT_LATE_RECEIPTS, [asdict(r) | extra for r in receipts])
+            made = conn.execute(q.INSERT_LATE_RECEIPTS, [asdict(r) | extra for r in receipts])
             woken.update(r.sender_host for r in receipts)
             self._notify(conn, woken, RECEIPTS)
-            return len(receipts)
+            return int(made.rowcount)
 
         return await self._run(write, after=lambda: self._after_commit(woken, RECEIPTS))
 

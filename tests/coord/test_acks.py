@@ -6,8 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from crossintercom import protocol as p
 from crossintercom.agents.mcp_session_tools import _ack_line
-from crossintercom.models import ACK_NOTE_CHARS
+from crossintercom.client.aio import AsyncClient
+from crossintercom.models import ACK_NOTE_CHARS, Peer
 from crossintercom.storage import LateReceipt, open_store
 from crossintercom.storage.blocking import run
 from tests.conftest import background_cli
@@ -166,3 +168,43 @@ def test_a_hostile_note_reaches_the_sender_inert(cluster: Cluster, backend: str)
     assert not any(c in model for c in "\x1b\x07\x9b\n\r\u202e\u200b\u2028"), model
     for frame in ("<<<", ">>>", "</system-reminder>", "<system>"):
         assert frame not in model, model
+
+
+def test_a_session_that_never_had_the_message_cannot_acknowledge_it(cluster: Cluster) -> None:
+    """A hostile session on a third host acknowledges a message it never received, note and
+    all, before the real recipient does: its host's store write finds no delivery to it, so the
+    sender's `acks --sent` shows only the real recipient's acknowledgement."""
+    a, b, c = cluster.up("A", "B", "C")
+    b.listen("worker")
+    a.listen("planner")
+    mallory = c.client("mallory")
+    a.wait_sees("worker", "B")
+    a.wait_sees("mallory", "C")
+    sent = a.cli_json("send", "--as", "planner", "--to", "worker@B", "--ack-required", "ship it")
+    planner = Peer(a.session_id("planner"), "planner", "A")
+
+    async def forge(client: AsyncClient) -> None:
+        client.post(p.Acknowledge([p.ShownItem(sent["id"], planner)], "forged: done"))
+
+    mallory.run(forge)
+    # Then a message mallory did receive, acknowledged after the forgery: once its
+    # acknowledgement reached A, the forged one (written before it) was handled too.
+    own = a.cli_json("send", "--as", "planner", "--to", "mallory@C", "--ack-required", "yours")
+    got = mallory.next_incoming(timeout=30)
+    assert got is not None and got.message is not None and got.message.id == own["id"]
+    assert c.cli_json("ack", "--as", "mallory", own["id"]) == {"acknowledged": [own["id"]]}
+    wait_for(
+        lambda: (r := sent_row(a, "planner", own["id"])) is not None and r["acknowledged"],
+        30,
+        "mallory's own acknowledgement to reach A",
+    )
+    row = sent_row(a, "planner", sent["id"])
+    assert row is not None and not row["acknowledged"], row
+
+    b.cli_json("ack", "--as", "worker", "--note", "shipped", sent["id"])
+    row = wait_for(
+        lambda: (r := sent_row(a, "planner", sent["id"])) is not None and r["acknowledged"] and r,
+        30,
+        "the real acknowledgement",
+    )
+    assert (row["acknowledged_by"], row["note"]) == ("worker@B", "shipped")

@@ -4,6 +4,8 @@ held sender's mail waits unshown until released, rules are durable and shown."""
 from __future__ import annotations
 
 import sqlite3
+import threading
+from typing import Any
 
 from tests.conftest import kill_broker
 from tests.relay.conftest import Cluster, wait_for
@@ -145,3 +147,47 @@ def test_a_group_is_no_allowlist(cluster: Cluster) -> None:
     b.cli_json("inbound", "--as", "worker", "group:trusted", "refuse")
     again = a.cli_json("send", "--as", "intruder", "--to", "worker@B", "again", expect_rc=3)
     assert again["error"]["code"] == "sender_refused"
+
+
+def test_a_reply_passes_the_policy_once_across_hosts(cluster: Cluster) -> None:
+    """A session the recipient refuses (or holds) was once asked something: it may answer that
+    ask once, and every further "reply" naming it from its host is `already_replied`, urgent
+    or not, as a second reply on one host is; mail without the ask is still refused."""
+    a, b, worker = cluster.worker_on_b()
+    pest = a.client("pest")
+    b.wait_sees("pest", "A")
+    b.cli_json("inbound", "--as", "worker", "pest@A", "refuse")
+    asker = b.client("asker")
+    b.cli_json("inbound", "--as", "asker", "pest@A", "hold")
+    results: list[Any] = []
+    thread = threading.Thread(
+        target=lambda: results.append(asker.ask("pest@A", "which port?", timeout=60)),
+        daemon=True,
+    )
+    thread.start()
+    got = pest.next_incoming(timeout=30)
+    assert got is not None and got.message is not None and got.message.expects_reply
+    ask_id = got.message.id
+
+    # The hostile session answers with plain sends naming the ask: the first is the answer.
+    first = pest.send("asker@B", "8080", reply_to=ask_id)
+    assert first.outcome.value == "delivered", first
+    thread.join(30)
+    assert results and results[0].reply is not None and results[0].reply.text == "8080"
+    extra = []
+    for priority in ("normal", "urgent"):
+        again = pest.send("asker@B", f"obey ({priority})", reply_to=ask_id, priority=priority)
+        assert (again.outcome.value, again.code) == ("refused", "already_replied"), again
+        extra.append(again.id)
+    # Its host's own `reply` is refused by the asker's host the same way.
+    out = a.cli_json("reply", "--as", "pest", "--reply-to", ask_id, "late", expect_rc=3)
+    assert out["error"]["code"] == "already_replied", out
+    # Nothing more reached the asker: not held, not saved.
+    assert b.cli_json("inbound", "--as", "asker")["held"] == []
+    assert not set(extra) & set(b.inbox("asker"))
+    # Without an ask, the refusal and the hold stand.
+    refused = pest.send("worker@B", "buy now")
+    assert (refused.outcome.value, refused.code) == ("refused", "sender_refused")
+    held = pest.send("asker@B", "buy now", reply_to="no-such-ask")
+    assert held.outcome.value == "queued"
+    worker.no_message()

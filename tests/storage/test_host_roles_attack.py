@@ -397,3 +397,30 @@ def test_every_operation_of_a_relay_runs_under_its_host_role(
     run(s.consume_receipts(a.host, gen, [r.id for r in got]))
     assert run(s.purge(older_than_s=0)) >= 1
     assert row.message_id == "to-a"
+
+
+def test_what_deleting_a_queued_delivery_takes(hosts: dict[str, Host]) -> None:
+    """docs/operations.md, "Deleting": no host role deletes a delivery while it is queued, nor
+    finishes or deletes another host's; the recipient's host may finish its own (as its ack
+    does) and then delete it, in one transaction, and the sender hears nothing of it. That is
+    the documented limit, pinned here: a change to the policies must change the docs too."""
+    a, b, c = hosts["A"], hosts["B"], hosts["C"]
+    count = "SELECT count(*) FROM deliveries WHERE message_id = 'to-a'"
+    for host in (a, b, c):  # the recipient's, the sender's, a third host's
+        with host.connect() as conn:
+            assert conn.execute("DELETE FROM deliveries WHERE message_id = 'to-a'").rowcount == 0
+    with c.connect() as conn:
+        finish = "UPDATE deliveries SET state = 'delivered', reason = 'queued', finished_at = now()"
+        assert conn.execute(f"{finish} WHERE message_id = 'to-a'").rowcount == 0
+    with b.connect() as conn:
+        assert conn.execute(count).fetchone() == (1,)
+    with a.connect() as conn, conn.transaction():  # one BEGIN ... COMMIT
+        updated = conn.execute(
+            "UPDATE deliveries SET state = 'delivered', reason = 'queued', "
+            "finished_at = now() WHERE message_id = 'to-a'"
+        )
+        assert updated.rowcount == 1
+        assert conn.execute("DELETE FROM deliveries WHERE message_id = 'to-a'").rowcount == 1
+    with b.connect() as conn:
+        assert conn.execute(count).fetchone() == (0,)
+    assert run(b.store.receipts(b.host, b.gen)) == []
