@@ -129,6 +129,7 @@ def test_a_group_is_no_allowlist(cluster: Cluster) -> None:
             "'accept')",
             (b.session_id("worker"),),
         )
+    worker.stop()
     kill_broker(b.home)  # the rules are read afresh
     worker = b.listen("worker")
     a.listen("intruder")
