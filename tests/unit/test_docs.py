@@ -1,7 +1,8 @@
 """The docs describe the code as it is: docs/architecture.md's module map lists every module of
 the package (and nothing that is gone), and every name in the docs that reads as code (a
-``name.py`` file, a dotted module path, a backticked class, call or ``Class.attribute``) names
-something that exists. Read from the source with ``ast``; nothing is imported.
+``name.py`` file, a dotted module path, a backticked class, call, ``Class.attribute`` or
+``module.Name``) names something that exists, and every citation of a doc's section names one
+that is there. Read from the source with ``ast``; nothing is imported.
 
 docs/perf-log/ is exempt: it is the dated history of measurements, naming the code of its day.
 """
@@ -195,6 +196,16 @@ def _py_paths() -> frozenset[str]:
 
 
 @cache
+def _stems() -> dict[str, list[str]]:
+    """The package's modules by their last name: ``models`` → ``crossintercom.models``."""
+    out: dict[str, list[str]] = {}
+    for module in _defined().modules:
+        if module.startswith("crossintercom."):
+            out.setdefault(module.rsplit(".", 1)[-1], []).append(module)
+    return out
+
+
+@cache
 def _our_dirs() -> frozenset[str]:
     return frozenset(part for p in _py_paths() for part in Path(p).parts[:-1])
 
@@ -226,6 +237,9 @@ DOTTED = re.compile(r"(?<![\w./-])((?:crossintercom|tests|lab)(?:\.[A-Za-z_]\w*)
 CAMEL = re.compile(r"^[A-Z][a-z0-9]+(?:[A-Z][a-z0-9]*)+$")
 CALL = re.compile(r"^([A-Za-z_][\w.]*)\(.*\)$")
 CLASS_ATTR = re.compile(r"^([A-Z]\w*)\.([a-z_]\w*)$")
+# ``models.PROGRESS``, ``harness.SimHost``: a module of the package by its last name, then a
+# class or constant of it (a lower-case second part is as often a column or a file's name).
+MODULE_ATTR = re.compile(r"^([a-z_][a-z0-9_]*)\.([A-Z]\w*(?:\.[A-Za-z_]\w*)*)$")
 
 
 def _problems(text: str) -> Iterator[str]:
@@ -256,6 +270,10 @@ def _problems(text: str) -> Iterator[str]:
         elif CAMEL.match(span):
             if span not in defined.names | FOREIGN and not hasattr(builtins, span):
                 yield f"`{span}`: no such class or name"
+        elif (m := MODULE_ATTR.match(span)) and m.group(1) in _stems():
+            head, rest = m.groups()
+            if not any(defined.dotted(f"{module}.{rest}") for module in _stems()[head]):
+                yield f"`{span}`: no such name in a module {head}"
         elif m := CLASS_ATTR.match(span):
             cls, attr = m.groups()
             known = defined.classes.get(cls, set()) | defined.names
@@ -329,6 +347,7 @@ def test_the_checks_catch_names_that_are_gone() -> None:
     """The checks above are not vacuous: names of modules and classes that were merged away,
     and a citation of a section that moved, are each found."""
     text = "`storage/pghot.py`, `crossintercom.storage.hotpath`, `ThreadHotPath`, `hotpath()`"
-    assert len(list(_problems(text))) == 4
-    assert not list(_problems("`storage/queries.py`, `crossintercom.safetext.neutralise`"))
+    assert len(list(_problems(text + ", `models.THE_ORDER`"))) == 5
+    good = "`storage/queries.py`, `crossintercom.safetext.neutralise`, `models.PROGRESS`"
+    assert not list(_problems(good))
     assert "Byte code" in _headings(DOCS / "performance.md")
