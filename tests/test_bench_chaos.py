@@ -175,6 +175,10 @@ def check_bench(report: dict[str, Any], backends: list[str], scale: bool = False
     for backend, phases in report["details"]["outcomes"].items():
         for phase, outcomes in phases.items():
             assert set(outcomes) <= {"delivered", "queued", "replied"}, (backend, phase)
+    # What joining costs a model per request: each MCP tool profile's tools/list, in bytes.
+    sizes = report["details"]["mcp_tools_list_bytes"]
+    assert set(sizes) == {"core", "coord", "supervisor", "all"}, sizes
+    assert sizes["core"] <= 6000 < sizes["all"], sizes
 
 
 def check_cpu(report: dict[str, Any], backends: list[str]) -> None:

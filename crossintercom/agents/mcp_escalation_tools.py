@@ -16,9 +16,7 @@ from crossintercom.agents.escalation import Escalation, EscalationError, answer_
 from crossintercom.agents.mcp_tools import DEFAULT_ASK_S, Timeout, guarded
 from crossintercom.agents.session import AgentSession
 
-OptionalTarget = Annotated[
-    str | None, Field(description="Recipient; default: this session's supervisor.")
-]
+OptionalTarget = Annotated[str | None, Field(description="Default: your supervisor.")]
 
 
 class EscalationTools:
@@ -50,15 +48,13 @@ class EscalationTools:
     @guarded
     async def escalate_decision(
         self,
-        question: Annotated[str, Field(description="The decision you need.", min_length=1)],
-        options: Annotated[list[str] | None, Field(description="Choices, if any.")] = None,
-        context: Annotated[
-            str | None, Field(description="What the supervisor should know.")
-        ] = None,
+        question: Annotated[str, Field(min_length=1)],
+        options: list[str] | None = None,
+        context: str | None = None,
         to: OptionalTarget = None,
         timeout_s: Timeout = DEFAULT_ASK_S,
     ) -> CallToolResult:
-        """Ask your supervisor for a decision and wait for it (need_decision)."""
+        """Ask your supervisor for a decision and wait for it."""
         return await self._escalate(
             to, Escalation.decision(question, options or (), context), timeout_s
         )
@@ -69,26 +65,26 @@ class EscalationTools:
         questions: Annotated[
             list[dict[str, Any]],
             Field(
-                description='Questions {"id", "type": single|multi|text|info, "question", '
-                '"options"?, "context"?}; single/multi need options.'
+                description='{"id", "type": single|multi|text|info, "question", "options"?, '
+                '"context"?}; single/multi need options.'
             ),
         ],
-        title: Annotated[str | None, Field(description="What the interview is about.")] = None,
+        title: str | None = None,
         to: OptionalTarget = None,
         timeout_s: Timeout = DEFAULT_ASK_S,
     ) -> CallToolResult:
-        """Ask your supervisor several structured questions and wait (interview_request)."""
+        """Ask your supervisor several structured questions and wait."""
         return await self._escalate(to, Escalation.interview(questions, title), timeout_s)
 
     @guarded
     async def escalate_progress(
         self,
-        summary: Annotated[str, Field(description="Where the work stands.", min_length=1)],
-        percent: Annotated[float | None, Field(description="Done, 0-100.", ge=0, le=100)] = None,
-        details: Annotated[str | None, Field(description="More detail.")] = None,
+        summary: Annotated[str, Field(min_length=1)],
+        percent: Annotated[float | None, Field(ge=0, le=100)] = None,
+        details: str | None = None,
         to: OptionalTarget = None,
     ) -> CallToolResult:
-        """Tell your supervisor how the work goes; no answer is awaited (progress_update)."""
+        """Tell your supervisor how the work goes; no answer awaited."""
         return await self._escalate(to, Escalation.progress(summary, percent, details), 1.0)
 
     @guarded
@@ -98,12 +94,12 @@ class EscalationTools:
         responses: Annotated[
             list[dict[str, Any]],
             Field(
-                description='One {"id", "value"} per question: single: an option; multi: a '
-                "list of options; text: a string; info: no answer needed."
+                description='{"id", "value"} per question: an option (single), a list of '
+                "options (multi), a string (text); none for info."
             ),
         ],
     ) -> CallToolResult:
-        """Answer a decision or interview escalation sent to you; it is checked first."""
+        """Answer an escalation sent to you."""
         async with self.session.operation() as client:
             result = await sup.answer(client, reply_to, responses)
         show_answered(self.session, result, reply_to)  # answered: it wakes no one again

@@ -32,15 +32,12 @@ from crossintercom.reservations import path_conflicts
 
 Project = Annotated[
     str | None,
-    Field(
-        description="Project key, the same on every machine; default: this checkout's origin "
-        "remote (normalised), else its top directory's name."
-    ),
+    Field(description="Default: this checkout's origin remote."),
 ]
 Globs = Annotated[
     list[str],
     Field(
-        description="Globs relative to the checkout's top: src/**, docs/*.md, lib/ (all under).",
+        description="From the checkout's top: src/**, docs/*.md, lib/.",
         min_length=1,
         max_length=100,
     ),
@@ -57,20 +54,14 @@ class ReservationTools:
         globs: Globs,
         mode: Annotated[
             Literal["exclusive", "shared"],
-            Field(
-                description="exclusive: no one else may reserve an overlapping glob; shared: "
-                "others may share it, none may hold it exclusively."
-            ),
+            Field(description="shared: others may share it."),
         ] = "exclusive",
-        ttl_s: Annotated[
-            int, Field(description="Lapses after this many seconds.", gt=0, le=30 * 86400)
-        ] = 3600,
-        reason: Annotated[str | None, Field(description="One line: why, for others.")] = None,
+        ttl_s: Annotated[int, Field(gt=0, le=30 * 86400)] = 3600,
+        reason: Annotated[str | None, Field(description="One line, for others.")] = None,
         project: Project = None,
     ) -> CallToolResult:
-        """Reserve paths you are about to change, so sessions on every machine see it; all or
-        none. Refused (reservation_conflict) with the clashing reservations when another
-        session holds an overlapping one. Reserving a glob again renews it."""
+        """Reserve paths you are about to change, all or none; refused with the clashes when
+        another session holds an overlapping one. Again: renews."""
         check_one_line("reason", reason)
         key = project_key(project)
         async with self.session.operation() as client:
@@ -92,12 +83,10 @@ class ReservationTools:
     @guarded
     async def unreserve(
         self,
-        globs: Annotated[
-            list[str] | None, Field(description="Globs as reserved; omitted: all of yours.")
-        ] = None,
+        globs: Annotated[list[str] | None, Field(description="Default: all of yours.")] = None,
         project: Project = None,
     ) -> CallToolResult:
-        """Release your reservations (when the change is committed or abandoned)."""
+        """Release your reservations."""
         key = project_key(project)
         async with self.session.operation() as client:
             state = await unreserve(client, key, globs)
@@ -113,15 +102,11 @@ class ReservationTools:
         self,
         conflicts: Annotated[
             list[str] | None,
-            Field(
-                description="Paths you would change: only the reservations of other sessions "
-                "they clash with."
-            ),
+            Field(description="Paths you would change: only what clashes."),
         ] = None,
         project: Project = None,
     ) -> CallToolResult:
-        """Every machine's live reservations of the project, or with conflicts=[paths] the
-        other sessions' reservations a change to those paths clashes with."""
+        """Live reservations of the project on every machine."""
         key = project_key(project)
         async with self.session.operation() as client:
             state = await reservations(client, key)

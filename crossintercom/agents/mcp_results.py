@@ -3,9 +3,12 @@
 Claude Code and Codex show the model ``structuredContent`` (as JSON) instead of the text blocks
 when a result has it; OpenCode and Pi show the text blocks. So a result that carries mail
 (``inbox``, ``pending``, an ``ask``'s reply, an escalation's answer) has no structured content:
-its text is the framed rendering, the one form the frame holds in. Every other result keeps
-structured content, with every string in it neutralised to one line (names, statuses, ids and
-receipts come from other sessions and hosts). See docs/agents.md#framing.
+its text is the framed rendering, the one form the frame holds in. Nor has a result that lists
+what other sessions and hosts wrote of themselves or of our mail (``list_sessions``, ``groups``,
+``receipts``, ``acks``, held mail in ``inbound_policy``): its text quotes or flattens each such
+field, and JSON would show them to the model bare. The other results (outcomes, errors, our own
+state) keep structured content, every string in it neutralised to one line. See
+docs/agents.md#framing.
 
 Errors and refusals carry a stable ``code`` (``invalid_argument``, ``unknown_tool``,
 ``broker_unavailable``, the broker's own codes ...) and say that nothing was done.
@@ -29,7 +32,7 @@ from crossintercom.agents.framing import (
 )
 from crossintercom.agents.mail import HANDOVER_BYTES, render_mail
 from crossintercom.codes import Code
-from crossintercom.models import LISTED_SESSION_FIELDS, Outcome, SendResult, SessionInfo
+from crossintercom.models import Outcome, SendResult, SessionInfo
 
 # Outcomes where nothing was done: an error result, as for any other refusal.
 _REFUSALS = (Outcome.REFUSED, Outcome.NOT_SENT)
@@ -60,9 +63,13 @@ def ok(text: str, data: Mapping[str, Any] | None = None) -> CallToolResult:
     )
 
 
-def mail(text: str) -> CallToolResult:
-    """A result carrying mail: the framed text only (see the module's docstring)."""
+def text_only(text: str) -> CallToolResult:
+    """A result carrying mail, or fields other sessions and hosts wrote: the text only, where
+    each is framed or quoted (see the module's docstring)."""
     return ok(text)
+
+
+mail = text_only
 
 
 def error(code: str, message: str, **extra: Any) -> CallToolResult:
@@ -133,7 +140,9 @@ def sessions(found: Sequence[SessionInfo], note: str) -> CallToolResult:
         state = "online" if s.online else "offline"
         groups = ",".join(header_field(g) for g in s.groups)
         where = f"{header_field(s.display_name)}@{header_field(s.host)}"
-        line = f"- {where} ({state}; wake {s.wake}; groups {groups or '-'})"
+        line = (
+            f"- {where} ({state}; wake {s.wake}; groups {groups or '-'}; id {header_field(s.id)})"
+        )
         # What the session said of itself, each quoted: none can close another or pose as ours.
         if s.cwd:
             line += f"; cwd {quoted(s.cwd)}"
@@ -144,5 +153,4 @@ def sessions(found: Sequence[SessionInfo], note: str) -> CallToolResult:
         lines.append(line)
     if not found:
         lines.append("No sessions match.")
-    listed = [{k: s.to_dict()[k] for k in LISTED_SESSION_FIELDS} for s in found]
-    return ok("\n".join(lines), {"sessions": listed})
+    return text_only("\n".join(lines))

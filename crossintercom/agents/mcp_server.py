@@ -14,10 +14,12 @@ from typing import Any
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.context import Context
 from mcp.server.mcpserver.exceptions import ToolError
-from mcp.types import CallToolResult, InputRequiredResult, ToolAnnotations
+from mcp.types import CallToolResult, InputRequiredResult, ListToolsResult, ToolAnnotations
+from mcp.types import Tool as MCPTool
 from pydantic import ValidationError
 
 from crossintercom import __version__
+from crossintercom.agents import mcp_profiles as profiles
 from crossintercom.agents import mcp_results as res
 from crossintercom.agents.mcp_escalation_tools import EscalationTools
 from crossintercom.agents.mcp_reservation_tools import ReservationTools
@@ -31,13 +33,16 @@ from crossintercom.errors import Code
 log = logging.getLogger(__name__)
 
 
-def instructions(name: str, host: str, supervisor: str | None) -> str:
-    sup = (
-        f" Your supervisor is {supervisor}: escalate_decision or escalate_interview when you "
-        "need its decision (they wait), escalate_progress to report (it does not)."
-        if supervisor
-        else ""
-    )
+def instructions(name: str, host: str, supervisor: str | None, escalations: bool = True) -> str:
+    if supervisor and escalations:
+        sup = (
+            f" Your supervisor is {supervisor}: escalate_decision or escalate_interview when you "
+            "need its decision (they wait), escalate_progress to report (it does not)."
+        )
+    elif supervisor:
+        sup = f" Your supervisor is {supervisor}."
+    else:
+        sup = ""
     return (
         f"crossintercom is your mailbox as {name}@{host}, shared with other agent sessions on "
         "this and other machines. Use send for information and requests you need no answer to "
@@ -58,14 +63,32 @@ class MailboxServer(MCPServer[Any]):
     """Checks every call's argument names and types, and answers mistakes with a code."""
 
     session: AgentSession | None = None
+    profile: str = profiles.DEFAULT_PROFILE
+    every_tool: frozenset[str] = frozenset()
+
+    async def list_tools(self) -> list[MCPTool]:
+        """The profile's tools, their schemas compact (docs/agents.md#tool-profiles)."""
+        every = await super().list_tools()
+        wanted = set(profiles.offered(self.profile, [t.name for t in every]))
+        return [
+            t.model_copy(update={"input_schema": profiles.compact(t.input_schema)})
+            for t in every
+            if t.name in wanted
+        ]
 
     async def call_tool(
         self, name: str, arguments: dict[str, Any], context: Context[Any, Any] | None = None
     ) -> CallToolResult | InputRequiredResult:
         known = {t.name: t for t in await self.list_tools()}
         if name not in known:
+            elsewhere = (
+                f"; {name} is not in the {self.profile} profile (the CLI has it)"
+                if name in self.every_tool
+                else ""
+            )
             return res.error(
-                Code.UNKNOWN_TOOL, f"no tool {name!r}; tools: {', '.join(sorted(known))}"
+                Code.UNKNOWN_TOOL,
+                f"no tool {name!r}{elsewhere}; tools: {', '.join(sorted(known))}",
             )
         allowed = set((known[name].input_schema or {}).get("properties", {}))
         extra = sorted(set(arguments) - allowed)
@@ -95,14 +118,26 @@ class MailboxServer(MCPServer[Any]):
             )
 
 
-def build_server(session: AgentSession, supervisor: str | None) -> MailboxServer:
+def profile_for(profile: str | None, supervisor: str | None) -> str:
+    """The profile asked for; by default ``core``, or ``supervisor`` when one is named."""
+    if profile is not None:
+        return profile
+    return profiles.SUPERVISED_PROFILE if supervisor else profiles.DEFAULT_PROFILE
+
+
+def build_server(
+    session: AgentSession, supervisor: str | None, profile: str | None = None
+) -> MailboxServer:
+    chosen = profile_for(profile, supervisor)
+    escalations = "escalate_decision" in profiles.offered(chosen, ["escalate_decision"])
     server = MailboxServer(
         "crossintercom",
-        instructions=instructions(session.name, session.settings.host_id, supervisor),
+        instructions=instructions(session.name, session.settings.host_id, supervisor, escalations),
         version=__version__,
         log_level="WARNING",
     )
     server.session = session
+    server.profile = chosen
     tools = Tools(session, supervisor)
     every = {
         **tools.all(),
@@ -110,10 +145,13 @@ def build_server(session: AgentSession, supervisor: str | None) -> MailboxServer
         **SessionTools(session).all(),
         **ReservationTools(session).all(),
     }
+    server.every_tool = frozenset(every)
     for name, (fn, read_only) in every.items():
         server.add_tool(
             fn,
             name=name,
+            # One line: the indentation of a docstring is bytes every request carries.
+            description=" ".join((fn.__doc__ or "").split()),
             annotations=ToolAnnotations(
                 read_only_hint=read_only,
                 destructive_hint=False,
@@ -125,7 +163,17 @@ def build_server(session: AgentSession, supervisor: str | None) -> MailboxServer
     return server
 
 
-async def serve(settings: Settings, identity: Identity, supervisor: str | None) -> None:
+async def tools_list(settings: Settings, identity: Identity, profile: str | None) -> str:
+    """The profile's ``tools/list`` result as the server sends it, in JSON: what a harness hands
+    the model on every request (``crossintercom bench`` measures it). No session is held."""
+    session = AgentSession(settings, identity, watch=False)
+    tools = await build_server(session, None, profile).list_tools()
+    return ListToolsResult(tools=tools).model_dump_json(by_alias=True, exclude_none=True)
+
+
+async def serve(
+    settings: Settings, identity: Identity, supervisor: str | None, profile: str | None = None
+) -> None:
     """Run until the harness closes stdin; the session is held the whole time."""
     async with AgentSession(settings, identity) as session:
-        await build_server(session, supervisor).run_stdio_async()
+        await build_server(session, supervisor, profile).run_stdio_async()

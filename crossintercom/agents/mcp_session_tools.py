@@ -43,15 +43,9 @@ class SessionTools:
     @guarded
     async def set_wake(
         self,
-        policy: Annotated[
-            WakePolicy,
-            Field(
-                description="every: any message wakes you; asks: only asks; urgent: only "
-                "urgent mail; never: none."
-            ),
-        ],
+        policy: WakePolicy,
     ) -> CallToolResult:
-        """Choose which new mail wakes you when idle (kept for this session)."""
+        """Which new mail wakes you when idle: every, asks, urgent or never."""
         async with self.session.operation() as client:
             info = await set_wake(client, policy)
         self.session.note_wake(info.wake)
@@ -60,33 +54,27 @@ class SessionTools:
     @guarded
     async def receipts(
         self,
-        message_id: Annotated[
-            str | None, Field(description="Only receipts for this message you sent.")
-        ] = None,
-        limit: Annotated[int, Field(description="At most this many.", ge=1, le=500)] = 50,
+        message_id: str | None = None,
+        limit: Annotated[int, Field(ge=1, le=500)] = 50,
     ) -> CallToolResult:
-        """What became of messages you sent: delivered (saved by the recipient), shown (its
-        agent was shown it), queued, expired, refused; newest last."""
+        """What became of messages you sent (delivered, shown, expired ...), newest last."""
         found = [
             e.body
             for e in self.session.inbox.receipts()
             if message_id is None or e.body.get("id") == message_id
         ][-limit:]
         lines = [_receipt_line(r) for r in found]
-        return res.ok("\n".join(lines) or "No receipts.", {"receipts": found})
+        return res.text_only("\n".join(lines) or "No receipts.")
 
     @guarded
     async def ack(
         self,
-        message_ids: Annotated[
-            list[str], Field(description="Ids of messages you received.", min_length=1)
-        ],
+        message_ids: Annotated[list[str], Field(min_length=1)],
         note: Annotated[
             str | None, Field(description="One line for the sender.", max_length=ACK_NOTE_CHARS)
         ] = None,
     ) -> CallToolResult:
-        """Acknowledge messages whose senders asked for it (handled; no reply needed). Each
-        sender gets an acknowledged receipt. A reply acknowledges its ask by itself."""
+        """Acknowledge messages whose senders asked for it (a reply needs none)."""
         check_one_line("note", note)
         done = acknowledge(self.session.client, message_ids, note)
         return res.ok(f"Acknowledged {', '.join(done)}.", {"acknowledged": done})
@@ -94,12 +82,9 @@ class SessionTools:
     @guarded
     async def acks(
         self,
-        sent: Annotated[
-            bool,
-            Field(description="false: what you must acknowledge; true: what you sent awaits."),
-        ] = False,
+        sent: Annotated[bool, Field(description="true: what you sent.")] = False,
     ) -> CallToolResult:
-        """Messages awaiting acknowledgement, with their ages (seconds) and whether overdue."""
+        """Messages awaiting your acknowledgement (or sent: others'), ages, overdue ones."""
         if sent:
             async with self.session.operation() as client:
                 rows = await sent_awaiting(client)
@@ -110,12 +95,11 @@ class SessionTools:
             + (" OVERDUE" if r["overdue"] else "")
             for r in rows
         ]
-        return res.ok("\n".join(lines) or "Nothing awaits acknowledgement.", {"acks": rows})
+        return res.text_only("\n".join(lines) or "Nothing awaits acknowledgement.")
 
     @guarded
     async def dead_letters(self) -> CallToolResult:
-        """Messages you sent that never reached their recipient (refused, not sent, expired,
-        recipient forgotten), with the reason; resend one with the resend tool."""
+        """Messages you sent that never arrived, and why."""
         async with self.session.operation() as client:
             rows = [dead_letter_json(d) for d in await dead_letters(client)]
         lines = [
@@ -130,11 +114,9 @@ class SessionTools:
     async def resend(
         self,
         message_id: Annotated[str, Field(description="A dead letter's id.")],
-        recipient: Annotated[
-            str | None, Field(description="Only to this recipient it missed (a session id).")
-        ] = None,
+        recipient: Annotated[str | None, Field(description="Only this session id.")] = None,
     ) -> CallToolResult:
-        """Send a dead letter again, as a new message in the same thread."""
+        """Send a dead letter again, as a new message in its thread."""
         async with self.session.operation() as client:
             result = await resend(client, message_id, recipient)
         return res.outcome(result)
@@ -144,45 +126,29 @@ class SessionTools:
         self,
         pattern: Annotated[
             str | None,
-            Field(
-                description="Sender to set a rule for: NAME, NAME@HOST, *@HOST, "
-                "group:NAME (hold or refuse only: anyone may join a group), *."
-            ),
+            Field(description="NAME, NAME@HOST, *@HOST, group:NAME (hold, refuse only) or *."),
         ] = None,
-        action: Annotated[
-            Literal["accept", "hold", "refuse"] | None,
-            Field(description="accept, hold (kept unshown until released) or refuse."),
-        ] = None,
-        remove: Annotated[bool, Field(description="Remove the rule for pattern.")] = False,
-        release: Annotated[
-            list[str] | None, Field(description="Held message ids to release; ['*']: all.")
-        ] = None,
+        action: Literal["accept", "hold", "refuse"] | None = None,
+        remove: bool = False,
+        release: Annotated[list[str] | None, Field(description="Held ids; ['*']: all.")] = None,
     ) -> CallToolResult:
-        """Whose mail you accept, hold or refuse (kept with your session), and the mail held;
-        without arguments it only lists them."""
+        """Accept, hold or refuse a sender's mail; release held mail. No arguments: list."""
         if pattern is not None and action is None and not remove:
             raise UsageError("give an action for the pattern, or remove=true")
         async with self.session.operation() as client:
             state = await inbound_policy(client, pattern, None if remove else action, release)
         out = inbound_json(state)
-        # Held mail is another session's words: never shown here, outside its frame (a harness
-        # shows the model structured content); released, it is read framed (docs/agents.md).
-        out["held"] = [
-            {
-                "id": h["id"],
-                "from": h["from"],
-                "held_at": h["held_at"],
-                "characters": len(h["message"]),
-            }
-            for h in out["held"]
-        ]
         lines = [f"- {one_line(k)}: {v}" for k, v in out["rules"].items()] or ["No rules."]
+        # Held mail is another session's words: never shown here, outside its frame; released,
+        # it is read framed (docs/agents.md). Its sender is text only, as in list_sessions.
         lines += [
-            f"held {header_field(h['id'])} from {header_field(h['from'])}, {h['characters']} "
-            "characters (release it to read it)"
+            f"held {header_field(h['id'])} from {header_field(h['from'])}, "
+            f"{len(h['message'])} characters (release it to read it)"
             for h in out["held"]
         ]
-        return res.ok("\n".join(lines), out)
+        if out["released"]:
+            lines.append(f"Released {out['released']}: read it with inbox.")
+        return res.text_only("\n".join(lines))
 
     def all(self) -> Mapping[str, tuple[Callable[..., Awaitable[CallToolResult]], bool]]:
         """Tool name -> (function, read-only)."""

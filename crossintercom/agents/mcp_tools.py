@@ -6,7 +6,6 @@ import functools
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Annotated, Any, ParamSpec
 
-import msgspec
 from mcp.types import CallToolResult
 from pydantic import Field
 
@@ -35,31 +34,25 @@ P = ParamSpec("P")
 DEFAULT_ASK_S = 50.0
 
 Target = Annotated[
-    str, Field(description="Session id, NAME, NAME@HOSTID (or group:NAME for send).")
+    str, Field(description="NAME, NAME@HOST or a session id; send also takes group:NAME.")
 ]
-Text = Annotated[str, Field(description="The message text.", min_length=1)]
+Text = Annotated[str, Field(min_length=1)]
 Timeout = Annotated[
-    float, Field(description="Seconds to wait for the answer (1-600).", ge=1, le=MAX_ASK_TIMEOUT_S)
+    float, Field(description="Seconds to wait for the answer.", ge=1, le=MAX_ASK_TIMEOUT_S)
 ]
 
 # Threads (docs/threads.md): optional on send and ask; a reply takes its ask's.
-Subject = Annotated[
-    str | None, Field(description="A one-line subject for a new conversation.", max_length=200)
-]
+Subject = Annotated[str | None, Field(description="One line, for a new thread.", max_length=200)]
 ThreadId = Annotated[
     str | None,
-    Field(description="Continue this thread (its first message's id).", max_length=128),
+    Field(description="Thread to continue (its first message's id).", max_length=128),
 ]
 # Marks (docs/delivery.md#priority, #acknowledgement).
-PriorityArg = Annotated[
-    Priority, Field(description="low, normal, high or urgent (urgent wakes urgent-only sessions).")
-]
-AckRequired = Annotated[
-    bool, Field(description="Ask the recipient to acknowledge it; you get an acknowledged receipt.")
-]
+PriorityArg = Annotated[Priority, Field()]
+AckRequired = Annotated[bool, Field(description="The recipient is to acknowledge it.")]
 AckWithin = Annotated[
     float | None,
-    Field(description="With ack_required: overdue after this many seconds.", gt=0),
+    Field(description="Acknowledgement overdue after (s).", gt=0),
 ]
 
 
@@ -105,7 +98,7 @@ class Tools:
 
     @guarded
     async def whoami(self) -> CallToolResult:
-        """Who this session is, where it runs, and how much mail waits."""
+        """Who and where you are, and what mail waits."""
         async with self.session.operation() as client:
             st = await client.status()
             waiting = len(await client.pending())
@@ -136,11 +129,11 @@ class Tools:
     @guarded
     async def list_sessions(
         self,
-        online_only: Annotated[bool, Field(description="Only sessions online now.")] = True,
-        host: Annotated[str | None, Field(description="Only sessions on this host id.")] = None,
-        group: Annotated[str | None, Field(description="Only members of this group.")] = None,
+        online_only: bool = True,
+        host: str | None = None,
+        group: str | None = None,
     ) -> CallToolResult:
-        """Sessions on every host that you can message."""
+        """Sessions on every host you can message."""
         async with self.session.operation() as client:
             found = await client.list_sessions()
         found = [
@@ -155,7 +148,7 @@ class Tools:
 
     @guarded
     async def pending(self) -> CallToolResult:
-        """Asks that wait for your reply, oldest first."""
+        """Asks awaiting your reply, oldest first."""
         async with self.session.operation() as client:
             asks = [m.to_dict() for m in await client.pending()]
         if not asks:
@@ -176,7 +169,7 @@ class Tools:
             + ", ".join(f"{one_line(m.name)}@{one_line(m.host)}" for m in g.members)
             for g in found
         ]
-        return res.ok("\n".join(lines) or "No groups.", {"groups": msgspec.to_builtins(found)})
+        return res.text_only("\n".join(lines) or "No groups.")
 
     # --- mail ---------------------------------------------------------------------------------
 
@@ -185,16 +178,14 @@ class Tools:
         self,
         to: Target,
         message: Text,
-        attach_files: Annotated[
-            list[str] | None, Field(description="Paths of UTF-8 text files to attach.")
-        ] = None,
+        attach_files: Annotated[list[str] | None, Field(description="UTF-8 text files.")] = None,
         subject: Subject = None,
         thread_id: ThreadId = None,
         priority: PriorityArg = "normal",
         ack_required: AckRequired = False,
         ack_within_s: AckWithin = None,
     ) -> CallToolResult:
-        """Send a message and go on (no answer awaited). Use it for information and requests."""
+        """Send a message; no answer awaited."""
         check_text(message)
         check_one_line("subject", subject)
         limit = self.session.settings.max_message_bytes
@@ -222,8 +213,8 @@ class Tools:
         thread_id: ThreadId = None,
         priority: PriorityArg = "normal",
     ) -> CallToolResult:
-        """Ask and wait for the answer (at most timeout_s). Use it only when you cannot go on
-        without the answer; a late answer arrives in your inbox."""
+        """Ask and wait for the answer, only when you cannot go on without it; a late answer
+        comes to your inbox."""
         check_text(message)
         check_one_line("subject", subject)
         async with self.session.operation() as client:
@@ -244,12 +235,10 @@ class Tools:
     async def reply(
         self,
         message: Text,
-        reply_to: Annotated[
-            str | None, Field(description="The ask's id; default: the oldest pending ask.")
-        ] = None,
+        reply_to: Annotated[str | None, Field(description="The ask's id; default: oldest.")] = None,
         priority: PriorityArg = "normal",
     ) -> CallToolResult:
-        """Answer an ask that was delivered to you."""
+        """Answer an ask sent to you."""
         check_text(message)
         async with self.session.operation() as client:
             result = await client.reply(message, reply_to=reply_to, priority=priority)
@@ -259,23 +248,14 @@ class Tools:
     @guarded
     async def inbox(
         self,
-        unseen_only: Annotated[
-            bool, Field(description="Only messages never shown (default).")
-        ] = True,
-        limit: Annotated[int, Field(description="At most this many messages.", ge=1, le=200)] = 20,
-        message_id: Annotated[
-            str | None, Field(description="Read this one message (the rest of a long one).")
-        ] = None,
-        offset: Annotated[
-            int, Field(description="With message_id: start at this character.", ge=0)
-        ] = 0,
-        attachment: Annotated[
-            str | None, Field(description="With message_id: read this attachment instead.")
-        ] = None,
+        unseen_only: bool = True,
+        limit: Annotated[int, Field(ge=1, le=200)] = 20,
+        message_id: Annotated[str | None, Field(description="Read one message on.")] = None,
+        offset: Annotated[int, Field(description="Character to start at.", ge=0)] = 0,
+        attachment: Annotated[str | None, Field(description="Read this attachment.")] = None,
     ) -> CallToolResult:
-        """Your messages, oldest first; what it returns is marked shown. One result shows at
-        most 24000 bytes of mail, each message at most 16384 characters: read the rest of a
-        message with message_id and offset, the messages left out by calling inbox again."""
+        """Your messages, oldest first, marked shown; the result says how to read what it left
+        out."""
         if message_id is not None:
             return self._one(message_id, offset, attachment)
         settings, box, sid = self.session.settings, self.session.inbox, self.session.identity.id
@@ -328,17 +308,15 @@ class Tools:
     # --- membership and status ----------------------------------------------------------------
 
     @guarded
-    async def join(self, group: Annotated[str, Field(description="Group name.")]) -> CallToolResult:
-        """Join a group (kept for this durable session)."""
+    async def join(self, group: str) -> CallToolResult:
+        """Join a group."""
         _check_group(group)
         async with self.session.operation() as client:
             now = await client.join(group)
         return res.ok(f"You are in: {', '.join(map(one_line, now))}.", {"groups": now})
 
     @guarded
-    async def leave(
-        self, group: Annotated[str, Field(description="Group name.")]
-    ) -> CallToolResult:
+    async def leave(self, group: str) -> CallToolResult:
         """Leave a group."""
         _check_group(group)
         async with self.session.operation() as client:
@@ -351,13 +329,10 @@ class Tools:
         self,
         status: Annotated[
             str | None,
-            Field(
-                description="Short status others see in list; null clears it.",
-                max_length=DESCRIPTION_CHARS,
-            ),
+            Field(description="null clears it.", max_length=DESCRIPTION_CHARS),
         ],
     ) -> CallToolResult:
-        """Set the status text others see for you (one line)."""
+        """Set the one-line status others see in list_sessions."""
         if status is not None:
             check_text(status, "status")
             check_one_line("status", status)

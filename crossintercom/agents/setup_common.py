@@ -78,10 +78,14 @@ class Agent:
     env: dict[str, str]
     # Let the harness run the server's tools without asking, where it has such a rule.
     allow_tools: bool = True
+    # The MCP server's tool profile (docs/agents.md#tool-profiles); None: the server's default.
+    profile: str | None = None
 
     def mcp_args(self) -> list[str]:
         args = ["mcp", "--as", self.name]
-        return [*args, "--supervisor", self.supervisor] if self.supervisor else args
+        if self.supervisor:
+            args += ["--supervisor", self.supervisor]
+        return [*args, "--profile", self.profile] if self.profile else args
 
     def shell(self, *args: str) -> str:
         """A hook command line (hooks run through a shell): env, then the command."""

@@ -25,6 +25,7 @@ from crossintercom.cli.common import (
     identity,
     json_option,
     one_shot,
+    profile_option,
     settings,
 )
 from crossintercom.cli.output import emit_json, refused_exit
@@ -146,7 +147,19 @@ def _claude_socket(as_name: str, session_id: str | None, settle: float) -> None:
     metavar="TARGET",
     help="Where escalations go (NAME, NAME@HOSTID or a session id).",
 )
-def mcp(as_name: str, session_id: str | None, supervisor: str | None) -> None:
+@profile_option
+@click.option(
+    "--print-tools",
+    is_flag=True,
+    help="Print the profile's tools/list JSON (what a model reads on every turn) and exit.",
+)
+def mcp(
+    as_name: str,
+    session_id: str | None,
+    supervisor: str | None,
+    profile: str | None,
+    print_tools: bool,
+) -> None:
     """Serve NAME's mailbox as MCP tools on stdio, holding NAME's session while it runs."""
     try:
         from crossintercom.agents.mcp_server import serve
@@ -157,11 +170,18 @@ def mcp(as_name: str, session_id: str | None, supervisor: str | None) -> None:
     from crossintercom.agents import lifeline
     from crossintercom.agents.codex_daemon import tie_to_tui
 
+    if print_tools:
+        from crossintercom.agents.mcp_server import tools_list
+
+        cfg = settings()
+        ident = Identity.named(cfg, as_name, session_id)
+        click.echo(asyncio.run(tools_list(cfg, ident, profile)))
+        return
     if (line := lifeline.install()) is not None:
         # Under Codex's daemon the server would outlive the TUI (docs/agents.md#codex).
         tie_to_tui(line.harness, None, lifeline.terminate)
     cfg = settings()
-    asyncio.run(serve(cfg, Identity.named(cfg, as_name, session_id), supervisor))
+    asyncio.run(serve(cfg, Identity.named(cfg, as_name, session_id), supervisor, profile))
 
 
 @click.command("set-status")

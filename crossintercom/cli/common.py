@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 
 import click
 
+from crossintercom.agents.mcp_profiles import PROFILES
 from crossintercom.client import Client, Identity, file_text
 from crossintercom.config import ENV_AS, ENV_JSON, Settings, load_settings
 
@@ -53,6 +54,16 @@ def as_options(required: bool) -> Callable[[F], F]:
         )(f)
 
     return decorate
+
+
+def profile_option(f: F) -> F:
+    """``--profile``: the MCP server's tool set (docs/agents.md#tool-profiles)."""
+    return click.option(
+        "--profile",
+        type=click.Choice(list(PROFILES)),
+        help="The MCP tools offered: core (default; supervisor with --supervisor), coord, "
+        "supervisor or all; the others stay CLI commands (docs/agents.md#tool-profiles).",
+    )(f)
 
 
 def settings() -> Settings:

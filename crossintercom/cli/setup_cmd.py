@@ -11,7 +11,7 @@ import click
 
 from crossintercom.agents import harness_setup as hs
 from crossintercom.agents.setup_common import utf8
-from crossintercom.cli.common import json_option
+from crossintercom.cli.common import json_option, profile_option
 from crossintercom.cli.output import emit_json
 from crossintercom.config import ENV_AS
 from crossintercom.errors import UsageError
@@ -60,6 +60,7 @@ def _default_name() -> str:
     help="claude-code: let the agent use crossintercom's tools without asking "
     "(permissions.allow mcp__crossintercom; default), or leave the rule out.",
 )
+@profile_option
 @click.option(
     "--print", "print_only", is_flag=True, help="Show what would be written; write nothing."
 )
@@ -71,6 +72,7 @@ def setup(
     directory: Path | None,
     command: str | None,
     allow_tools: bool,
+    profile: str | None,
     print_only: bool,
     as_json: bool,
 ) -> None:
@@ -93,6 +95,7 @@ def setup(
         command=argv,
         env=hs.carried_env(),
         allow_tools=allow_tools,
+        profile=profile,
     )
     target = (directory or _default_dir(harness)).expanduser().absolute()
     changes = hs.plan(harness, agent, target)

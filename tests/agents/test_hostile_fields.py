@@ -29,6 +29,9 @@ from tests.agents.hostile import (
 )
 from tests.conftest import run_cli, sessions, settings_for
 
+# Results holding what the hostile host wrote: no structured content (docs/agents.md#framing).
+TEXT_ONLY = {"list_sessions", "groups", "receipts", "pending", "inbox"}
+
 
 def _worker_id(env: dict[str, str]) -> str:
     return durable_session_id(settings_for(env).host_id, "worker")
@@ -41,7 +44,7 @@ def test_every_mcp_tool_frames_or_neutralises_a_hostile_host(
 
 
 async def _every_tool(env: dict[str, str], home: Path) -> None:
-    async with mcp_server(env, "worker") as (worker, _):
+    async with mcp_server(env, "worker", "--profile", "all") as (worker, _):
         await until(lambda: online(home, "worker"), 30, "the MCP server to hold worker")
         relay = FakeRelay(home)
         try:
@@ -60,6 +63,9 @@ async def _every_tool(env: dict[str, str], home: Path) -> None:
                 assert not result.is_error, text
                 assert_clean_text(text, frames=frames)
                 assert_clean_data(result.structured_content)
+                if tool in TEXT_ONLY:
+                    # Claude Code and Codex would show the JSON instead of the quoted text.
+                    assert result.structured_content is None, (tool, result.structured_content)
                 return text
 
             await check("whoami")

@@ -30,7 +30,7 @@ def test_refusals_are_errors_with_codes_and_no_internal_names(
 
 
 async def _refusals(env: dict[str, str], home: Path) -> None:
-    async with mcp_server(env, "worker") as (worker, init):
+    async with mcp_server(env, "worker", "--profile", "coord") as (worker, init):
         assert init.server_info.version == __version__
         await until(lambda: online(home, "worker"), 30, "the MCP server to hold worker")
         cases = [

@@ -17,8 +17,8 @@ def test_reservation_tools_across_hosts(cluster: Cluster) -> None:
 
 async def _reservations(a: Host, b: Host) -> None:
     async with (
-        mcp_server(a.env, "worker") as (worker, _),
-        mcp_server(b.env, "lead") as (lead, _),
+        mcp_server(a.env, "worker", "--profile", "coord") as (worker, _),
+        mcp_server(b.env, "lead", "--profile", "coord") as (lead, _),
     ):
         made = await worker.data("reserve", globs=["src/**"], reason="refactor", project=P)
         assert [(r["glob"], r["holder"]) for r in made["reserved"]] == [("src/**", "worker@A")]

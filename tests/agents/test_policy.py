@@ -119,7 +119,7 @@ def test_mcp_set_wake_tool(cli_env: dict[str, str], runtime_home: Path) -> None:
 
 
 async def _mcp_wake(env: dict[str, str], home: Path) -> None:
-    async with mcp_server(env, "worker") as (worker, _):
+    async with mcp_server(env, "worker", "--profile", "all") as (worker, _):
         await until(lambda: online(home, "worker"), 30, "the MCP server to hold worker")
         assert (await worker.data("whoami"))["wake"] == "every"
         assert await worker.data("set_wake", policy="asks") == {"wake": "asks"}
@@ -127,8 +127,9 @@ async def _mcp_wake(env: dict[str, str], home: Path) -> None:
         bad = await worker.call("set_wake", policy="sometimes")
         assert bad.is_error and bad.structured_content["error"]["code"] == "invalid_argument"
         assert (await worker.data("whoami"))["wake"] == "asks"  # nothing changed
-        listed = (await worker.data("list_sessions"))["sessions"]
-        assert [s["wake"] for s in listed if s["name"] == "worker"] == ["asks"]
+        listed = await worker.text("list_sessions")
+        mine = [line for line in listed.splitlines() if line.startswith("- worker@")]
+        assert len(mine) == 1 and "; wake asks;" in mine[0], listed
 
 
 def test_wake_policy_is_in_the_roster_other_hosts_read(cluster: Cluster) -> None:

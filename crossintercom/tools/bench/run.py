@@ -13,6 +13,7 @@ import os
 import platform
 import secrets
 import sqlite3
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -20,12 +21,14 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from crossintercom.config import ENV_HOME
 from crossintercom.tools.bench.baselines import RawPostgres, RawSQLite, RawUDS
 from crossintercom.tools.bench.peer import PEER, Peer, missing
 from crossintercom.tools.bench.report import BenchReport, Figure, median
 from crossintercom.tools.bench.rounds import ClusterBench, Rounds
 from crossintercom.tools.bench.workload import Counts
 from crossintercom.tools.common import Store, prepare_store, scratch_dir, utc_now
+from crossintercom.tools.harness import CLI
 
 UDS_ONE_WAY = "raw Unix socket: bench -> forwarder process -> sink process, one frame at a time"
 UDS_ECHO = "raw Unix socket: bench -> echo process -> bench, one frame at a time"
@@ -286,6 +289,28 @@ def _peer(kind: str, conninfo: str | None, details: dict[str, Any]) -> Iterator[
         yield peer
 
 
+# The MCP server's tool profiles (agents/mcp_profiles.py; the tools do not import the agents).
+MCP_PROFILES = ("core", "coord", "supervisor", "all")
+
+
+def _tools_list_bytes(root: Path) -> dict[str, int | str]:
+    """What joining costs a model on every request: each MCP tool profile's tools/list, in
+    bytes of JSON, as `crossintercom mcp --print-tools` prints it."""
+    sizes: dict[str, int | str] = {}
+    env = {**os.environ, ENV_HOME: str(root / "mcp")}
+    for profile in MCP_PROFILES:
+        out = subprocess.run(
+            [*CLI, "mcp", "--as", "bench", "--profile", profile, "--print-tools"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        sizes[profile] = len(out.stdout.strip().encode()) if out.returncode == 0 else "n/a"
+    return sizes
+
+
 def run_bench(
     store_url: str | None = None,
     *,
@@ -392,6 +417,7 @@ def run_bench(
                         step=step,
                     ).figures()
                     report.figures += figures
+            details["mcp_tools_list_bytes"] = _tools_list_bytes(root)
         report.details = details
     report.elapsed_s = round(time.perf_counter() - started, 1)
     return report
