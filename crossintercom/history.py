@@ -12,7 +12,6 @@ from crossintercom.config import Settings
 from crossintercom.inbox_search import search_inboxes
 from crossintercom.search_model import SearchHit, SearchQuery
 from crossintercom.storage import ArchiveStore, open_archive
-from crossintercom.storage.blocking import open_blocking_store
 from crossintercom.storage.connection import connection_url
 
 Source = Literal["archive", "inbox"]
@@ -29,9 +28,9 @@ def open_history(settings: Settings) -> ArchiveStore | None:
     url = connection_url(settings)
     if url is None:
         return None
-    open_blocking_store(url).close()  # the schema is checked
     archive = open_archive(url)
     try:
+        archive.check_schema()
         if archive.archive_settings().enabled:
             return archive
     except BaseException:

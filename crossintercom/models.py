@@ -108,13 +108,25 @@ def further(new: str, old: str) -> bool:
     return progress(new) > progress(old)
 
 
+# The failures: the end of the order, nothing follows them.
+FAILED: Final = frozenset(o for o, rank in PROGRESS.items() if rank == max(PROGRESS.values()))
+# Outcomes that never move again: the failures, and an acknowledgement (the last a recipient
+# can do).
+SETTLED: Final = FAILED | {Outcome.ACKNOWLEDGED}
+
+
+# A shared-store delivery row's state: queued until acknowledged (delivered, refused) or
+# expired; the store's CHECK constraint lists the same (storage/schema).
+DeliveryState = Literal["queued", "delivered", "refused", "expired"]
+DELIVERY_STATES: Final[tuple[DeliveryState, ...]] = get_args(DeliveryState)
 # The outcomes each kind of row or frame may carry, spelt as types once, here; the tuples are
 # read from them (tests/unit/test_outcome_model.py holds every member to ``Outcome``).
 # A delivery's ack by its recipient's host.
 AckOutcome = Literal["delivered", "refused"]
 # A store's receipt row.
 ReceiptOutcome = Literal["delivered", "refused", "expired", "shown", "acknowledged"]
-# What a host learns after the first answer (a receipt between hosts).
+# What a recipient's host reports to a sender's host after its ack (``add_receipts``, the
+# relays' receipt frame).
 LateReceiptOutcome = Literal["shown", "expired", "acknowledged"]
 RECEIPT_OUTCOMES: Final[tuple[ReceiptOutcome, ...]] = get_args(ReceiptOutcome)
 LATE_RECEIPT_OUTCOMES: Final[tuple[LateReceiptOutcome, ...]] = get_args(LateReceiptOutcome)

@@ -92,7 +92,6 @@ def archive(action: str, retention: str | None, store_url: str | None, as_json: 
     from dataclasses import replace
 
     from crossintercom.storage import open_archive
-    from crossintercom.storage.blocking import open_blocking_store
     from crossintercom.storage.connection import connection_url
 
     cfg = settings()
@@ -100,9 +99,9 @@ def archive(action: str, retention: str | None, store_url: str | None, as_json: 
     if not url:
         raise UsageError("no store given: pass --store URL or set CROSSINTERCOM_STORE")
     keep = _retention_s(retention) if retention is not None else None
-    open_blocking_store(url).close()  # the schema is checked, with its own clear message
     store = open_archive(url)
     try:
+        store.check_schema()  # with its own clear message
         if action == "status":
             if keep is not None:
                 raise UsageError("--retention goes with 'on' or 'off'")

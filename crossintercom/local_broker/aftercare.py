@@ -33,8 +33,8 @@ from crossintercom.models import (
 
 log = logging.getLogger(__name__)
 _HOST_OUTCOMES: dict[Outcome, p.HostReceiptOutcome] = {
-    Outcome.SHOWN: "shown",
-    Outcome.ACKNOWLEDGED: "acknowledged",
+    Outcome.SHOWN: Outcome.SHOWN.value,
+    Outcome.ACKNOWLEDGED: Outcome.ACKNOWLEDGED.value,
 }
 
 
@@ -70,8 +70,10 @@ class Aftercare:
             if sender.host == self.host:
                 local.append((sender.id, receipt))
             elif receipt.recipient is not None:
-                outcome: p.HostReceiptOutcome = _HOST_OUTCOMES.get(receipt.outcome, "expired")
-                note = receipt.message if outcome == "acknowledged" else None
+                outcome: p.HostReceiptOutcome = _HOST_OUTCOMES.get(
+                    receipt.outcome, Outcome.EXPIRED.value
+                )
+                note = receipt.message if outcome == Outcome.ACKNOWLEDGED.value else None
                 remote.append(
                     p.ReceiptFor(receipt.id, receipt.recipient, sender, outcome, receipt.code, note)
                 )

@@ -16,6 +16,7 @@ from crossintercom.models import (
     Priority,
     WakePolicy,
 )
+from crossintercom.reservations import Mode
 
 SessionId = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
 MessageId = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
@@ -203,7 +204,7 @@ class InboundPolicy(msgspec.Struct, tag="inbound_policy", frozen=True, omit_defa
 # A project key (docs/agents.md#path-reservations): a normalised remote URL or a name.
 Project = Annotated[str, msgspec.Meta(min_length=1, max_length=255)]
 Glob = Annotated[str, msgspec.Meta(min_length=1, max_length=500)]
-ReservationMode = Literal["exclusive", "shared"]
+ReservationMode = Mode  # reservations.Mode, the one definition
 
 
 class Reserve(msgspec.Struct, tag="reserve", frozen=True, omit_defaults=True):

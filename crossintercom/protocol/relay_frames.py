@@ -11,12 +11,13 @@ from typing import Literal
 
 import msgspec
 
-from crossintercom.models import Message, Peer, Receipt, SessionInfo
+from crossintercom.models import LateReceiptOutcome, Message, Peer, Receipt, SessionInfo
 from crossintercom.protocol.broker_frames import Reservation
 from crossintercom.protocol.client_frames import RequestId, ReservationMode, SessionId
 
-# What a recipient's host may report to a sender's host after the delivery was acknowledged.
-HostReceiptOutcome = Literal["shown", "expired", "acknowledged"]
+# What a recipient's host may report to a sender's host after the delivery was acknowledged
+# (the one outcome model's, models.py).
+HostReceiptOutcome = LateReceiptOutcome
 
 # --- relay -> broker --------------------------------------------------------------------------
 

@@ -254,7 +254,13 @@ class Inbound:
                 extra={"id": row.message_id, "code": checked.code, "error": checked.reason},
             )
             acks.append(
-                Ack(row.message_id, row.recipient_session, "refused", checked.code, row.seq)
+                Ack(
+                    row.message_id,
+                    row.recipient_session,
+                    Outcome.REFUSED.value,
+                    checked.code,
+                    row.seq,
+                )
             )
         # The broker answers within its ack timeout; past that (a stuck broker) the rows stay
         # queued and are handed over again next round instead of hanging this host's inbound.
@@ -297,20 +303,24 @@ class Inbound:
                 outcome, code = Outcome.REFUSED, Code.UNDELIVERABLE
             self._failed_handovers.pop(key, None)
             if outcome is Outcome.DELIVERED:
-                acks.append(Ack(row.message_id, row.recipient_session, "delivered", seq=row.seq))
+                acks.append(
+                    Ack(row.message_id, row.recipient_session, Outcome.DELIVERED.value, seq=row.seq)
+                )
             elif outcome is Outcome.QUEUED:
                 # Now in the recipient host's durable custody: done for the store.
                 acks.append(
                     Ack(
                         row.message_id,
                         row.recipient_session,
-                        "delivered",
+                        Outcome.DELIVERED.value,
                         Code.HOST_QUEUED,
                         row.seq,
                     )
                 )
             else:
-                acks.append(Ack(row.message_id, row.recipient_session, "refused", code, row.seq))
+                acks.append(
+                    Ack(row.message_id, row.recipient_session, Outcome.REFUSED.value, code, row.seq)
+                )
         return acks
 
     async def _hand_over_chunk(

@@ -20,6 +20,7 @@ backends ``postgres`` and ``sqlite``; ``blocking`` (the loop of blocking callers
 
 from __future__ import annotations
 
+from crossintercom.models import AckOutcome, DeliveryState, ReceiptOutcome
 from crossintercom.storage.archive_types import (
     ArchivedMessage,
     ArchiveEntry,
@@ -32,9 +33,7 @@ from crossintercom.storage.archive_types import (
 )
 from crossintercom.storage.interface import (
     Ack,
-    AckOutcome,
     Beat,
-    DeliveryState,
     EnqueueResult,
     HostRow,
     InboundRow,
@@ -44,7 +43,6 @@ from crossintercom.storage.interface import (
     MailboxStore,
     MessageRow,
     OutboundItem,
-    ReceiptOutcome,
     ReceiptRow,
     Reserved,
     StoreSettings,

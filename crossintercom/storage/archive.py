@@ -13,9 +13,13 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine
 
-from crossintercom.models import Message
+# The archive keeps the furthest outcome any host reported, so a copy that arrives late never
+# takes a receipt back (docs/archive.md): the one order of models.PROGRESS, which the store's
+# upsert applies too.
+from crossintercom.models import Message, further
 from crossintercom.search_model import SearchHit, SearchQuery, search_terms
 from crossintercom.storage import engine as db
+from crossintercom.storage import migrate
 from crossintercom.storage import queries as q
 from crossintercom.storage.archive_types import (
     ArchivedMessage,
@@ -25,7 +29,6 @@ from crossintercom.storage.archive_types import (
     FlowEdge,
     ReceiptUpdate,
     ThreadSummary,
-    further,
 )
 from crossintercom.storage.driver import BlockingRunner
 from crossintercom.storage.urls import StoreURL, parse_store_url
@@ -45,6 +48,11 @@ class SqlArchive:
 
     def close(self) -> None:
         self.engine.dispose()
+
+    def check_schema(self) -> None:
+        """The store's schema revision checked on this archive's own connection, as an opened
+        store checks it (``migrate.check_revision``): no store is opened for it."""
+        migrate.check_revision(self._run(migrate.read_revision, retry=False), self.url_masked)
 
     def release(self) -> None:
         self.engine.dispose()  # the engine opens a new pool on its next use

@@ -32,25 +32,6 @@ class ArchiveRecipient:
     code: str | None = None
 
 
-# How far along a recipient's outcome is: the archive keeps the furthest any host reported, so
-# a copy that arrives late never takes a receipt back (docs/archive.md). Failures are final.
-OUTCOME_RANK: dict[str, int] = {
-    "unknown": 0,
-    "queued": 1,
-    "delivered": 2,
-    "shown": 3,
-    "acknowledged": 4,
-    "refused": 5,
-    "expired": 5,
-    "not_sent": 5,
-}
-
-
-def further(new: str, old: str) -> bool:
-    """Whether outcome ``new`` replaces ``old`` (the rule the store's upsert applies too)."""
-    return OUTCOME_RANK.get(new, 0) > OUTCOME_RANK.get(old, 0)
-
-
 @dataclass(frozen=True, slots=True)
 class ArchiveEntry:
     """What a relay copies: a message its host saw and what it knows of its recipients;
@@ -109,6 +90,9 @@ class ArchiveStore(Protocol):
 
     def release(self) -> None:
         """Close its idle connections; the next call opens one again."""
+
+    def check_schema(self) -> None:
+        """Refuse a store whose schema is not this crossintercom's, as an opened store does."""
 
     def archive_settings(self) -> ArchiveSettings: ...
 

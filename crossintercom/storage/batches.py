@@ -15,10 +15,10 @@ import msgspec
 from sqlalchemy import Connection
 
 from crossintercom.errors import Code, StoreFenced
+from crossintercom.models import DeliveryState
 from crossintercom.storage import queries as q
 from crossintercom.storage.interface import (
     Ack,
-    DeliveryState,
     EnqueueResult,
     LateReceipt,
     OutboundItem,

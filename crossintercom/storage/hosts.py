@@ -10,10 +10,10 @@ from datetime import UTC, datetime
 from typing import Annotated, Any
 
 import msgspec
-from sqlalchemy import Connection, RowMapping, inspect
+from sqlalchemy import Connection, RowMapping
 from sqlalchemy.exc import DBAPIError
 
-from crossintercom.errors import SchemaMissing, SchemaOutdated, SchemaTooNew, StoreError
+from crossintercom.errors import StoreError
 from crossintercom.models import (
     MAX_GROUPS,
     Cwd,
@@ -90,29 +90,8 @@ class SqlHostStore:
     # -- schema ---------------------------------------------------------------------------
 
     async def check_schema(self) -> None:
-        def read(conn: Connection) -> str | None:
-            if not inspect(conn).has_table("alembic_version"):
-                return None
-            return conn.execute(q.SCHEMA_VERSION).scalar()
-
-        version = await self._run(read, retry=False)
-        if version is None:
-            raise SchemaMissing(
-                f"the store {self.url_masked} has no crossintercom schema; "
-                f"run `crossintercom db upgrade --store {self.url_masked}`"
-            )
-        head = migrate.head_revision()
-        if version == head:
-            return
-        if version not in migrate.known_revisions():
-            raise SchemaTooNew(
-                f"the store {self.url_masked} has schema revision {version}, newer than this "
-                f"crossintercom knows (head {head}); upgrade crossintercom on this host"
-            )
-        raise SchemaOutdated(
-            f"the store {self.url_masked} has schema revision {version}, older than {head}; "
-            f"run `crossintercom db upgrade --store {self.url_masked}`"
-        )
+        version = await self._run(migrate.read_revision, retry=False)
+        migrate.check_revision(version, self.url_masked)
 
     # -- hosts ----------------------------------------------------------------------------
 

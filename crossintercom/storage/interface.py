@@ -12,18 +12,18 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Literal, Protocol, Self
 
-from crossintercom.models import SessionInfo
+from crossintercom.models import (
+    AckOutcome,
+    DeliveryState,
+    LateReceiptOutcome,
+    ReceiptOutcome,
+    SessionInfo,
+)
 from crossintercom.reservations import Held, Mode
 
-# A delivery row's state: queued until acknowledged (delivered, refused) or expired.
-DeliveryState = Literal["queued", "delivered", "refused", "expired"]
-# What the recipient's relay may acknowledge a queued delivery as.
-AckOutcome = Literal["delivered", "refused"]
-# A receipt carries the state its delivery finished in, or, written by the recipient's host
-# after the ack, ``shown`` (its agent was shown the message) or a late ``expired``.
-ReceiptOutcome = Literal["delivered", "refused", "expired", "shown", "acknowledged"]
-# What a recipient's host reports after its ack (``MailboxStore.add_receipts``).
-LateReceiptOutcome = Literal["shown", "expired", "acknowledged"]
+# A delivery row's state, what a recipient's relay may acknowledge one as, what a receipt
+# carries (the state its delivery finished in, or a later outcome its recipient's host wrote)
+# and what that host reports after its ack: the one outcome model's (models.py).
 # How reading back an enqueue whose COMMIT was in doubt can end without finding its row:
 # "absent" (no row: the commit did not land, nothing was written) or "in_doubt" (the store
 # stayed unreachable, so it is still unknown). A row that is found is an ``EnqueueResult``.

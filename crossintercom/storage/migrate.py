@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Final
 from sqlalchemy import Connection
 from sqlalchemy.exc import SQLAlchemyError
 
-from crossintercom.errors import SchemaOutdated, SchemaTooNew, StoreError
+from crossintercom.errors import SchemaMissing, SchemaOutdated, SchemaTooNew, StoreError
 from crossintercom.storage import engine as db
 from crossintercom.storage.urls import parse_store_url
 
@@ -72,6 +72,40 @@ def scripts_head() -> str | None:
 def known_revisions() -> set[str]:
     """Every revision a store of this crossintercom or an older one may be at."""
     return {rev.revision for rev in _scripts().walk_revisions()} | OLD_CHAIN
+
+
+def read_revision(conn: Connection) -> str | None:
+    """The store's schema revision as read on ``conn`` (None: no schema), without alembic."""
+    from sqlalchemy import inspect
+
+    from crossintercom.storage import queries as q
+
+    if not inspect(conn).has_table("alembic_version"):
+        return None
+    version = conn.execute(q.SCHEMA_VERSION).scalar()
+    return None if version is None else str(version)
+
+
+def check_revision(version: str | None, masked: str) -> None:
+    """Refuse a store whose schema revision is not this crossintercom's head, saying what to
+    do: what every opened store and archive checks."""
+    if version is None:
+        raise SchemaMissing(
+            f"the store {masked} has no crossintercom schema; "
+            f"run `crossintercom db upgrade --store {masked}`"
+        )
+    head = head_revision()
+    if version == head:
+        return
+    if version not in known_revisions():
+        raise SchemaTooNew(
+            f"the store {masked} has schema revision {version}, newer than this "
+            f"crossintercom knows (head {head}); upgrade crossintercom on this host"
+        )
+    raise SchemaOutdated(
+        f"the store {masked} has schema revision {version}, older than {head}; "
+        f"run `crossintercom db upgrade --store {masked}`"
+    )
 
 
 def _refuse_old_chain(conn: Connection, masked: str) -> None:

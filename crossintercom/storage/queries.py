@@ -42,9 +42,8 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.sql.expression import ColumnClause
 
 from crossintercom.errors import Code
+from crossintercom.models import PROGRESS, DeliveryState, ReceiptOutcome
 from crossintercom.search_model import MARK_END, MARK_START, SearchQuery, search_terms
-from crossintercom.storage.archive_types import OUTCOME_RANK
-from crossintercom.storage.interface import DeliveryState, ReceiptOutcome
 from crossintercom.storage.tables import (
     ARCHIVE_FTS_TABLE,
     HOST_ID_CHARS,
@@ -1012,12 +1011,13 @@ def archive_messages_with_wait(dialect: str) -> Any:
 
 
 def _rank(outcome: Any) -> Any:
-    return case(OUTCOME_RANK, value=outcome, else_=0)
+    """models.PROGRESS in SQL: how far along ``outcome`` is (a word that is no outcome: 0)."""
+    return case({str(k): v for k, v in PROGRESS.items()}, value=outcome, else_=0)
 
 
 @cache
 def archive_recipients_upsert(dialect: str) -> Any:
-    """Run with a list of rows. A recipient's outcome only moves further along (``OUTCOME_RANK``:
+    """Run with a list of rows. A recipient's outcome only moves further along (``models.PROGRESS``:
     queued, delivered, shown, acknowledged; failures final): a copy that arrives late, such as
     the sender's host's ``queued`` after the recipient's host's ``delivered``, changes nothing."""
     stmt = _insert(dialect, archive_recipients)

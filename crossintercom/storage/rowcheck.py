@@ -9,8 +9,9 @@ import re
 from collections.abc import Collection, Sequence
 from typing import Any, cast
 
+from crossintercom.models import ReceiptOutcome
 from crossintercom.storage import queries as q
-from crossintercom.storage.interface import InboundRow, ReceiptOutcome, ReceiptRow, StoreSettings
+from crossintercom.storage.interface import InboundRow, ReceiptRow, StoreSettings
 from crossintercom.storage.tables import HOST_ID_CHARS, INTEGER_MAX
 
 

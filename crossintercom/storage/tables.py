@@ -7,8 +7,6 @@ layered on later without reshaping the data.
 
 from __future__ import annotations
 
-from typing import get_args
-
 from sqlalchemy import (
     JSON,
     BigInteger,
@@ -27,8 +25,7 @@ from sqlalchemy import (
     text,
 )
 
-from crossintercom.models import ACK_NOTE_CHARS
-from crossintercom.storage.interface import DeliveryState
+from crossintercom.models import ACK_NOTE_CHARS, DELIVERY_STATES
 
 # Deterministic constraint names keep migrations and batch mode (SQLite) reproducible.
 metadata = MetaData(
@@ -51,8 +48,7 @@ HOST_ID = String(HOST_ID_CHARS)
 SESSION_ID = String(64)
 MESSAGE_ID = String(128)
 
-# The CHECK below holds a row to the states the code knows (interface.DeliveryState).
-DELIVERY_STATES: tuple[DeliveryState, ...] = get_args(DeliveryState)
+# The CHECK below holds a row to the states the code knows (models.DELIVERY_STATES).
 QUEUED = text("state = 'queued'")
 FINISHED = text("state <> 'queued'")
 

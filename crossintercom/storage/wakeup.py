@@ -27,11 +27,12 @@ from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
 from watchdog.observers.polling import PollingObserver
 
+from crossintercom.models import ReceiptOutcome
 from crossintercom.runtime import replace_file
 from crossintercom.storage import queries as q
 from crossintercom.storage import sqlitetrust
 from crossintercom.storage.engine import PG_KEEPALIVES, application_name, is_failover_error
-from crossintercom.storage.interface import CATCH_UP, ReceiptOutcome, ReceiptRow, Wake
+from crossintercom.storage.interface import CATCH_UP, ReceiptRow, Wake
 
 log = logging.getLogger(__name__)
 

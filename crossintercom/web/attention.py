@@ -11,6 +11,7 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any, Final
 
+from crossintercom.models import FAILED, Outcome
 from crossintercom.web.escalations import escalation_of
 
 # Refusals and expiries are listed for this long after they happened.
@@ -18,7 +19,6 @@ RECENT_S: Final = 3600.0
 # How many of the newest messages are looked at; older ones are history.
 SCAN: Final = 5000
 LIMIT: Final = 50  # entries of one kind at most
-_FAILED: Final = frozenset({"refused", "expired", "not_sent"})
 
 
 def _age(m: Mapping[str, Any], now: float) -> float | None:
@@ -68,7 +68,7 @@ def attention(
         rs = m.get("recipients") or []
         age = _age(m, now) or 0.0
         esc = escalation_of(m)
-        closed = m["id"] in answered or any(r.get("outcome") in _FAILED for r in rs)
+        closed = m["id"] in answered or any(r.get("outcome") in FAILED for r in rs)
         mine = any(r.get("session_id") == me for r in rs)
         if esc is not None and (esc["kind"] == "progress_update" or not closed):
             escalations.append(_entry("escalation", m, now, escalation=esc, answerable=mine))
@@ -79,12 +79,12 @@ def attention(
             asks.append(_entry("ask", m, now, timeout_s=wait, overdue=overdue, answerable=mine))
         for r in rs:
             outcome = r.get("outcome")
-            if outcome == "queued":
+            if outcome == Outcome.QUEUED:
                 sid = r.get("session_id") or ""
                 waiting_for[sid] = waiting_for.get(sid, 0) + 1
                 if age >= queued_after:
-                    queued.append(_entry("queued", m, now, recipient=r))
-            elif outcome in _FAILED and age <= RECENT_S:
+                    queued.append(_entry(Outcome.QUEUED, m, now, recipient=r))
+            elif outcome in FAILED and age <= RECENT_S:
                 failed.append(_entry(str(outcome), m, now, recipient=r, code=r.get("code")))
     out = [*escalations[-LIMIT:], *asks[-LIMIT:], *queued[-LIMIT:], *failed[-LIMIT:]]
     for h in roster.get("hosts") or ():

@@ -2,8 +2,9 @@
 
 A message may arrive several times: from the broker's traffic log (sent, received, refused,
 later receipts), from an inbox on this host, from the archive. ``merge`` keeps one copy per id
-and one receipt per recipient, the furthest along (``queued`` < ``delivered`` < ``shown``;
-``refused`` and ``expired`` end it). Kept in memory, bounded; ``page`` walks it backwards from a
+and one receipt per recipient, the furthest along by the one order the archive keeps too
+(``models.PROGRESS``: ``queued`` < ``delivered`` < ``shown`` < ``acknowledged``; a failure
+ends it). Kept in memory, bounded; ``page`` walks it backwards from a
 cursor with filters. ``view`` is what the page gets: names for ids where the roster knows them.
 """
 
@@ -14,22 +15,21 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Final
 
+from crossintercom.models import Outcome, progress
 from crossintercom.web.escalations import ESCALATION_ATTACHMENT, escalation_of
 
 KEEP: Final = 20_000
-# How far along a receipt is: a later source never takes a recipient back.
-_RANK: Final = {
-    "unknown": 0,
-    "not_sent": 0,
-    "queued": 1,
-    "delivered": 2,
-    "shown": 3,
-    "acknowledged": 4,
-    "refused": 4,
-    "expired": 4,
-}
 KINDS: Final = ("message", "ask", "reply", "escalation", "refusal")
-STATES: Final = ("delivered", "queued", "shown", "refused", "expired", "not_sent", "unknown")
+# The outcomes the page filters by.
+STATES: Final = (
+    Outcome.DELIVERED,
+    Outcome.QUEUED,
+    Outcome.SHOWN,
+    Outcome.REFUSED,
+    Outcome.EXPIRED,
+    Outcome.NOT_SENT,
+    Outcome.UNKNOWN,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,8 +183,12 @@ def _merge_receipt(recipients: list[dict[str, Any]], r: dict[str, Any]) -> bool:
     for i, old in enumerate(recipients):
         if old.get("session_id") != sid:
             continue
-        rank_new, rank_old = _RANK.get(r["outcome"], 0), _RANK.get(old["outcome"], 0)
-        if rank_new < rank_old or (rank_new == rank_old and r == old):
+        # How far along (models.PROGRESS): a later source never takes a recipient back, and
+        # of two failures the first stays (the archive's rule too); a later copy of the same
+        # outcome brings its code and text.
+        rank_new, rank_old = progress(r["outcome"]), progress(old["outcome"])
+        tie = rank_new == rank_old and (r == old or r["outcome"] != old["outcome"])
+        if rank_new < rank_old or tie:
             filled = {k: v for k, v in r.items() if v is not None and old.get(k) is None}
             if filled:
                 recipients[i] = {**old, **filled}

@@ -35,7 +35,7 @@ from crossintercom.config import Settings
 from crossintercom.errors import CrossintercomError, InboxUnavailable, StoreError, UsageError
 from crossintercom.exits import result_exit_code
 from crossintercom.inbox import trouble
-from crossintercom.models import SendResult
+from crossintercom.models import Outcome, SendResult
 from crossintercom.search_model import SearchQuery
 from crossintercom.storage import (
     ArchivedMessage,
@@ -192,7 +192,9 @@ class Overseer:
         while True:
             got = await self.client.incoming.get()
             if got.message is not None:
-                mine = receipt("delivered", self.identity.id, self.settings.host_id, self.name)
+                mine = receipt(
+                    Outcome.DELIVERED, self.identity.id, self.settings.host_id, self.name
+                )
                 self._merge([(got.message.id, message_json(got.message), [mine])])
 
     async def _refresh_archive_state(self) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 
 from crossintercom import protocol as p
 from crossintercom.inbox import Inbox, session_ids
-from crossintercom.models import Message
+from crossintercom.models import SETTLED, Message, Outcome
 from crossintercom.storage import ArchivedMessage, ArchiveRecipient
 
 log = logging.getLogger(__name__)
@@ -70,17 +70,14 @@ def archived_receipts(recipients: Iterable[ArchiveRecipient]) -> list[dict[str, 
     return [receipt(x.outcome, x.session_id, x.host_id, x.name, x.code) for x in recipients]
 
 
-# Outcomes that never move again (docs/archive.md): their messages' receipts are not re-read.
-_FINAL = frozenset({"refused", "expired", "not_sent", "acknowledged"})
-
-
 def unsettled(items: Iterable[dict[str, Any]]) -> list[str]:
     """Ids of the messages (as the feed holds them) whose receipts may still move on: the
     archive is asked for these again, since a later receipt changes a row, not the feed."""
     return [
         m["id"]
         for m in items
-        if any(r.get("outcome") not in _FINAL for r in m.get("recipients") or ())
+        # Settled outcomes never move again (docs/archive.md): their receipts are not re-read.
+        if any(r.get("outcome") not in SETTLED for r in m.get("recipients") or ())
     ]
 
 
@@ -105,7 +102,7 @@ class InboxReader:
                     self._seq[sid] = entry.seq
                     with contextlib.suppress(ValueError):
                         msg = Message.from_dict(entry.body)
-                        outcome = "shown" if entry.shown else "delivered"
+                        outcome = Outcome.SHOWN if entry.shown else Outcome.DELIVERED
                         out.append((msg.id, message_json(msg), [receipt(outcome, sid, self.host)]))
             except Exception as exc:
                 log.debug("inbox %s unreadable: %s", sid, exc)

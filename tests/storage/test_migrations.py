@@ -112,3 +112,33 @@ def test_sqlite_uses_a_rollback_journal(sqlite_url: str) -> None:
             assert conn.execute(text("PRAGMA busy_timeout")).scalar() == 30000
     finally:
         run(store.aclose())
+
+
+def test_the_archive_checks_the_schema_on_its_own_connection(
+    empty_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`crossintercom archive` (and `search`, through history.open_history) read the schema
+    revision on the archive's connection, opening no store for it, and refuse a store of
+    another revision with the store's own words."""
+    from click.testing import CliRunner
+
+    from crossintercom.cli.main import cli
+    from crossintercom.storage import blocking
+
+    def no_store(*_args: object, **_kwargs: object) -> None:
+        raise AssertionError("a store was opened to read the schema")
+
+    monkeypatch.setattr(blocking, "open_store", no_store)
+    migrate.upgrade(empty_url)
+    status = ["archive", "status", "--store", empty_url, "--json"]
+    got = CliRunner().invoke(cli, status)
+    assert got.exit_code == 0 and '"enabled": false' in got.output, got.output
+    engine = create_engine(parse_store_url(empty_url).url)
+    try:
+        for version, words in (("0011", "older than 0016"), ("ffff", "newer than this")):
+            with engine.begin() as conn:
+                conn.execute(text("UPDATE alembic_version SET version_num = :v"), {"v": version})
+            got = CliRunner().invoke(cli, status)
+            assert got.exit_code != 0 and words in got.output, got.output
+    finally:
+        engine.dispose()
