@@ -116,6 +116,9 @@ class Code(StrEnum):
     SCHEMA_OUTDATED = "schema_outdated"
     STORE_FENCED = "store_fenced"
     STORE_READ_ONLY = "store_read_only"
+    # A SQLite store whose filesystem's byte-range locks were shown not to exclude across
+    # hosts: the relay writes nothing (storage/lockcheck.py, docs/operations.md).
+    STORE_LOCKS_UNSAFE = "store_locks_unsafe"
     RELAY_ERROR = "relay_error"
     # `crossintercom relay` when another relay process runs for this host id on this machine
     # (its lock file is held); not the broker's RELAY_ALREADY_CONNECTED.

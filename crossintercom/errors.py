@@ -197,3 +197,10 @@ class StoreReadOnly(StoreError):
     """The store cannot be written: check the file and directory permissions."""
 
     code = Code.STORE_READ_ONLY
+
+
+class StoreLocksUnsafe(StoreError):
+    """The SQLite store's filesystem does not keep writers on different hosts apart; nothing
+    was written (storage/lockcheck.py)."""
+
+    code = Code.STORE_LOCKS_UNSAFE

@@ -53,9 +53,11 @@ def broker(ctx: click.Context, reset_authority: bool) -> None:
 )
 @tls_options
 @click.option(
-    "--polling-observer",
-    is_flag=True,
-    help="Watch SQLite doorbells by polling (network filesystems without inotify).",
+    "--polling-observer/--no-polling-observer",
+    default=None,
+    envvar="CROSSINTERCOM_POLLING_OBSERVER",
+    help="Watch SQLite doorbells by polling, or with inotify; by default polling where the "
+    "store's filesystem carries no change notifications across machines (NFS, SMB, FUSE).",
 )
 @click.option(
     "--require-sync-replication",
@@ -68,7 +70,7 @@ def broker(ctx: click.Context, reset_authority: bool) -> None:
 def relay(
     store_url: str | None,
     password_file: str | None,
-    polling_observer: bool,
+    polling_observer: bool | None,
     require_sync: bool,
     **tls: str | None,
 ) -> None:
@@ -117,6 +119,12 @@ def demo(as_json: bool) -> None:
     help="Measure PostgreSQL on a throwaway cluster (initdb + pg_ctl, own port) started with "
     "pg_stat_statements, so statements per message are counted; not with --store.",
 )
+@click.option(
+    "--polling",
+    is_flag=True,
+    help="Also time cross-host SQLite one-way latency with the relays polling their doorbells "
+    "(as on NFS, SMB or FUSE), beside the same path with inotify.",
+)
 @json_option
 def bench(
     store_url: str | None,
@@ -124,6 +132,7 @@ def bench(
     scale: bool,
     chart: Path | None,
     own_postgres: bool,
+    polling: bool,
     as_json: bool,
 ) -> None:
     """Latency and throughput of every path, beside raw baselines measured in the same run."""
@@ -133,7 +142,9 @@ def bench(
 
     if own_postgres and store_url is not None:
         raise click.UsageError("--own-postgres starts its own store; leave out --store")
-    report = run_bench(store_url, quick=quick, scale=scale, own_postgres=own_postgres)
+    report = run_bench(
+        store_url, quick=quick, scale=scale, own_postgres=own_postgres, polling=polling
+    )
     if chart is not None:
         write_chart(report, chart)
     if as_json:

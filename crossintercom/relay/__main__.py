@@ -14,7 +14,7 @@ import sys
 from crossintercom.config import load_settings
 from crossintercom.errors import CrossintercomError
 from crossintercom.local_broker.logcap import ExtraFormatter
-from crossintercom.relay.run import run_relay
+from crossintercom.relay.run import ENV_POLLING_OBSERVER, polling_from_env, run_relay
 from crossintercom.relay.syncguard import ENV_REQUIRE_SYNC
 
 
@@ -26,7 +26,8 @@ def main() -> int:
         handler.setFormatter(ExtraFormatter("%(levelname)s %(name)s: %(message)s"))
     try:
         require_sync = os.environ.get(ENV_REQUIRE_SYNC, "") in ("1", "true", "yes")
-        run_relay(load_settings(), require_sync=require_sync)
+        polling = polling_from_env(os.environ.get(ENV_POLLING_OBSERVER))
+        run_relay(load_settings(), polling_observer=polling, require_sync=require_sync)
     except CrossintercomError as exc:
         print(f"error: {exc.message}", file=sys.stderr)
         return exc.exit_code

@@ -4,6 +4,7 @@ opened patiently (a database may still be starting), run until SIGTERM/SIGINT.""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -11,15 +12,28 @@ import signal
 import tenacity
 
 from crossintercom.config import ENV_STORE, Settings
-from crossintercom.errors import StoreUnavailable
-from crossintercom.relay import syncguard
+from crossintercom.errors import StoreLocksUnsafe, StoreUnavailable
+from crossintercom.relay import lockguard, syncguard
 from crossintercom.relay.service import Relay, RelayError, RelayInUse
 from crossintercom.runtime import LockHeld, ensure_runtime_dir, hold_pid_lock
-from crossintercom.storage import MailboxStore, mask_url, open_archive, open_store
+from crossintercom.storage import MailboxStore, mask_url, open_archive, open_store, parse_store_url
 from crossintercom.storage.connection import connection_url, tls_refused
+from crossintercom.storage.lockcheck import LockBeacon
 from crossintercom.storage.poolers import require_own_session
 
 log = logging.getLogger(__name__)
+
+# `--polling-observer` / `--no-polling-observer` as an environment variable (1 or 0); unset:
+# the relay chooses by the store's filesystem (storage/wakeup.py, ``polling_needed``).
+ENV_POLLING_OBSERVER = "CROSSINTERCOM_POLLING_OBSERVER"
+
+
+def polling_from_env(value: str | None) -> bool | None:
+    if value in ("1", "true", "yes"):
+        return True
+    if value in ("0", "false", "no"):
+        return False
+    return None
 
 
 def hold_relay_lock(settings: Settings) -> int:
@@ -34,7 +48,7 @@ def hold_relay_lock(settings: Settings) -> int:
 
 
 def run_relay(
-    settings: Settings, *, polling_observer: bool = False, require_sync: bool = False
+    settings: Settings, *, polling_observer: bool | None = None, require_sync: bool = False
 ) -> None:
     """`crossintercom relay`: run until SIGTERM/SIGINT; raises a clear error when it cannot.
     ``require_sync``: only while the store replicates synchronously (relay/syncguard.py)."""
@@ -51,8 +65,12 @@ def run_relay(
         os.close(lock_fd)
 
 
-async def _open_store_patiently(url: str, polling_observer: bool, host_id: str) -> MailboxStore:
-    """An unreachable store is retried (the database may be starting); a wrong one is not."""
+async def _open_store_patiently(
+    url: str, polling_observer: bool | None, host_id: str, beacon: LockBeacon | None = None
+) -> MailboxStore:
+    """An unreachable store is retried (the database may be starting); a wrong one is not.
+    ``beacon``: the SQLite lock check, run before the file is first read (``StoreLocksUnsafe``
+    when it refuses)."""
     retrying = tenacity.AsyncRetrying(
         wait=tenacity.wait_chain(
             *[tenacity.wait_fixed(w) for w in (1, 2, 5, 10)], tenacity.wait_fixed(30)
@@ -71,6 +89,14 @@ async def _open_store_patiently(url: str, polling_observer: bool, host_id: str) 
     )
 
     async def open_checked() -> MailboxStore:
+        if beacon is not None and not beacon.started:
+            # Before the file is even read: a reader that takes a live writer's journal for a
+            # crashed one's rolls it back into the store (storage/lockcheck.py).
+            # No directory for the store yet: opening it says so, and is retried.
+            with contextlib.suppress(FileNotFoundError):
+                await asyncio.to_thread(beacon.start)
+            if beacon.refused is not None:
+                raise StoreLocksUnsafe(beacon.refused)
         # A pooler that shares sessions would lose LISTEN wake-ups and prepared statements.
         await asyncio.to_thread(require_own_session, url)
         return await open_store(url, polling_observer=polling_observer, host_id=host_id)
@@ -80,7 +106,7 @@ async def _open_store_patiently(url: str, polling_observer: bool, host_id: str) 
 
 
 async def _serve(
-    settings: Settings, polling_observer: bool, require_sync: bool, failed: list[str]
+    settings: Settings, polling_observer: bool | None, require_sync: bool, failed: list[str]
 ) -> None:
     """The store is opened on this loop, the relay's: its operations run here and only here.
     ``require_sync``: run only while the server replicates synchronously (``syncguard``)."""
@@ -88,8 +114,45 @@ async def _serve(
     assert url is not None
     if require_sync:
         await asyncio.to_thread(syncguard.check_at_start, url)
-    store = await _open_store_patiently(url, polling_observer, settings.host_id)
-    guard = None
+    path = parse_store_url(url).path
+    beacon = LockBeacon(path, settings.host_id) if path is not None else None
+    try:
+        try:
+            await _relay(settings, url, polling_observer, require_sync, failed, beacon)
+        except Exception:
+            if beacon is None or beacon.refused is None:
+                raise  # a failure of its own; a refusal's is said below
+        if beacon is not None and beacon.refused is not None:
+            await _refuse(settings, url, beacon)
+    finally:
+        if beacon is not None:
+            beacon.close()
+
+
+async def _refuse(settings: Settings, url: str, beacon: LockBeacon) -> None:
+    """Serve the broker as a relay that writes nothing (``lockguard``) until SIGTERM/SIGINT."""
+    assert beacon.refused is not None
+    log.error("%s", beacon.refused)
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stopping.set)
+    await lockguard.refuse(settings, mask_url(url), beacon.refused, beacon, stopping)
+
+
+async def _relay(
+    settings: Settings,
+    url: str,
+    polling_observer: bool | None,
+    require_sync: bool,
+    failed: list[str],
+    beacon: LockBeacon | None,
+) -> None:
+    try:
+        store = await _open_store_patiently(url, polling_observer, settings.host_id, beacon)
+    except StoreLocksUnsafe:
+        return  # the store was never opened
+    guards: list[asyncio.Task[None]] = []
     try:
         archive = open_archive(url, host_id=settings.host_id)
         relay = Relay(settings, store, archive)
@@ -97,9 +160,13 @@ async def _serve(
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, relay.stop)
         if require_sync:
-            guard = loop.create_task(syncguard.watch(url, relay.stop, failed))
+            guards.append(loop.create_task(syncguard.watch(url, relay.stop, failed)))
+        if beacon is not None:
+            # Found mid-run: the driver already refuses every transaction; the relay stops
+            # and a refusing one takes its place (_refuse).
+            guards.append(loop.create_task(lockguard.keep_beating(beacon, lambda _: relay.stop())))
         await relay.run()
     finally:
-        if guard is not None:
+        for guard in guards:
             guard.cancel()
         await store.aclose()

@@ -55,7 +55,7 @@ from crossintercom.storage.urls import mask_url, parse_store_url
 
 
 async def open_store(
-    url: str, *, polling_observer: bool = False, host_id: str | None = None
+    url: str, *, polling_observer: bool | None = None, host_id: str | None = None
 ) -> MailboxStore:
     """Open the store at ``url`` on the running loop and check its schema; raises a
     ``StoreError`` with a clear one-line message (password masked) when it cannot be used.

@@ -58,7 +58,7 @@ class BlockingStore:
 
 
 def open_blocking_store(
-    url: str, *, polling_observer: bool = False, host_id: str | None = None
+    url: str, *, polling_observer: bool | None = None, host_id: str | None = None
 ) -> BlockingStore:
     """``open_store`` for blocking callers (its errors as its own)."""
     return BlockingStore(run(open_store(url, polling_observer=polling_observer, host_id=host_id)))

@@ -31,8 +31,9 @@ from tenacity import (
     wait_exponential,
 )
 
-from crossintercom.errors import StoreUnavailable
+from crossintercom.errors import StoreLocksUnsafe, StoreUnavailable
 from crossintercom.storage import engine as db
+from crossintercom.storage import lockcheck
 from crossintercom.storage.urls import StoreURL
 
 T = TypeVar("T")
@@ -192,6 +193,8 @@ class BlockingRunner:
 
     def once(self, op: Op[T]) -> T:
         """One attempt: connect, ``in_transaction``, give the connection back, ``op.after``."""
+        if self.parsed.path is not None and (why := lockcheck.refusal(self.parsed.path)):
+            raise StoreLocksUnsafe(why)  # no transaction at all: two writers damage the file
         try:
             conn = self.engine.connect()
         except SQLAlchemyError as exc:

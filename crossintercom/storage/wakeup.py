@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -80,6 +81,52 @@ def parse_hint(payload: str) -> Wake:
                 continue
         return Wake(receipts=True)
     return CATCH_UP
+
+
+# Filesystem types (as /proc/self/mountinfo names them) that carry no change notifications
+# between machines: a write on another host raises no inotify event here. Any "fuse.*" too.
+NO_CROSS_HOST_EVENTS: Final = frozenset(
+    {
+        "nfs", "nfs4", "cifs", "smb3", "smbfs", "9p", "virtiofs", "ceph", "glusterfs",
+        "lustre", "afs", "gpfs", "beegfs", "ocfs2", "gfs2", "davfs", "fuse", "fuseblk",
+    }
+)  # fmt: skip
+MOUNTINFO: Final = Path("/proc/self/mountinfo")
+
+
+def _unescape(field: str) -> str:
+    """mountinfo writes space, tab, newline and backslash in paths as octal escapes."""
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+
+def filesystem_type(path: Path, mountinfo: Path = MOUNTINFO) -> str | None:
+    """The type of the filesystem ``path`` (or its nearest existing parent) is on: the mount
+    with the longest mount point above it; None where mountinfo cannot be read."""
+    target = os.path.realpath(path)
+    best, found = -1, None
+    try:
+        lines = mountinfo.read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        fields, sep, tail = line.partition(" - ")
+        parts = fields.split()
+        if not sep or len(parts) < 5 or not tail:
+            continue
+        point = _unescape(parts[4])
+        inside = target == point or target.startswith(point.rstrip("/") + "/")
+        if inside and len(point) > best:
+            best, found = len(point), tail.split()[0]
+    return found
+
+
+def polling_needed(path: Path) -> str | None:
+    """The filesystem type when the store's doorbells must be polled (no change notifications
+    across machines there), else None."""
+    kind = filesystem_type(path)
+    if kind is not None and (kind in NO_CROSS_HOST_EVENTS or kind.startswith("fuse.")):
+        return kind
+    return None
 
 
 def host_key(host_id: str) -> str:

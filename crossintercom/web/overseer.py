@@ -273,7 +273,11 @@ class Overseer:
 
     async def _refresh_roster(self) -> None:
         sessions = await self.client.list_sessions()
-        warnings = (await self.client.status()).warnings
+        report = await self.client.status()
+        warnings = list(report.warnings)
+        if report.relay.store is not None and "REFUSED:" in report.relay.store:
+            # The relay writes nothing to the store (its locks do not exclude across hosts).
+            warnings.append(report.relay.store)
         hosts: dict[str, dict[str, Any]] = {}
         dropped: set[str] = set()
         if self.store is not None:

@@ -318,9 +318,11 @@ def run_bench(
     progress: bool = True,
     scale: bool = False,
     own_postgres: bool = False,
+    polling: bool = False,
 ) -> BenchReport:
     """Every figure; with ``scale`` also one broker with many sessions (``bench.scale``) and,
-    on PostgreSQL, many hosts on the one database (``bench.hosts``).
+    on PostgreSQL, many hosts on the one database (``bench.hosts``); with ``polling`` the
+    SQLite one-way latency when the relays poll their doorbells (``bench.polling``).
 
     ``own_postgres``: the PostgreSQL store is a throwaway cluster started for this run, with
     ``pg_stat_statements`` loaded so statements per message are counted by the server, and
@@ -332,7 +334,9 @@ def run_bench(
 
         settings = {"shared_preload_libraries": "pg_stat_statements"}
         with ThrowawayPostgres(fsync=True, server_settings=settings) as server:
-            report = run_bench(server.url, quick=quick, progress=progress, scale=scale)
+            report = run_bench(
+                server.url, quick=quick, progress=progress, scale=scale, polling=polling
+            )
         report.machine["postgres_throwaway"] = True
         return report
     counts = Counts.for_run(quick)
@@ -356,7 +360,7 @@ def run_bench(
             backends=[s.kind for s in stores],
         )
         steps = sum(counts.repeats + 3 + (s.kind == "postgres") for s in stores)
-        steps += scale * (1 + HOSTS_STEPS * (conninfo is not None))
+        steps += scale * (1 + HOSTS_STEPS * (conninfo is not None)) + polling
         details: dict[str, Any] = {"outcomes": {}, "step_s": {}, "cpu_ms_per_message": {}}
         details["peer"] = NO_PEER_STORE if conninfo is None else missing() or {"name": PEER}
         with _progress(progress, steps, details["step_s"]) as step, RawUDS(root) as uds:
@@ -387,6 +391,16 @@ def run_bench(
                         report.latency_ms[name] = rounds.samples[key]
                         report.latency_ms[f"{name} raw"] = rounds.samples[f"{key} raw"]
                 details["outcomes"][store.kind] = {p: dict(c) for p, c in rounds.outcomes.items()}
+                if polling and store.kind == "sqlite":
+                    from crossintercom.tools.bench.polling import polling_figure, polling_one_way
+
+                    (root / "polling").mkdir()
+                    samples = polling_one_way(
+                        root / "polling", store.url, counts.latency, counts.warm_up, token
+                    )
+                    inotify = median([ci for ci, _ in rounds.values["cross_one_way_p50"]])
+                    report.figures.append(polling_figure(samples, inotify))
+                    step("sqlite polling")
                 if rounds.store_work is not None:
                     details["store_work"] = {**rounds.store_work, "targets": STORE_WORK_TARGETS}
                     report.figures += _store_work_figures(rounds.store_work)
