@@ -8,7 +8,7 @@ import tempfile
 from pathlib import Path
 
 from crossintercom.storage import migrate
-from crossintercom.tools.bench.polling import polling_figure, polling_one_way
+from crossintercom.tools.bench.polling import polling_figure, polling_sends
 
 
 def test_polling_relays_are_timed_one_way() -> None:
@@ -17,11 +17,12 @@ def test_polling_relays_are_timed_one_way() -> None:
         url = f"sqlite:///{root / 'mailbox.sqlite'}"
         migrate.upgrade(url)
         (root / "hosts").mkdir()
-        samples = polling_one_way(root / "hosts", url, sends=3, warm_up=1, token="t")
+        timed = polling_sends(root / "hosts", url, sends=3, warm_up=1, token="t")
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    assert len(samples) == 3 and all(s > 0 for s in samples)
-    figure = polling_figure(samples, inotify_p50_ms=10.0)
+    assert len(timed.one_way) == 3 and all(s > 0 for s in timed.one_way)
+    assert timed.outcomes["delivered"] + timed.outcomes["queued"] == 3
+    figure = polling_figure(timed.one_way, inotify_p50_ms=10.0)
     assert (figure.path, figure.metric, figure.pairing) == (
         "cross-host sqlite polling",
         "one-way p50",

@@ -23,10 +23,10 @@ ENV_POLLING_OBSERVER = "CROSSINTERCOM_POLLING_OBSERVER"  # relay/run.py reads it
 SINK = "sink"
 
 
-def polling_one_way(
+def polling_sends(
     root: Path, store_url: str, sends: int, warm_up: int, token: str
-) -> list[float]:
-    """One-way seconds of ``sends`` sequential sends between two polling relays."""
+) -> paths.Sequential:
+    """``sends`` sequential sends between two polling relays, timed (one-way and delivered)."""
     env = {**os.environ, ENV_POLLING_OBSERVER: "1"}
     with Cluster(root, store_url, SimHost, base_env=env) as cluster:
         ids = [f"bench-poll-{h}-{token}" for h in ("a", "b")]
@@ -34,12 +34,12 @@ def polling_one_way(
         b.listen(SINK)
         a.wait_sees(SINK, b.host_id, timeout=60)
 
-        async def measure() -> list[float]:
+        async def measure() -> paths.Sequential:
             client = AsyncClient(a.settings, a.identity("bench-poll", cwd="/"))
             await client.connect()
             try:
                 await paths.sequential(client, b, SINK, warm_up)
-                return (await paths.sequential(client, b, SINK, sends)).one_way
+                return await paths.sequential(client, b, SINK, sends)
             finally:
                 await client.close()
 

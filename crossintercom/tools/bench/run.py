@@ -392,12 +392,12 @@ def run_bench(
                         report.latency_ms[f"{name} raw"] = rounds.samples[f"{key} raw"]
                 details["outcomes"][store.kind] = {p: dict(c) for p, c in rounds.outcomes.items()}
                 if polling and store.kind == "sqlite":
-                    from crossintercom.tools.bench.polling import polling_figure, polling_one_way
+                    from crossintercom.tools.bench.polling import polling_figure, polling_sends
 
                     (root / "polling").mkdir()
-                    samples = polling_one_way(
+                    samples = polling_sends(
                         root / "polling", store.url, counts.latency, counts.warm_up, token
-                    )
+                    ).one_way
                     inotify = median([ci for ci, _ in rounds.values["cross_one_way_p50"]])
                     report.figures.append(polling_figure(samples, inotify))
                     step("sqlite polling")
