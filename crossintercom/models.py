@@ -365,6 +365,11 @@ class Message(_Value, frozen=True, tag_field="type", tag="message"):
         return msgspec.structs.replace(self, flags=merged)
 
 
+# A message handed over after its host id moved here from another machine that may already
+# have delivered it (docs/protocol.md, flags): the agent is told it may be a repeat.
+POSSIBLE_REPEAT: Final = "possible_repeat"
+
+
 # What `list` and the MCP `list_sessions` tool show of each session (one list for both).
 LISTED_SESSION_FIELDS = (
     "id",

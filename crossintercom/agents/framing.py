@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from crossintercom.models import UNKNOWN_ADVICE, Outcome, SendResult
+from crossintercom.models import POSSIBLE_REPEAT, UNKNOWN_ADVICE, Outcome, SendResult
 from crossintercom.safetext import (
     MARK_CLOSE,
     MARK_OPEN,
@@ -133,6 +133,11 @@ def _notes(m: Mapping[str, Any]) -> list[str]:
         notes.append("It arrived after the ask it answers had stopped waiting.")
     if "sender_gone" in flags:
         notes.append("Its sender has left since; a reply may only be queued.")
+    if POSSIBLE_REPEAT in flags:
+        notes.append(
+            "It may have reached you before (its host moved to another machine while "
+            "delivering it): if you already acted on this message id, do not act on it twice."
+        )
     if m.get("ack_required"):
         by = f" by {_field(m['ack_by'])}" if m.get("ack_by") else ""
         notes.append(

@@ -42,6 +42,7 @@ from crossintercom.local_broker.state import BrokerState
 from crossintercom.local_broker.traffic import Traffic
 from crossintercom.models import (
     MAX_GROUPS,
+    POSSIBLE_REPEAT,
     Outcome,
     Peer,
     Receipt,
@@ -274,9 +275,13 @@ class Broker:
         self.spawn(self._inbound_batch(conn, f))
 
     async def _inbound_batch(self, conn: Conn, f: p.InboundBatch) -> None:
-        receipts = await self.handover.receive_many(f.messages, f.recipient)
+        msgs = f.messages
+        if f.repeats:
+            repeats = set(f.repeats)
+            msgs = [m.with_flags(POSSIBLE_REPEAT) if m.id in repeats else m for m in msgs]
+        receipts = await self.handover.receive_many(msgs, f.recipient)
         conn.write(p.InboundResult(f.request_id, receipts))
-        for msg, receipt in zip(f.messages, receipts, strict=True):
+        for msg, receipt in zip(msgs, receipts, strict=True):
             self.relay.archive(msg, [receipt])
 
     async def _on_archive_state(self, conn: Conn, f: p.ArchiveState) -> None:

@@ -13,7 +13,7 @@ import msgspec
 
 from crossintercom.models import LateReceiptOutcome, Message, Peer, Receipt, SessionInfo
 from crossintercom.protocol.broker_frames import Reservation
-from crossintercom.protocol.client_frames import RequestId, ReservationMode, SessionId
+from crossintercom.protocol.client_frames import MessageId, RequestId, ReservationMode, SessionId
 
 # What a recipient's host may report to a sender's host after the delivery was acknowledged
 # (the one outcome model's, models.py).
@@ -39,14 +39,17 @@ class Inbound(msgspec.Struct, tag="inbound", frozen=True):
 
 class InboundBatch(msgspec.Struct, tag="inbound_batch", frozen=True):
     """Messages from the store for one local session, in the store's order; answered with one
-    ``inbound_result`` carrying a receipt per message, in the same order."""
+    ``inbound_result`` carrying a receipt per message, in the same order. ``repeats``: the ids
+    among them that may have reached the session already, on the machine this host id moved
+    from (flag ``possible_repeat``, docs/protocol.md)."""
 
     request_id: RequestId
     recipient: SessionId
     messages: list[Message]
+    repeats: list[MessageId] = []
 
 
-class InboundBatchText(msgspec.Struct, tag="inbound_batch", frozen=True):
+class InboundBatchText(msgspec.Struct, tag="inbound_batch", frozen=True, omit_defaults=True):
     """``inbound_batch`` as the relay writes it: each message as the JSON text it screened (the
     store's own, passed through), so the broker decodes exactly what the relay checked. Only
     encoded, never in a union: the broker reads it as ``InboundBatch``."""
@@ -54,6 +57,7 @@ class InboundBatchText(msgspec.Struct, tag="inbound_batch", frozen=True):
     request_id: RequestId
     recipient: SessionId
     messages: list[msgspec.Raw]
+    repeats: list[MessageId] = []
 
 
 class ForwardResult(msgspec.Struct, tag="forward_result", frozen=True):

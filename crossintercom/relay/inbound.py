@@ -59,6 +59,10 @@ class Inbound:
         # The batch ack under way (``_hand_over_batch``) and the seqs of the rows it finishes.
         self._acking: asyncio.Future[int] | None = None
         self._acking_seqs: frozenset[int] = frozenset()
+        # After a takeover from another machine: rows up to this seq were queued when it froze
+        # and may have reached its sessions already; they are handed over flagged
+        # ``possible_repeat`` (docs/protocol.md). 0: none.
+        self.repeat_through = 0
         # The store-wide message size limit, re-read now and then (an operator may change it).
         self._store_limit = relay.settings.max_message_bytes
         self._store_limit_read = -STORE_LIMIT_TTL_S
@@ -209,6 +213,7 @@ class Inbound:
         # handed over while it runs (docs/perf-log/2026-12.md, "Cross-host throughput and
         # catch-up").
         await self._acked()
+        stop_at("relay_before_ack")
         if acks:
             keys = {(a.message_id, a.recipient_session) for a in acks}
             self._acking_seqs = frozenset(
@@ -338,7 +343,10 @@ class Inbound:
         if time.monotonic() > fresh_until:
             return [_Stale()] * len(chunk)
         # The screened texts themselves: no message is encoded again (screening.Cleared).
-        frame = p.InboundBatchText(0, chunk[0][0].recipient_session, [c.wire for _, c in chunk])
+        repeats = [row.message_id for row, _ in chunk if row.seq <= self.repeat_through]
+        frame = p.InboundBatchText(
+            0, chunk[0][0].recipient_session, [c.wire for _, c in chunk], repeats
+        )
         try:
             resp = await asyncio.wait_for(client.request(frame), answer_wait)
         except Exception as exc:

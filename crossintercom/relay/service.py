@@ -96,9 +96,19 @@ class Relay(RelayCore):
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
-        await self._check_collision()
+        moved = await self._check_collision()
         self.generation = await self.store.claim_host(self.host, self.machine)
         log.info("relay started", extra={"host_id": self.host, "generation": self.generation})
+        if moved:
+            # Read after the claim, which fences the old machine's relay: nothing queued later
+            # can have reached it.
+            self.inbound.repeat_through = await self.store.queued_through(self.host)
+            if self.inbound.repeat_through:
+                log.warning(
+                    "mail queued for this host id up to seq %d is delivered flagged "
+                    "possible_repeat: the machine it moved from may have delivered it already",
+                    self.inbound.repeat_through,
+                )
         await self._check_trust()
         ident = Identity(id=new_id(), name="relay", purpose="control", status=self.store.url_masked)
         self.client = AsyncClient(self.settings, ident, mode="own", spawn=True, reconnect=True)
@@ -158,8 +168,9 @@ class Relay(RelayCore):
         self.stopping.set()
         self.inbound.wake.set()
 
-    async def _check_collision(self) -> None:
-        """Refuse a host id whose current holder is another machine with a live relay.
+    async def _check_collision(self) -> bool:
+        """Refuse a host id whose current holder is another machine with a live relay; True
+        when the host id moves here from another machine.
 
         A holder whose heartbeat stays still for ``lease_s`` is gone (a machine replaced,
         a relay frozen or dead): then this machine takes the host id over. A live one means
@@ -168,7 +179,7 @@ class Relay(RelayCore):
         """
         held = await self.store.host_claim(self.host)
         if held is None or held[0] in (None, self.machine):
-            return
+            return False
         other, beat = held
         loop = asyncio.get_running_loop()
         deadline = loop.time() + effective_lease(self.settings.lease_s, self.settings.heartbeat_s)
@@ -176,7 +187,7 @@ class Relay(RelayCore):
             await asyncio.sleep(min(0.5, self.settings.heartbeat_s))
             now = await self.store.host_claim(self.host)
             if now is None or now[0] != other:
-                return  # released or taken meanwhile: the claim below sorts it out
+                return True  # released or taken meanwhile: the claim below sorts it out
             if now[1] != beat:
                 raise HostIdCollision(
                     f"host id {self.host!r} is in use by another machine ({other}) whose "
@@ -191,6 +202,7 @@ class Relay(RelayCore):
             self.machine,
             other,
         )
+        return True
 
     async def _say_goodbye(self) -> None:
         """Show our sessions offline at once rather than after the lease lapses."""

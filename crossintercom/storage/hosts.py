@@ -114,6 +114,12 @@ class SqlHostStore:
 
         return await self._run(read, single_statement=True)
 
+    async def queued_through(self, host_id: str) -> int:
+        def read(conn: Connection) -> int:
+            return int(conn.execute(q.QUEUED_THROUGH, {"host_id": host_id}).scalar_one())
+
+        return await self._run(read, single_statement=True)
+
     async def heartbeat(self, host_id: str, generation: int) -> bool:
         # A counter bump fenced by generation: repeating it after a lost connection is harmless.
         params = {"host": host_id, "gen": generation}

@@ -271,6 +271,10 @@ class MailboxStore(Protocol):
         """(machine, heartbeat) of ``host_id``'s row; None when it has none."""
         ...
 
+    async def queued_through(self, host_id: str) -> int:
+        """The last seq still queued for ``host_id`` (0 when none)."""
+        ...
+
     async def heartbeat(self, host_id: str, generation: int) -> bool: ...
 
     async def beat(self, host_id: str, generation: int, session_ids: Sequence[str]) -> Beat | None:

@@ -520,6 +520,13 @@ FORGET_DELIVERIES = (
     .returning(deliveries.c.seq)
 )
 
+# The last seq queued for a host (0: none), read by a relay that took the host id over from
+# another machine: rows up to it may have reached that machine's sessions before it froze
+# (docs/protocol.md, flag ``possible_repeat``). Params: host_id.
+QUEUED_THROUGH: Select[int] = select(func.coalesce(func.max(deliveries.c.seq), 0)).where(
+    deliveries.c.recipient_host == bindparam("host_id"), deliveries.c.state == QUEUED
+)
+
 # Params: host_id, receipt_ids (a list).
 DELETE_RECEIPTS: Delete = delete(receipts).where(
     receipts.c.sender_host == bindparam("host_id"),

@@ -36,12 +36,13 @@ class FrozenRelay:
     in_flight: SendResult  # read by the frozen relay, not handed over
 
 
-def freeze_after_read(cluster: Cluster) -> FrozenRelay:
+def freeze_after_read(cluster: Cluster, point: str = "relay_after_fetch") -> FrozenRelay:
     """Hosts A and B (machine B1, lease 3 s); A's planner sends worker@B one message, which
-    B1's relay reads and then freezes on."""
+    B1's relay reads and then freezes on (at ``point``: before handing it over, or
+    ``relay_before_ack``, after)."""
     a = cluster.host("A", remote_ack_wait_s=1)
     old = cluster.host("B", relay=False, dirname="B1", lease_s=3)
-    old.env[FAULTS_ENV] = "stop:relay_after_fetch"
+    old.env[FAULTS_ENV] = f"stop:{point}"
     old.start_relay()
     relay = old.relay
     assert relay is not None
