@@ -73,6 +73,12 @@ class Code(StrEnum):
     SENDER_REFUSED = "sender_refused"
     # A path reservation another session's clashes with (docs/agents.md#path-reservations).
     RESERVATION_CONFLICT = "reservation_conflict"
+    # A reserve that would take its session or host past its reservation quota (count or
+    # characters; docs/operations.md, "Bounds").
+    RESERVATION_QUOTA = "reservation_quota"
+    # A session over its rate of coordination requests (reserve, unreserve, inbound policy
+    # changes; docs/agents.md#policy).
+    COORD_RATE_LIMITED = "coord_rate_limited"
     # Reservations live in the shared store: this host's relay must run to reserve or list them.
     RELAY_NOT_RUNNING = "relay_not_running"
     # Why nothing was sent (not_sent) or why the outcome is not known (unknown).

@@ -116,6 +116,19 @@ class Settings:
     # recipient's for mail from other hosts.
     rate_limit_count: int = 300
     rate_limit_window_s: float = 60.0
+    # Coordination requests (reserve, unreserve, inbound policy changes) per session in any
+    # window of coord_rate_window_s (docs/agents.md#policy), and the reservation quotas
+    # (docs/operations.md, "Bounds"): per session and per host, live reservations and the
+    # characters of their globs and reasons; a host reads each other host's first
+    # reservation_max_per_host rows only.
+    coord_rate_count: int = 120
+    coord_rate_window_s: float = 60.0
+    reservation_max_per_session: int = 200
+    reservation_max_chars_per_session: int = 100_000
+    reservation_max_per_host: int = 1000
+    reservation_max_chars_per_host: int = 500_000
+    # How many of one host's published sessions the others read (docs/operations.md).
+    roster_max_per_host: int = 1000
     durability: str = "normal"
 
     @property

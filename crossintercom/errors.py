@@ -131,6 +131,12 @@ class StoreError(CrossintercomError):
     code = Code.STORE_ERROR
 
 
+class QuotaExceeded(StoreError):
+    """A reserve past its session's or host's reservation quota: nothing was reserved."""
+
+    code = Code.RESERVATION_QUOTA
+
+
 class StoreUnavailable(StoreError):
     """The shared store is not reachable."""
 

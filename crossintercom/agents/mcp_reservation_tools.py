@@ -68,15 +68,18 @@ class ReservationTools:
             state = await reserve(client, key, globs, mode, ttl_s, reason)
         if state.code == Code.RESERVATION_CONFLICT:
             rows = [reservation_json(r) for r in state.conflicts]
-            # Said here, not in the relay's words: its sentence holds the holders' reasons raw,
-            # and an error's text is flattened, quote marks and all (reservations quotes them).
-            clash = "; ".join(_line(r, with_reason=False) for r in state.conflicts)
+            # Said here, not in the relay's words: its sentence holds the holders' globs and
+            # reasons raw, and an error's text is flattened, quote marks and all, so it names
+            # only the holders (the reservations tool quotes the rest as their words).
+            holders = dict.fromkeys(f"{r.name or r.session}@{r.host}" for r in state.conflicts)
             why = (
-                f"not reserved ({', '.join(globs)}): clashes with {clash}; nothing was reserved "
-                "(the reservations tool shows why each is held)"
+                f"not reserved ({', '.join(globs)}): clashes with {len(state.conflicts)} "
+                f"reservation(s) of {', '.join(holders)}; nothing was reserved (the reservations "
+                "tool shows each, and why it is held)"
             )
             return res.error(state.code, why, conflicts=rows)
-        lines = [f"- {_line(r)}" for r in state.items]
+        me = self.session.identity.id
+        lines = [f"- {_line(r, me)}" for r in state.items]
         data = {"project": key, "reserved": [reservation_json(r) for r in state.items]}
         return res.ok(f"Reserved in {one_line(key)}:\n" + "\n".join(lines), data)
 
@@ -110,17 +113,22 @@ class ReservationTools:
         key = project_key(project)
         async with self.session.operation() as client:
             state = await reservations(client, key)
+        me = self.session.identity.id
+        more = (
+            ["(more reservations than one answer carries were left out: the oldest are shown)"]
+            if state.more
+            else []
+        )
         if conflicts is None:
             rows = [reservation_json(r) for r in state.items]
-            lines = [f"- {_line(r)}" for r in state.items]
+            lines = [f"- {_line(r, me)}" for r in state.items] + more
             return res.ok(
                 "\n".join(lines) or "No reservations.", {"project": key, "reservations": rows}
             )
         by_id = {r.id: r for r in state.items}
-        me = self.session.identity.id
         found = path_conflicts([held(r) for r in state.items], me, repo_paths(conflicts))
         rows = [{"path": path, **reservation_json(by_id[h.id])} for path, h in found]
-        lines = [f"- {one_line(path)}: {_line(by_id[h.id])}" for path, h in found]
+        lines = [f"- {one_line(path)}: {_line(by_id[h.id], me)}" for path, h in found] + more
         return res.ok("\n".join(lines) or "No conflicts.", {"project": key, "conflicts": rows})
 
     def all(self) -> Mapping[str, tuple[Callable[..., Awaitable[CallToolResult]], bool]]:
@@ -132,10 +140,15 @@ class ReservationTools:
         }
 
 
-def _line(r: Reservation, *, with_reason: bool = True) -> str:
-    """One reservation for a model: its holder's reason is that session's words, quoted as such
-    (as a status is in list_sessions), so it cannot pose as ours or the user's."""
-    plain = one_line(reservation_line(msgspec.structs.replace(r, reason=None)))
-    if not (r.reason and with_reason):
-        return plain
-    return plain + f"; its reason, in its holder's own words: {quoted(r.reason)}"
+def _line(r: Reservation, me: str | None = None) -> str:
+    """One reservation for a model. Another session's glob and reason are that session's words
+    (up to 500 characters each of free text), quoted as such (as a status is in
+    list_sessions), so they cannot pose as ours or the user's; the caller's own (``me``, its
+    session id) are shown plain."""
+    rest = one_line(reservation_line(msgspec.structs.replace(r, glob="", reason=None))).strip()
+    if r.session == me:
+        return f"{one_line(r.glob)} {rest}"
+    line = f"{quoted(r.glob)} (its holder's glob) {rest}"
+    if not r.reason:
+        return line
+    return line + f"; its reason, in its holder's own words: {quoted(r.reason)}"

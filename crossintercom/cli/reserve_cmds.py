@@ -184,9 +184,17 @@ def reservations_cmd(
     with one_shot(cfg, ident) as client:
         state = client.run(functools.partial(reservations, project=key))
     me = ident.id if as_name is not None else None
+    if state.more:
+        # Bounded whatever the store holds (docs/protocol.md): the oldest were read, not all.
+        click.echo(
+            f"note: only the first {len(state.items)} reservations were read; the store holds "
+            "more than one answer carries",
+            err=True,
+        )
     if not conflicts:
         if as_json:
-            emit_json({"project": key, "reservations": [reservation_json(r) for r in state.items]})
+            listed = [reservation_json(r) for r in state.items]
+            emit_json({"project": key, "reservations": listed, "more": state.more})
             return
         if not state.items:
             click.echo("no reservations")
@@ -199,7 +207,7 @@ def reservations_cmd(
     found = path_conflicts([held(r) for r in state.items], me, checked, mode)
     if as_json:
         rows = [{"path": path, **reservation_json(by_id[h.id])} for path, h in found]
-        emit_json({"project": key, "conflicts": rows})
+        emit_json({"project": key, "conflicts": rows, "more": state.more})
     else:
         for path, h in found:
             line = f"{path}: {reservation_line(by_id[h.id])}"

@@ -77,7 +77,7 @@ class Broker:
         self.acks = self.aftercare.acks = AckBook(state, settings.retention_s)
         self.dead = self.aftercare.dead = DeadLetterBook(state, settings.retention_s)
         self.inbound = self.aftercare.inbound = InboundPolicy(state, self.registry)
-        self.reservations = ReservationDesk(self.relay)
+        self.reservations = ReservationDesk(self.relay, settings)
         self.delivery.screen = self.inbound.screen
         self.relay.traffic = self.delivery.traffic = self.traffic
         self.traffic.archive_copy = self.relay.archive

@@ -115,6 +115,8 @@ async def _on_inbound(broker: Broker, conn: Conn, f: p.InboundPolicy) -> None:
     sid = conn.session_id
     assert sid is not None
     policy = broker.inbound
+    if f.pattern is not None or f.release is not None:
+        broker.reservations.admit(sid)
     if f.pattern is not None:
         if not valid_pattern(f.pattern):
             raise ProtocolError(

@@ -10,8 +10,10 @@ import itertools
 from typing import Final
 
 from crossintercom import protocol as p
+from crossintercom.config import Settings
 from crossintercom.errors import Code, ProtocolError
 from crossintercom.local_broker.conn import Conn
+from crossintercom.local_broker.ratelimit import RateLimiter
 from crossintercom.local_broker.relay_link import RelayLink
 from crossintercom.reservations import BadGlob, normalise
 from crossintercom.safetext import is_one_line
@@ -25,11 +27,24 @@ NO_RELAY: Final = (
 
 
 class ReservationDesk:
-    def __init__(self, relay: RelayLink) -> None:
+    def __init__(self, relay: RelayLink, settings: Settings) -> None:
         self.relay = relay
         self._ids = itertools.count(1)
+        # Reserve, unreserve and inbound policy changes per session: each costs other hosts a
+        # store transaction (docs/agents.md#policy), so a flood stops here.
+        self.limiter = RateLimiter(settings.coord_rate_count, settings.coord_rate_window_s)
         self._waiting: dict[int, asyncio.Future[p.ReservationReply]] = {}
         relay.on_detach.append(self._relay_gone)
+
+    def admit(self, session: str) -> None:
+        """Count one coordination request of ``session``; refused past its rate."""
+        if not self.limiter.admit(session, str(next(self._ids))):
+            raise ProtocolError(
+                f"this session made more than {self.limiter.count} coordination requests "
+                f"(reserve, unreserve, inbound policy changes) in {self.limiter.window_s:g} s; "
+                "nothing was changed, try again later",
+                code=Code.COORD_RATE_LIMITED,
+            )
 
     def request(
         self, session: str, f: p.Reserve | p.Unreserve | p.Reservations
@@ -38,6 +53,7 @@ class ReservationDesk:
         fid = next(self._ids)
         if isinstance(f, p.Reservations):
             return p.ReservationRequest(fid, "list", session, f.project)
+        self.admit(session)
         if not is_one_line(f.project):
             raise ProtocolError("a project key is one line", code=Code.NOT_ONE_LINE)
         try:
@@ -80,7 +96,9 @@ class ReservationDesk:
         if r.code is not None and r.code != Code.RESERVATION_CONFLICT:
             conn.write(p.Error(r.code, r.message or r.code, request_id))
             return
-        answer = p.ReservationList(request_id, r.items, r.conflicts, r.released, r.code, r.message)
+        answer = p.ReservationList(
+            request_id, r.items, r.conflicts, r.released, r.code, r.message, r.more
+        )
         conn.write(answer)
 
     def answered(self, f: p.ReservationReply) -> None:

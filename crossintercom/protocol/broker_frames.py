@@ -286,6 +286,8 @@ class ReservationList(msgspec.Struct, tag="reservation_list", frozen=True, omit_
     released: int = 0
     code: str | None = None
     message: str | None = None
+    # Some were left out: the store held more than one answer carries (docs/protocol.md).
+    more: bool = False
 
 
 BrokerFrame = (

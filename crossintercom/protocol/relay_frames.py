@@ -102,6 +102,8 @@ class ReservationReply(msgspec.Struct, tag="reservation_reply", frozen=True, omi
     released: int = 0
     code: str | None = None
     message: str | None = None
+    # Some were left out: the store held more than one answer carries (docs/protocol.md).
+    more: bool = False
 
 
 RelayFrame = (

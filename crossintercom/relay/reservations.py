@@ -1,24 +1,39 @@
 """The relay's side of path reservations (docs/agents.md#path-reservations): it runs a
 session's reserve, release or list against the store, judging other hosts' leases on its own
-clock (a reservation of a host whose lease lapsed does not count), and answers the broker."""
+clock (a reservation of a host whose lease lapsed does not count), and answers the broker.
+
+Every answer fits one frame whatever the store holds (docs/protocol.md, "Reservations"): the
+store reads bounded rows, and a list past the frame's share is cut here and marked ``more``."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 
+import msgspec
+
 from crossintercom import protocol as p
+from crossintercom.config import Settings
 from crossintercom.errors import Code, StoreError
 from crossintercom.relay.core import RelayCore
-from crossintercom.reservations import Held
+from crossintercom.reservations import Held, Quotas
 from crossintercom.storage import LeaseTracker
 
 log = logging.getLogger(__name__)
 
+# Of a reply's frame, the share each of its two lists may fill; the rest is its message and
+# the frame's own fields (a message names at most CLASH_NAMED reservations).
+LIST_SHARE = 0.4
+CLASH_NAMED = 5
 
-def wire(held: Sequence[Held]) -> list[p.Reservation]:
-    return [
-        p.Reservation(
+
+def wire(held: Sequence[Held], budget: int | None = None) -> tuple[list[p.Reservation], bool]:
+    """``held`` as the wire carries it, as many as fit in ``budget`` bytes of JSON (None: all),
+    and whether some were left out."""
+    out: list[p.Reservation] = []
+    used = 0
+    for h in held:
+        r = p.Reservation(
             h.id,
             h.project,
             h.glob,
@@ -30,8 +45,21 @@ def wire(held: Sequence[Held]) -> list[p.Reservation]:
             h.name,
             h.reason,
         )
-        for h in held
-    ]
+        if budget is not None:
+            used += len(msgspec.json.encode(r)) + 1
+            if used > budget:
+                return out, True
+        out.append(r)
+    return out, False
+
+
+def quotas(settings: Settings) -> Quotas:
+    return Quotas(
+        per_session=settings.reservation_max_per_session,
+        per_session_chars=settings.reservation_max_chars_per_session,
+        per_host=settings.reservation_max_per_host,
+        per_host_chars=settings.reservation_max_chars_per_host,
+    )
 
 
 class Reservations:
@@ -46,6 +74,8 @@ class Reservations:
         # A reservation counts while its session is on the store's roster: a session that
         # registered just before it reserves is published first (its roster frame came first).
         self.publish_roster = publish_roster
+        self.quotas = quotas(relay.settings)
+        self.budget = int(relay.settings.max_frame_bytes * LIST_SHARE)
 
     def lapsed(self) -> set[str]:
         return self.leases.lapsed_hosts() - {self.relay.host}
@@ -69,12 +99,18 @@ class Reservations:
         if self.relay.client is not None:
             self.relay.client.post(reply)
 
+    async def _listed(self, project: str | None) -> tuple[list[Held], bool]:
+        return await self.relay.store.reservation_page(
+            project, lapsed=self.lapsed(), per_host=self.quotas.per_host
+        )
+
     async def _run(self, f: p.ReservationRequest) -> p.ReservationReply | None:
         r = self.relay
         store, host, gen = r.store, r.host, r.generation
         if f.op == "list":
-            found = await store.reservations(f.project, lapsed=self.lapsed())
-            return p.ReservationReply(f.fid, wire(found))
+            found, more = await self._listed(f.project)
+            items, cut = wire(found, self.budget)
+            return p.ReservationReply(f.fid, items, more=more or cut)
         assert f.project is not None
         if f.op == "release":
             released = await store.release(
@@ -82,9 +118,9 @@ class Reservations:
             )
             if released is None:
                 return None
-            found = await store.reservations(f.project, lapsed=self.lapsed())
-            mine = [h for h in found if h.session == f.session]
-            return p.ReservationReply(f.fid, wire(mine), released=released)
+            found, more = await self._listed(f.project)
+            items, cut = wire([h for h in found if h.session == f.session], self.budget)
+            return p.ReservationReply(f.fid, items, released=released, more=more or cut)
         made = await store.reserve(
             host,
             gen,
@@ -95,18 +131,22 @@ class Reservations:
             ttl_s=f.ttl_s,
             reason=f.reason,
             lapsed=self.lapsed(),
+            quotas=self.quotas,
         )
         if made is None:
             return None
+        items, cut = wire(made.held, self.budget)
         if made.conflicts:
+            clash, cut_clash = wire(made.conflicts, self.budget)
             return p.ReservationReply(
                 f.fid,
-                wire(made.held),
-                wire(made.conflicts),
+                items,
+                clash,
                 code=Code.RESERVATION_CONFLICT,
                 message=_clash(f.globs or [], made.conflicts),
+                more=cut or cut_clash,
             )
-        return p.ReservationReply(f.fid, wire(made.held))
+        return p.ReservationReply(f.fid, items, more=cut)
 
     async def sweep(self) -> None:
         """The host's own reservations that no longer count go (housekeeping)."""
@@ -117,6 +157,9 @@ def _clash(globs: Sequence[str], held: Sequence[Held]) -> str:
     who = "; ".join(
         f"{h.glob} ({h.mode}) held by {h.name or h.session}@{h.host}"
         + (f": {h.reason}" if h.reason else "")
-        for h in held
+        for h in held[:CLASH_NAMED]
     )
-    return f"not reserved ({', '.join(globs)}): clashes with {who}"
+    rest = len(held) - CLASH_NAMED
+    more = f"; and {rest} more" if rest > 0 else ""
+    asked = ", ".join(globs[:CLASH_NAMED]) + (", ..." if len(globs) > CLASH_NAMED else "")
+    return f"not reserved ({asked}): clashes with {who}{more}"

@@ -38,9 +38,13 @@ from crossintercom.storage import (
     MailboxStore,
     Wake,
 )
+from crossintercom.storage.driver import loop_blocked
 from crossintercom.storage.liveness import effective_lease
 
 log = logging.getLogger(__name__)
+
+# Of a frame, the share the remote roster may fill (the rest: its own fields, with room).
+ROSTER_SHARE = 0.8
 
 STALL_REPORT_S: Final = 5.0
 
@@ -274,7 +278,8 @@ class Relay(RelayCore):
         self.leases.observe(hosts)
         revs = frozenset((h.host_id, h.roster_rev) for h in hosts if h.host_id != self.host)
         if force or revs != self._roster_revs:
-            self._roster, dropped = rightful_claims(await self.store.roster())
+            per_host = self.settings.roster_max_per_host
+            self._roster, dropped = rightful_claims(await self.store.roster(per_host))
             self._roster_revs = revs
             if dropped:
                 log.warning(
@@ -299,7 +304,23 @@ class Relay(RelayCore):
         if self.archiver is not None:
             self.archiver.know(self.remote_sessions)
         if self.client is not None:
-            self.client.post(p.RemoteRoster(self.remote_sessions))
+            self.client.post(p.RemoteRoster(self._framed_roster()))
+
+    def _framed_roster(self) -> list[SessionInfo]:
+        """The remote sessions that fit one frame (ROSTER_SHARE of it): many hosts at their
+        bound could publish more than the broker's link carries, and a frame over the limit
+        drops the link. Those past it are left out, and logged."""
+        budget, used = int(self.settings.max_frame_bytes * ROSTER_SHARE), 0
+        for i, s in enumerate(self.remote_sessions):
+            used += len(msgspec.json.encode(s)) + 1
+            if used > budget:
+                log.warning(
+                    "remote roster cut to %d of %d sessions: more than one frame carries",
+                    i,
+                    len(self.remote_sessions),
+                )
+                return self.remote_sessions[:i]
+        return self.remote_sessions
 
     def fenced(self) -> None:
         self.failure = Fenced(
@@ -320,8 +341,17 @@ class Relay(RelayCore):
             return await self.store.beat(self.host, self.generation, local_ids)
 
         beat = asyncio.ensure_future(consume_then_beat())
+        due = asyncio.get_running_loop().time() + STALL_REPORT_S
         done, _ = await asyncio.wait({beat}, timeout=STALL_REPORT_S)
-        if not done:
+        blocked = None if done else loop_blocked(due)
+        if blocked is not None:
+            # The wait's own timer ran late: this relay's loop was busy, not the store.
+            log.warning(
+                "this relay's event loop was blocked for over %.1f s (work on the loop, not "
+                "the store); the heartbeat waited behind it",
+                blocked,
+            )
+        elif not done:
             why = (
                 f"WARNING the store has not answered for over {STALL_REPORT_S:.0f} s (another "
                 "process holding the SQLite file's write lock, or a database outage)"

@@ -17,12 +17,14 @@ back by id (see ``engine.commit_failed``).
 from __future__ import annotations
 
 import asyncio
+import traceback
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
+from sqlalchemy.util.concurrency import await_, in_greenlet
 from tenacity import (
     AsyncRetrying,
     Retrying,
@@ -31,7 +33,12 @@ from tenacity import (
     wait_exponential,
 )
 
-from crossintercom.errors import StoreLocksUnsafe, StoreUnavailable
+from crossintercom.errors import (
+    CrossintercomError,
+    StoreError,
+    StoreLocksUnsafe,
+    StoreUnavailable,
+)
 from crossintercom.storage import engine as db
 from crossintercom.storage import lockcheck
 from crossintercom.storage.urls import StoreURL
@@ -78,7 +85,23 @@ def in_transaction(conn: Connection, parsed: StoreURL, op: Op[T]) -> T:
     try:
         trans = conn.begin()
         result = op.fn(conn)
-    except SQLAlchemyError as exc:
+    except CrossintercomError:
+        # The body's own refusal (a lock held too long, a quota): the transaction ends here,
+        # whatever it wrote undone, and the refusal goes up as it is.
+        _end(conn)
+        raise
+    except Exception as exc:
+        if not isinstance(exc, SQLAlchemyError):
+            # Anything else (a value no driver type reads, a bug in the body): its cursor may
+            # still be open, holding SQLite's lock or a PostgreSQL transaction, so the
+            # connection goes, and the caller gets a store error, not a stray exception.
+            _end(conn, discard=True)
+            # The body's frames hold its result, and so the cursor: SQLite closes a connection
+            # (and lets go of its lock) only once every cursor of it is gone.
+            traceback.clear_frames(exc.__traceback__)
+            raise StoreError(
+                f"store {parsed.masked} failed: {type(exc).__name__}: {db.one_line(exc)}"
+            ) from exc
         lost = isinstance(exc, DBAPIError) and exc.connection_invalidated
         if op.write and op.single_statement and (lost or conn.invalidated):
             raise db.commit_failed(parsed, exc) from exc
@@ -93,6 +116,40 @@ def in_transaction(conn: Connection, parsed: StoreURL, op: Op[T]) -> T:
     except SQLAlchemyError as exc:
         raise db.commit_failed(parsed, exc) from exc
     return result
+
+
+def _end(conn: Connection, *, discard: bool = False) -> None:
+    """Roll back what the failed body began; ``discard``: close the connection too (an open
+    cursor or a half-read result goes with it)."""
+    try:
+        if discard:
+            conn.invalidate()
+        else:
+            conn.rollback()
+    except Exception:  # ending it is best effort: the error being raised is the one to report
+        conn.invalidate()
+
+
+# A timer that fires this long after it was due found the event loop busy (work run on the
+# loop itself), not the store slow: a deadline measured over that time would blame the store.
+LOOP_LAG_S = 1.0
+
+
+def loop_blocked(due: float) -> float | None:
+    """How long past ``due`` (the running loop's clock) this runs, when that says the loop
+    itself was blocked; None otherwise."""
+    late = asyncio.get_running_loop().time() - due
+    return late if late > LOOP_LAG_S else None
+
+
+def off_loop(fn: Callable[[], T]) -> T:
+    """``fn()`` inside an operation's body, but not on the event loop: on PostgreSQL the body
+    runs on the loop (a greenlet), so CPU-bound work over rows another host wrote is handed to
+    a thread while the loop serves the rest (the heartbeat); SQLite's bodies run in a worker
+    thread already."""
+    if in_greenlet():
+        return await_(asyncio.to_thread(fn))
+    return fn()
 
 
 def call_on(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, T]) -> T:

@@ -29,10 +29,14 @@ from crossintercom.storage import queries as q
 from crossintercom.storage.driver import Driver
 from crossintercom.storage.engine import lock_timed_out
 from crossintercom.storage.interface import Beat, HostRow, Waiter
+from crossintercom.storage.rowcheck import log_left_out
 from crossintercom.storage.tables import HOST_ID_CHARS
 from crossintercom.storage.urls import StoreURL
 
 log = logging.getLogger(__name__)
+
+# How many of one host's sessions another host reads (setting ``roster_max_per_host``).
+ROSTER_PER_HOST = 1000
 # How long a roster publish waits on a session id another session is inserting (ms).
 CLAIM_WAIT_MS = 200
 
@@ -254,23 +258,32 @@ class SqlHostStore:
                 claimed |= one
         return claimed, held
 
-    async def roster(self) -> list[SessionInfo]:
+    async def roster(self, per_host: int = ROSTER_PER_HOST) -> list[SessionInfo]:
+        """Every host's sessions, each host's first ``per_host`` only (by session id): rows
+        past that, or that no broker would have let a session publish, are left out and
+        logged."""
+
         def read(conn: Connection) -> list[SessionInfo]:
-            out, bad = [], []
-            for r in conn.execute(q.LIST_ROSTER):
+            out, bad, over = [], [], set()
+            for r in conn.execute(q.LIST_ROSTER, {"per_host": per_host}):
+                if int(r.host_rows) > per_host:
+                    over.add(f"{r.host_id!r:.80}")
                 info = _session_info(r._mapping)
                 if info is None:
                     # Named, not quoted whole: a writer's key may be megabytes long.
                     bad.append(f"{r.session_id!r:.80}@{r.host_id!r:.80}")
                 else:
                     out.append(info)
-            if bad:
-                # A writer of the store (or a bug) put values no relay writes: left out, alone.
-                log.warning(
-                    "roster rows left out: values of the wrong type, not JSON or over their bounds "
-                    '(docs/operations.md, "Trust model")',
-                    extra={"sessions": bad[:20]},
-                )
+            log_left_out(
+                log,
+                "roster",
+                "values of the wrong type, not JSON or over their bounds",
+                bad,
+                "sessions",
+                over,
+                per_host,
+                "roster_max_per_host",
+            )
             return out
 
         return await self._run(read, single_statement=True)

@@ -19,7 +19,7 @@ from crossintercom.models import (
     ReceiptOutcome,
     SessionInfo,
 )
-from crossintercom.reservations import Held, Mode
+from crossintercom.reservations import DEFAULT_QUOTAS, PER_HOST, READ_LIMIT, Held, Mode, Quotas
 
 # A delivery row's state, what a recipient's relay may acknowledge one as, what a receipt
 # carries (the state its delivery finished in, or a later outcome its recipient's host wrote)
@@ -288,7 +288,7 @@ class MailboxStore(Protocol):
         self, host_id: str, generation: int, sessions: Sequence[SessionInfo]
     ) -> bool: ...
 
-    async def roster(self) -> list[SessionInfo]: ...
+    async def roster(self, per_host: int = ...) -> list[SessionInfo]: ...
 
     async def enqueue(
         self, items: Sequence[OutboundItem], *, generation: int | None = None
@@ -354,9 +354,10 @@ class MailboxStore(Protocol):
         ttl_s: float,
         reason: str | None,
         lapsed: Collection[str] = (),
+        quotas: Quotas = DEFAULT_QUOTAS,
     ) -> Reserved | None:
         """Reserve paths of a project for one of the host's sessions, all or none; None for a
-        stale generation (docs/agents.md#path-reservations)."""
+        stale generation, ``QuotaExceeded`` past ``quotas`` (docs/agents.md#path-reservations)."""
         ...
 
     async def release(
@@ -374,6 +375,18 @@ class MailboxStore(Protocol):
     ) -> list[Held]:
         """The live reservations, those of hosts in ``lapsed`` (the reader's judgement of their
         leases) left out."""
+        ...
+
+    async def reservation_page(
+        self,
+        project: str | None = None,
+        *,
+        lapsed: Collection[str] = (),
+        per_host: int = PER_HOST,
+        limit: int = READ_LIMIT,
+    ) -> tuple[list[Held], bool]:
+        """``reservations``, bounded whatever the store holds (each host's first ``per_host``,
+        ``limit`` in all), and whether there were more."""
         ...
 
     async def sweep_reservations(self, host_id: str, generation: int) -> int: ...

@@ -24,7 +24,7 @@ from sqlalchemy.pool import NullPool
 
 from crossintercom.storage import engine as db
 from crossintercom.storage import queries as q
-from crossintercom.storage.driver import Body, Driver, Op, in_transaction
+from crossintercom.storage.driver import Body, Driver, Op, in_transaction, loop_blocked
 from crossintercom.storage.plans import PlanRefresh
 from crossintercom.storage.urls import StoreURL
 
@@ -177,16 +177,35 @@ class PgDriver(Driver):
         raw = await conn.get_raw_connection()
         fd = raw.dbapi_connection.driver_connection.pgconn.socket  # type: ignore[union-attr]
         cut = asyncio.Event()
+        loop = asyncio.get_running_loop()
 
-        def on_deadline() -> None:
+        def on_deadline(due: float) -> None:
+            blocked = loop_blocked(due)
+            if blocked is not None:
+                # The loop could not run this timer (nor read the store's answer) for that
+                # long: the process was busy, not the store. The store gets its deadline
+                # again, counted from now.
+                log.warning(
+                    "this process's event loop was blocked for over %.1f s (work on the loop, "
+                    "not the store); store %s gets its %.0f s again",
+                    blocked,
+                    self.parsed.masked,
+                    self.deadline_s,
+                )
+                timer[0] = arm()
+                return
             cut.set()
             cut_socket(self.parsed, fd, self.deadline_s)
 
-        timer = asyncio.get_running_loop().call_later(self.deadline_s, on_deadline)
+        def arm() -> asyncio.TimerHandle:
+            due = loop.time() + self.deadline_s
+            return loop.call_at(due, on_deadline, due)
+
+        timer = [arm()]  # the one armed now
         try:
             return await conn.run_sync(in_transaction, self.parsed, op)
         finally:
-            timer.cancel()
+            timer[0].cancel()
             if cut.is_set() and not conn.invalidated:
                 with contextlib.suppress(Exception):
                     await conn.invalidate()

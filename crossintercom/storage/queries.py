@@ -254,9 +254,21 @@ def insert_roster(dialect: str) -> Any:
 # ``groups`` as stored (the driver's JSON decoding off): a writer of a SQLite file can store
 # anything in it, and one value that is not JSON failed the whole read; the rows are checked
 # one by one (hosts.roster).
-LIST_ROSTER: Select[Any] = select(
-    *(type_coerce(c, Text).label(c.name) if c.name == "groups" else c for c in roster.c)
-).order_by(roster.c.host_id, roster.c.session_id)
+# Each host's first :per_host rows only (by session id), and how many it has (``host_rows``):
+# a host may publish any number of its own rows, and every other host's relay hands them all
+# to its broker in one frame (docs/operations.md, "Trust model"). Params: per_host.
+_ROSTER_RANKED = select(
+    *(type_coerce(c, Text).label(c.name) if c.name == "groups" else c for c in roster.c),
+    func.row_number()
+    .over(partition_by=roster.c.host_id, order_by=roster.c.session_id)
+    .label("host_rank"),
+    func.count().over(partition_by=roster.c.host_id).label("host_rows"),
+).subquery()
+LIST_ROSTER: Select[Any] = (
+    select(*(c for c in _ROSTER_RANKED.c if c.name != "host_rank"))
+    .where(_ROSTER_RANKED.c.host_rank <= bindparam("per_host"))
+    .order_by(_ROSTER_RANKED.c.host_id, _ROSTER_RANKED.c.session_id)
+)
 
 
 # -- messages and deliveries -----------------------------------------------------------------
@@ -611,43 +623,115 @@ SCHEMA_VERSION = text("SELECT version_num FROM alembic_version")
 
 # -- path reservations (docs/agents.md#path-reservations) -----------------------------------
 
-# A reservation that may still count: its TTL runs, it was made under its host's current
-# generation (a relay restart ends what the one before made), and its session is on the
-# roster (a forgotten session's go). The holder host's lease is judged by the reader, on its
-# own clock (storage/liveness.py). With the holder's name for people.
-_LIVE_RESERVATIONS = (
-    select(
-        reservations.c.id,
-        reservations.c.project,
-        reservations.c.glob,
-        reservations.c.mode,
-        reservations.c.host_id,
-        reservations.c.session_id,
-        reservations.c.expires_at,
-        reservations.c.created,
-        reservations.c.reason,
-        roster.c.name,
-    )
-    .select_from(
-        reservations.join(
-            hosts,
-            (hosts.c.host_id == reservations.c.host_id)
-            & (hosts.c.generation == reservations.c.generation),
-        ).join(
-            roster,
-            (roster.c.host_id == reservations.c.host_id)
-            & (roster.c.session_id == reservations.c.session_id),
+# A reservation that may still count: its TTL runs (and ends within the longest TTL a relay
+# gives: a host role may store 'infinity' or the year 9999, which no reader could hold as a
+# time), it was made under its host's current generation (a relay restart ends what the one
+# before made), and its session is on the roster (a forgotten session's go). The holder host's
+# lease is judged by the reader, on its own clock (storage/liveness.py). With the holder's name
+# for people.
+#
+# Bounded whatever another host stored (docs/operations.md, "Trust model"): each host's oldest
+# :per_host rows at most (``host_rows`` says how many it has, so the reader can name the
+# excess), :limit rows in all, and each text cut one character past its longest, so one
+# oversized value costs no memory and is left out by the reader alone. The times come as Unix
+# seconds on PostgreSQL and as stored on SQLite (every text as bytes there: a writer of the
+# file may store any type, or text that is not UTF-8), parsed row by row
+# (storage/reservations.py).
+RESERVATION_TEXTS = {
+    "id": 64,
+    "project": 255,
+    "glob": 500,
+    "host_id": HOST_ID_CHARS,
+    "session_id": 128,
+    "reason": 500,
+}
+_NAME_CHARS = 64
+
+
+@cache
+def live_reservations(dialect: str, by_project: bool) -> Select[Any]:
+    """Params: now, latest (the latest expiry that can be real), per_host, limit, and project
+    when ``by_project``. Columns: id, project, glob, mode, host_id, session_id, expires_at,
+    created, reason, name, host_rows."""
+    raw = dialect == "sqlite"
+
+    def cut(c: Any, chars: int, name: str) -> Any:
+        short = func.substr(c, 1, chars + 1)
+        return (cast(short, LargeBinary) if raw else short).label(name)
+
+    def when(c: Any) -> Any:
+        return (cast(c, LargeBinary) if raw else func.extract("epoch", c)).label(c.name)
+
+    r = reservations.c
+    inner = (
+        select(
+            *(cut(r[k], n, k) for k, n in RESERVATION_TEXTS.items()),
+            cut(r.mode, 16, "mode"),
+            when(r.expires_at),
+            when(r.created),
+            cut(roster.c.name, _NAME_CHARS, "name"),
+            r.created.label("created_order"),
+            func.row_number()
+            .over(partition_by=r.host_id, order_by=(r.created, r.id))
+            .label("host_rank"),
+            func.count().over(partition_by=r.host_id).label("host_rows"),
         )
+        .select_from(
+            reservations.join(
+                hosts, (hosts.c.host_id == r.host_id) & (hosts.c.generation == r.generation)
+            ).join(roster, (roster.c.host_id == r.host_id) & (roster.c.session_id == r.session_id))
+        )
+        .where(r.expires_at > bindparam("now"), r.expires_at <= bindparam("latest"))
     )
-    .where(reservations.c.expires_at > bindparam("now"))
-    .order_by(reservations.c.created, reservations.c.id)
+    if by_project:
+        inner = inner.where(r.project == bindparam("project"))
+    sub = inner.subquery()
+    c = sub.c
+    return (
+        select(
+            c.id,
+            c.project,
+            c.glob,
+            c.mode,
+            c.host_id,
+            c.session_id,
+            c.expires_at,
+            c.created,
+            c.reason,
+            c.name,
+            c.host_rows,
+        )
+        .where(c.host_rank <= bindparam("per_host"))
+        .order_by(c.created_order, c.id)
+        .limit(bindparam("limit"))
+    )
+
+
+# A host's own live reservations, as its quotas count them: how many, and their globs' and
+# reasons' characters, of one session (:session_id) or of the whole host (:session_id NULL),
+# leaving out the rows of :project and :globs that session :renewer renews. Params: host_id,
+# session_id, renewer, project, globs (a list), now.
+RESERVATION_USAGE: Select[Any] = select(
+    func.count(),
+    func.coalesce(
+        func.sum(
+            func.length(reservations.c.glob) + func.coalesce(func.length(reservations.c.reason), 0)
+        ),
+        0,
+    ),
+).where(
+    reservations.c.host_id == bindparam("host_id"),
+    reservations.c.expires_at > bindparam("now"),
+    or_(
+        bindparam("session_id", type_=Text).is_(None),
+        reservations.c.session_id == bindparam("session_id", type_=Text),
+    ),
+    ~(
+        (reservations.c.project == bindparam("project"))
+        & (reservations.c.session_id == bindparam("renewer"))
+        & reservations.c.glob.in_(bindparam("globs", expanding=True))
+    ),
 )
-# Params: now, project.
-LIVE_RESERVATIONS: Select[Any] = _LIVE_RESERVATIONS.where(
-    reservations.c.project == bindparam("project")
-)
-# Every project's (the overseer page). Params: now.
-ALL_LIVE_RESERVATIONS: Select[Any] = _LIVE_RESERVATIONS
 
 # One reserving transaction per project at a time (PostgreSQL; SQLite's writers are serial):
 # two sessions reserving overlapping globs cannot both read "no conflict". The two-key form
@@ -658,9 +742,12 @@ PG_LOCK_PROJECT: TextClause = text(
 )
 
 # A session's earlier reservation of the same glob goes before it is made again (renewal).
-# Params: project, session_id, globs (a list).
+# Params: project, host_id, session_id, globs (a list).
 DROP_SAME_RESERVATIONS: Delete = delete(reservations).where(
     reservations.c.project == bindparam("project"),
+    # The renewing host's own rows only: a session of another host registered with the same
+    # session id (SQLite, or one shared role) must not delete that host's reservation.
+    reservations.c.host_id == bindparam("host_id"),
     reservations.c.session_id == bindparam("session_id"),
     reservations.c.glob.in_(bindparam("globs", expanding=True)),
 )

@@ -5,6 +5,7 @@ one bad value is refused or left out alone (docs/operations.md, "Trust model")."
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Collection, Sequence
 from typing import Any, cast
@@ -146,3 +147,29 @@ def _whole(text: str) -> int | None:
     """``text`` as a whole number in ASCII digits; None when it is not one ("--5", or more
     digits than ``int`` converts, failed every read of the settings)."""
     return int(text) if _WHOLE.fullmatch(text) else None
+
+
+def log_left_out(
+    logger: logging.Logger,
+    kind: str,
+    why: str,
+    bad: Sequence[str],
+    key: str,
+    over: Collection[str] = (),
+    per_host: int = 0,
+    setting: str = "",
+) -> None:
+    """Say, once per read, which rows a reader left out: ``bad`` (named, never quoted whole:
+    a writer's value may be megabytes long) for ``why``, and the hosts ``over`` their bound."""
+    if bad:
+        # A writer of the store (or a bug) put values no relay writes: left out, alone.
+        logger.warning(
+            f'{kind} rows left out: {why} (docs/operations.md, "Trust model")',
+            extra={key: list(bad[:20])},
+        )
+    if over:
+        logger.warning(
+            f"{kind} rows left out: hosts with more than %d (the per-host bound, {setting})",
+            per_host,
+            extra={"hosts": sorted(over)[:20]},
+        )

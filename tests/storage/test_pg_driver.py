@@ -122,6 +122,24 @@ def test_a_server_that_never_answers_is_cut_at_the_deadline(
     assert backend_pid(pg_store) != pid  # the cut connection was not given back to the pool
 
 
+def test_a_loop_blocked_by_the_process_is_not_blamed_on_the_store(
+    pg_store: PostgresStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An operation whose body holds the event loop past the deadline (CPU work on the loop):
+    the store answered all along, so its connection is not cut and the log names the loop."""
+    pg_store.driver.deadline_s = 0.3
+
+    def busy(conn: Any) -> int:
+        value = int(conn.execute(text("SELECT 7")).scalar_one())
+        time.sleep(1.6)  # holds the loop: the body runs on it (a greenlet)
+        return value
+
+    assert run(pg_store._run(busy)) == 7
+    said = [r.getMessage() for r in caplog.records]
+    assert any("event loop was blocked for over" in m for m in said), said
+    assert not any("did not answer" in m for m in said), said
+
+
 def test_errors_name_the_store_without_its_password() -> None:
     parsed = parse_store_url("postgresql://postgres:s3cret-pw@127.0.0.1:9/nowhere")
     store = PostgresStore(parsed)  # nothing connects until it is used

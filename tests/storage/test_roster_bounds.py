@@ -52,3 +52,19 @@ def test_a_session_id_no_client_could_register_is_left_out(
         run(store.aclose())
     (left_out,) = [r for r in caplog.records if r.getMessage().startswith("roster rows left out")]
     assert len(str(left_out.__dict__["sessions"])) < 1000
+
+
+def test_a_host_publishing_endless_rows_is_read_bounded(
+    store: MailboxStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A host may publish any number of its own rows, each within bounds (its role's right on
+    PostgreSQL): other hosts read its first ``per_host`` (by session id) and say so, and every
+    other host's rows stay whole."""
+    flood, other = run(store.claim_host("flood")), run(store.claim_host("b"))
+    rows = [SessionInfo(id=f"s{i:05}", host="flood", cwd="/" * 600) for i in range(3000)]
+    assert run(store.publish_sessions("flood", flood, rows))
+    assert run(store.publish_sessions("b", other, [SessionInfo(id="sb", host="b")]))
+    read = run(store.roster(per_host=1000))
+    assert [s.id for s in read if s.host == "flood"] == [f"s{i:05}" for i in range(1000)]
+    assert [s.id for s in read if s.host == "b"] == ["sb"]
+    assert any("hosts with more than 1000" in r.getMessage() for r in caplog.records)
