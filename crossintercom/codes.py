@@ -74,7 +74,7 @@ class Code(StrEnum):
     # A path reservation another session's clashes with (docs/agents.md#path-reservations).
     RESERVATION_CONFLICT = "reservation_conflict"
     # A reserve that would take its session or host past its reservation quota (count or
-    # characters; docs/operations.md, "Bounds").
+    # characters; docs/agents.md#path-reservations).
     RESERVATION_QUOTA = "reservation_quota"
     # A session over its rate of coordination requests (reserve, unreserve, inbound policy
     # changes; docs/agents.md#policy).

@@ -118,7 +118,7 @@ class Settings:
     rate_limit_window_s: float = 60.0
     # Coordination requests (reserve, unreserve, inbound policy changes) per session in any
     # window of coord_rate_window_s (docs/agents.md#policy), and the reservation quotas
-    # (docs/operations.md, "Bounds"): per session and per host, live reservations and the
+    # (docs/agents.md#path-reservations): per session and per host, live reservations and the
     # characters of their globs and reasons; a host reads each other host's first
     # reservation_max_per_host rows only.
     coord_rate_count: int = 120

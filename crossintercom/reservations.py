@@ -25,7 +25,7 @@ MODES: tuple[Mode, ...] = ("exclusive", "shared")
 MAX_GLOB = 500
 MAX_REASON = 500
 
-# Defaults of the quotas (settings ``reservation_*``, docs/operations.md, "Bounds"): per
+# Defaults of the quotas (settings ``reservation_*``, docs/agents.md#path-reservations): per
 # session and per host, how many live reservations and how many characters of globs and
 # reasons they hold; a host reads at most the per-host count of each other host's rows, and
 # at most READ_LIMIT rows in one read (a list that had more says so).

@@ -2,7 +2,7 @@
 session's reserve, release or list against the store, judging other hosts' leases on its own
 clock (a reservation of a host whose lease lapsed does not count), and answers the broker.
 
-Every answer fits one frame whatever the store holds (docs/protocol.md, "Reservations"): the
+Every answer fits one frame whatever the store holds (docs/protocol.md): the
 store reads bounded rows, and a list past the frame's share is cut here and marked ``more``."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Reservation floods (docs/operations.md, "Bounds"): a session that reserves without end is
+"""Reservation floods (docs/agents.md#path-reservations): a session that reserves without end is
 refused by its quota and its rate of coordination requests, each with its own code; and a
 writer of the store that planted thousands of rows (a megabyte reason among them) leaves
 every other host's lists, conflict checks and reserves answering within the frame limit, its
