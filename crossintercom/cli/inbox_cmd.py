@@ -23,13 +23,14 @@ from crossintercom.client import Client, Identity, report_shown
 from crossintercom.config import Settings
 from crossintercom.errors import UsageError
 from crossintercom.inbox import Entry, Inbox
+from crossintercom.models import Outcome
 from crossintercom.runtime import ensure_runtime_dir
 
 
 def seen_notice(entry: Entry) -> bool:
     """A `shown` receipt: one per message sent would drown a stream or transcript, so the
     commands print them only when asked (docs/agents.md#shown-receipts)."""
-    return entry.kind == "receipt" and entry.body.get("outcome") == "shown"
+    return entry.kind == "receipt" and entry.body.get("outcome") == Outcome.SHOWN
 
 
 def show_ids(cfg: Settings, client: Client, session_id: str, ids: Iterable[str]) -> None:

@@ -264,7 +264,7 @@ def _receipt_now(
     if res.code is not None:
         outcome, code, text = outcome_for_state(State.REFUSED, res.code)
         return Receipt(msg_id, outcome, sid, code, text)
-    if res.state != "queued":
+    if res.state != State.QUEUED.value:
         # A retry of a message whose row was already settled: the row's state answers.
         outcome, code, text = outcome_for_state(res.state, None)
         return Receipt(msg_id, outcome, sid, code, text)

@@ -15,7 +15,7 @@ import msgspec
 from sqlalchemy import Connection
 
 from crossintercom.errors import Code, StoreFenced
-from crossintercom.models import DeliveryState
+from crossintercom.models import DeliveryState, State
 from crossintercom.storage import queries as q
 from crossintercom.storage.interface import (
     Ack,
@@ -45,7 +45,7 @@ def enqueue_batch(
     for i, item in enumerate(items):
         if item.size > limits.max_message_bytes:
             results[i] = EnqueueResult(
-                item.message_id, item.recipient_session, "refused", False, Code.TOO_LARGE
+                item.message_id, item.recipient_session, State.REFUSED.value, False, Code.TOO_LARGE
             )
         else:
             fitting.append((i, item))
@@ -84,13 +84,17 @@ def enqueue_batch(
             # The id exists but is not ours to see (another host's message, under per-host
             # row-level security): the id is taken.
             results[i] = EnqueueResult(
-                item.message_id, item.recipient_session, "refused", False, Code.ID_CONFLICT
+                item.message_id,
+                item.recipient_session,
+                State.REFUSED.value,
+                False,
+                Code.ID_CONFLICT,
             )
         elif found != item.digest:
             results[i] = EnqueueResult(
                 item.message_id,
                 item.recipient_session,
-                "refused",
+                State.REFUSED.value,
                 False,
                 Code.PAYLOAD_CONFLICT,
             )
@@ -105,7 +109,7 @@ def enqueue_batch(
                     "message_id": d.message_id,
                     "recipient_host": d.recipient_host,
                     "recipient_session": d.recipient_session,
-                    "state": "queued",
+                    "state": State.QUEUED.value,
                     "expires_at": expires,
                 }
                 for _, d in wanted.values()
@@ -127,10 +131,10 @@ def enqueue_batch(
         key = (item.message_id, item.recipient_session)
         if key in new_keys and wanted[key][0] == i:
             # Only the first item of a pair inserted it; a repeat in the batch did not.
-            results[i] = EnqueueResult(*key, "queued", True, None)
+            results[i] = EnqueueResult(*key, State.QUEUED.value, True, None)
             woken.add(item.recipient_host)
         else:
-            results[i] = EnqueueResult(*key, states.get(key, "queued"), False, None)
+            results[i] = EnqueueResult(*key, states.get(key, State.QUEUED.value), False, None)
     return [r for r in results if r is not None], woken
 
 
@@ -167,7 +171,7 @@ def plan_pg_enqueue(
     for i, item in enumerate(items):
         if item.size > limits.max_message_bytes:
             results[i] = EnqueueResult(
-                item.message_id, item.recipient_session, "refused", False, Code.TOO_LARGE
+                item.message_id, item.recipient_session, State.REFUSED.value, False, Code.TOO_LARGE
             )
         else:
             fitting.append(i)
@@ -213,13 +217,13 @@ def _pg_results(
             continue
         if digest != item.digest:
             code = Code.PAYLOAD_CONFLICT
-            results[where[k]] = EnqueueResult(*key, "refused", False, code)
+            results[where[k]] = EnqueueResult(*key, State.REFUSED.value, False, code)
             continue
         first = first_of_pair.setdefault(key, k) == k
         if dlv_new and first:
-            results[where[k]] = EnqueueResult(*key, "queued", True, None)
+            results[where[k]] = EnqueueResult(*key, State.QUEUED.value, True, None)
         elif old_state is not None or not first:
-            results[where[k]] = EnqueueResult(*key, old_state or "queued", False, None)
+            results[where[k]] = EnqueueResult(*key, old_state or State.QUEUED.value, False, None)
         else:
             again.append(where[k])
     return again

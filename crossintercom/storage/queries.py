@@ -42,7 +42,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.sql.expression import ColumnClause
 
 from crossintercom.errors import Code
-from crossintercom.models import PROGRESS, DeliveryState, ReceiptOutcome
+from crossintercom.models import PROGRESS, DeliveryState, ReceiptOutcome, State
 from crossintercom.search_model import MARK_END, MARK_START, SearchQuery, search_terms
 from crossintercom.storage.tables import (
     ARCHIVE_FTS_TABLE,
@@ -528,7 +528,7 @@ FORGET_DELIVERIES = (
         deliveries.c.recipient_session == bindparam("session_id"),
         deliveries.c.state == QUEUED,
     )
-    .values(state="expired", reason=Code.FORGOTTEN, finished_at=bindparam("finished"))
+    .values(state=State.EXPIRED.value, reason=Code.FORGOTTEN, finished_at=bindparam("finished"))
     .returning(deliveries.c.seq)
 )
 
@@ -557,7 +557,7 @@ def _expire_batch() -> Update:
     return (
         update(deliveries)
         .where(deliveries.c.seq.in_(due.scalar_subquery()), deliveries.c.state == QUEUED)
-        .values(state="expired", reason=Code.EXPIRED, finished_at=bindparam("finished"))
+        .values(state=State.EXPIRED.value, reason=Code.EXPIRED, finished_at=bindparam("finished"))
     )
 
 

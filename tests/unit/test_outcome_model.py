@@ -5,13 +5,16 @@ outcome; and every outcome a row or frame type names is an ``Outcome``."""
 
 from __future__ import annotations
 
+import ast
 from functools import reduce
+from pathlib import Path
 from typing import Any, get_args
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from sqlalchemy import Connection, create_engine, select
 
+from crossintercom import models
 from crossintercom.codes import Code
 from crossintercom.models import (
     DELIVERY_STATES,
@@ -98,3 +101,23 @@ def test_every_outcome_a_type_names_is_an_outcome() -> None:
         assert set(names) <= set(OUTCOMES), names
     assert get_args(HostReceiptOutcome) == get_args(LateReceiptOutcome)
     assert set(DELIVERY_STATES) <= {s.value for s in State}
+
+
+# Where an outcome or a delivery state is compared, set or sent, it is named through the model
+# (``Outcome``, ``State``, or their ``.value``), never spelt again. "unknown" also names a
+# lease and a replication mode, so it is left out of the search.
+_WORDS = {o.value for o in Outcome} | {s.value for s in State}
+_SPELT_ONCE = ("relay", "web", "storage")
+
+
+def test_no_outcome_is_spelt_outside_the_model() -> None:
+    package = Path(models.__file__).parent
+    found = []
+    for folder in _SPELT_ONCE:
+        for path in sorted((package / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if not isinstance(node, ast.Constant) or not isinstance(node.value, str):
+                    continue
+                if node.value in _WORDS - {"unknown"}:
+                    found.append(f"{path.relative_to(package)}:{node.lineno}: {node.value}")
+    assert found == []
