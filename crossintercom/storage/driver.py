@@ -26,7 +26,6 @@ from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from sqlalchemy.util.concurrency import await_, in_greenlet
 from tenacity import (
-    AsyncRetrying,
     Retrying,
     retry_if_exception_type,
     stop_after_attempt,
@@ -52,8 +51,14 @@ BACKOFF_S = 0.1
 BACKOFF_MAX_S = 1.0
 
 
+def backoff_s(attempt: int) -> float:
+    """The wait after failed attempt number ``attempt`` (1 on): BACKOFF_S, doubling, capped."""
+    return float(min(BACKOFF_MAX_S, BACKOFF_S * 2 ** (attempt - 1)))
+
+
 def _retry_policy() -> dict[str, Any]:
-    """Short, bounded reconnect, only while nothing committed (StoreUnavailable)."""
+    """Short, bounded reconnect, only while nothing committed (StoreUnavailable); the
+    blocking callers' (``Driver.run`` loops the same way without tenacity)."""
     return {
         "retry": retry_if_exception_type(StoreUnavailable),
         "stop": stop_after_attempt(ATTEMPTS),
@@ -189,10 +194,17 @@ class Driver:
         op = Op(fn, after, single_statement, write)
         if not retry:
             return await self._once(op)
-        async for attempt in AsyncRetrying(**_retry_policy()):
-            with attempt:
+        # The policy of ``_retry_policy`` as a plain loop: a tenacity AsyncRetrying set up for
+        # every operation cost about 40 us of CPU each, on every statement of the delivery
+        # path (docs/perf-log/2026-12-07-peer-and-regression.md).
+        for attempt in range(1, ATTEMPTS + 1):
+            try:
                 return await self._once(op)
-        raise AssertionError("unreachable")  # reraise=True: the last failure is raised
+            except StoreUnavailable:
+                if attempt == ATTEMPTS:
+                    raise
+            await asyncio.sleep(backoff_s(attempt))
+        raise AssertionError("unreachable")
 
     def _bind(self) -> None:
         loop = asyncio.get_running_loop()
