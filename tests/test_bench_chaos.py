@@ -337,6 +337,20 @@ def check_new_kinds(
     assert leftovers(short_tmp) == []
 
 
+def test_chaos_floods_coordination_beside_mail(store_args: list[str], short_tmp: Path) -> None:
+    """Reservation and policy floods from one session at a time, beside the mail, relay kills
+    and hostile rows: each flood meets its quota or rate, nothing acknowledged is lost or
+    duplicated."""
+    kinds = ["coord_flood", "hostile_rows", "relay_kill"]
+    args = ["chaos", "--hosts", "3", "--duration", "10", "--seed", "5", "--json"]
+    proc = run_cli([*args, *store_args, "--faults", ",".join(kinds)], short_tmp, timeout=150)
+    check_new_kinds(proc, kinds, short_tmp, proxied=False)
+    floods = [e for e in json.loads(proc.stdout)["fault_log"] if e["fault"] == "coord_flood"]
+    assert floods, "no flood ran"
+    refused = {code for e in floods for code in e["answered"]}
+    assert refused & {"reservation_quota", "coord_rate_limited"}, floods
+
+
 @pytest.mark.pg
 def test_chaos_fails_over_a_postgres_of_its_own(short_tmp: Path) -> None:
     """A primary + synchronous standby of the run's own: the standby promoted under traffic,

@@ -27,6 +27,9 @@ host (``faults``; in rounds of every kind once):
 * ``relay_takeover``: the relay is frozen past its (short) lease while a relay for the same host
   id takes over from another machine and delivers; woken, the frozen one must exit fenced
   without writing anything (``takeover``); the host stays on the new machine;
+* ``coord_flood``: a session of the host floods its broker with reserves of a hundred globs,
+  unreserves and inbound policy changes for a moment (``coordflood``); it meets its quota and
+  its rate, and everyone's mail flows on;
 * ``inbox_readonly`` and ``disk_full`` (root only, ``disk``): the sink's inbox files made
   immutable, or the host's runtime dir (a small tmpfs of the run's) filled up, released a moment
   later; what was acknowledged must wait and arrive after.

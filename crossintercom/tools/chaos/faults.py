@@ -20,7 +20,7 @@ from typing import Any
 
 from crossintercom.client import AsyncClient
 from crossintercom.models import new_id
-from crossintercom.tools.chaos import disk, failover
+from crossintercom.tools.chaos import coordflood, disk, failover
 from crossintercom.tools.chaos.rogue import HOSTILE_KINDS, hostile_payload, inject_rows
 from crossintercom.tools.chaos.state import ChaosState
 from crossintercom.tools.chaos.takeover import resume, take_over
@@ -38,6 +38,7 @@ FAULT_KINDS = (
     "pg_failover",
     "hostile_rows",
     "relay_takeover",
+    "coord_flood",
     *disk.DISK_KINDS,
 )
 PG_ONLY = frozenset({"pg_terminate", "pg_blackhole", "pg_cut", "pg_restart", "pg_failover"})
@@ -105,6 +106,7 @@ class Injector:
             "pg_failover": self.pg_failover,
             "hostile_rows": self.hostile_rows,
             "relay_takeover": self.relay_takeover,
+            "coord_flood": self.coord_flood,
             "inbox_readonly": self.inbox_readonly,
             "disk_full": self.disk_full,
         }
@@ -250,6 +252,9 @@ class Injector:
             recipient_session=victim.session_id("sink"),
         )
         return {"injected": len(rows)}
+
+    async def coord_flood(self, i: int) -> dict[str, Any] | None:
+        return await coordflood.flood(self.state.hosts[i])
 
     # -- the recipient's disk --------------------------------------------------------------------
 
