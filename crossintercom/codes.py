@@ -142,6 +142,18 @@ class Code(StrEnum):
     UNKNOWN_HOST = "unknown_host"
     BAD_TOKEN = "bad_token"
     CSRF = "csrf"
+    # The gateway's refusals (docs/operations.md#gateway): no or an unknown token, one expired
+    # or revoked, a request acting as another name than the token's, plain HTTP from another
+    # machine, a frame a remote session may not send.
+    GATEWAY_NO_TOKEN = "gateway_no_token"
+    GATEWAY_TOKEN_UNKNOWN = "gateway_token_unknown"
+    GATEWAY_TOKEN_EXPIRED = "gateway_token_expired"
+    GATEWAY_TOKEN_REVOKED = "gateway_token_revoked"
+    GATEWAY_WRONG_NAME = "gateway_wrong_name"
+    GATEWAY_PLAIN_HTTP = "gateway_plain_http"
+    GATEWAY_FORBIDDEN_FRAME = "gateway_forbidden_frame"
+    # The gateway's certificate did not verify against the client's CA file (never retried).
+    GATEWAY_UNTRUSTED = "gateway_untrusted"
     # `crossintercom chaos`: a send still open when the senders stopped (counted unknown).
     ABANDONED = "abandoned"
 

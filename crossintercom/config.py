@@ -35,6 +35,10 @@ ENV_GROUP = "CROSSINTERCOM_GROUP"
 ENV_AS = "CROSSINTERCOM_AS"
 ENV_JSON = "CROSSINTERCOM_JSON"
 ENV_DURABILITY = "CROSSINTERCOM_DURABILITY"
+# A session away from any broker reaches one through a gateway (docs/agents.md#through-a-gateway).
+ENV_GATEWAY = "CROSSINTERCOM_GATEWAY"
+ENV_GATEWAY_TOKEN_FILE = "CROSSINTERCOM_GATEWAY_TOKEN_FILE"
+ENV_GATEWAY_CA = "CROSSINTERCOM_GATEWAY_CA"
 # What a commit to the host's own SQLite files (inboxes, dedup authority, broker state) survives
 # (docs/operations.md): "normal" a process crash, "full" a power cut too (an fsync per commit).
 DURABILITY_SYNCHRONOUS = {"normal": "NORMAL", "full": "FULL"}
@@ -80,6 +84,10 @@ class Settings:
     store_ssl_cert: str | None = None
     store_ssl_key: str | None = None
     group: str | None = None
+    # https://HOST:PORT of a gateway: clients use it instead of a local broker.
+    gateway_url: str | None = None
+    gateway_token_file: str | None = None
+    gateway_ca_file: str | None = None
     max_frame_bytes: int = 8 * 1024 * 1024
     # How long the rest of a frame may take once its length arrived: a client that trickles
     # one in holds its memory meanwhile (docs/operations.md, "Timeouts").
@@ -150,7 +158,8 @@ class Settings:
 
 # Settings that name the store or files to reach it with: strings, from config.json too.
 STORE_FILES = ("store_password_file", "store_ssl_root_cert", "store_ssl_cert", "store_ssl_key")
-_STRINGS = {"store_url", *STORE_FILES, "host_id", "group"}
+GATEWAY_SETTINGS = ("gateway_url", "gateway_token_file", "gateway_ca_file")
+_STRINGS = {"store_url", *STORE_FILES, "host_id", "group", *GATEWAY_SETTINGS}
 _TUNABLES = {
     f.name: f.type for f in fields(Settings) if f.name not in {"home", "durability", *_STRINGS}
 }
@@ -179,6 +188,9 @@ def load_settings(env: Mapping[str, str] | None = None, **overrides: Any) -> Set
         ("host_id", ENV_HOST_ID),
         ("group", ENV_GROUP),
         ("durability", ENV_DURABILITY),
+        ("gateway_url", ENV_GATEWAY),
+        ("gateway_token_file", ENV_GATEWAY_TOKEN_FILE),
+        ("gateway_ca_file", ENV_GATEWAY_CA),
     ):
         if env.get(var):
             values[key] = env[var]

@@ -30,7 +30,8 @@ default ~/.crossintercom), CROSSINTERCOM_HOST_ID (default USER@HOSTNAME), CROSSI
 store's password), CROSSINTERCOM_STORE_SSL_ROOT_CERT, CROSSINTERCOM_STORE_SSL_CERT and
 CROSSINTERCOM_STORE_SSL_KEY (the store's TLS CA, client certificate and key),
 CROSSINTERCOM_GROUP (group-shared runtime dir), CROSSINTERCOM_AS (--as), CROSSINTERCOM_JSON
-(--json).
+(--json), CROSSINTERCOM_GATEWAY, CROSSINTERCOM_GATEWAY_TOKEN_FILE and CROSSINTERCOM_GATEWAY_CA
+(a gateway instead of a local broker).
 """
 
 
@@ -47,6 +48,7 @@ COMMAND_MODULES: dict[str, str] = {
     "setup": "setup_cmd",
     **dict.fromkeys(("search", "archive"), "search"),
     "web": "web_cmd",
+    "gateway": "gateway_cmd",
     **dict.fromkeys(("ack", "acks", "dead-letters", "resend", "inbound", "release"), "coord_cmds"),
     **dict.fromkeys(("reserve", "unreserve", "reservations"), "reserve_cmds"),
     "db": "db",

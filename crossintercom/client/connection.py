@@ -16,6 +16,7 @@ from typing import TypeVar
 import msgspec
 
 from crossintercom import protocol as p
+from crossintercom.client.gateway_link import open_gateway
 from crossintercom.config import Settings
 from crossintercom.errors import (
     BrokerUnavailable,
@@ -68,21 +69,29 @@ class BrokerConnection:
         return self._writer is not None and not self._writer.is_closing()
 
     async def connect(self, *, spawn: bool) -> None:
+        limit = self.settings.max_frame_bytes + 1024
+        if self.settings.gateway_url:
+            # The same frames, to the gateway host's broker (docs/agents.md#through-a-gateway).
+            reader, writer = await open_gateway(self.settings, limit)
+        else:
+            reader, writer = await self._open_socket(spawn, limit)
+        self._reader, self._writer = reader, writer
+        self._out = p.Coalescer(writer)
+        self.read_task = asyncio.get_running_loop().create_task(self._read_loop(reader))
+
+    async def _open_socket(
+        self, spawn: bool, limit: int
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         check_socket_path(self.settings.socket_path)
         if spawn:
             await asyncio.to_thread(ensure_broker, self.settings)
         try:
             with socket_address(self.settings.socket_path) as address:
-                reader, writer = await asyncio.open_unix_connection(
-                    address, limit=self.settings.max_frame_bytes + 1024
-                )
+                return await asyncio.open_unix_connection(address, limit=limit)
         except OSError as exc:
             raise BrokerUnavailable(
                 f"cannot reach the broker at {self.settings.socket_path}: {exc.strerror}"
             ) from None
-        self._reader, self._writer = reader, writer
-        self._out = p.Coalescer(writer)
-        self.read_task = asyncio.get_running_loop().create_task(self._read_loop(reader))
 
     def drop(self) -> asyncio.StreamWriter | None:
         """Close the socket and fail every request waiting on it; returns the old writer."""

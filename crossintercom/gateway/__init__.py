@@ -1,0 +1,2 @@
+"""The gateway: this host's broker lent over HTTPS to sessions elsewhere
+(docs/operations.md#gateway)."""

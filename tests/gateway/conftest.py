@@ -1,0 +1,145 @@
+"""A gateway with TLS (a test CA) on host A of a two-host mailbox, and a "sandbox": its own HOME
+and runtime dir, no store, no broker and no socket of A's in reach, only the gateway's port."""
+
+from __future__ import annotations
+
+import json
+import socket
+import ssl
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import CLI, run_cli, wait_for
+from tests.pgtls import TlsFiles, make_certificates
+from tests.procs import clean_env
+from tests.relay.conftest import (
+    Cluster,
+    Host,
+    sqlite_store,  # noqa: F401  (a fixture, found by name)
+)
+
+
+@dataclass
+class Gateway:
+    host: Host
+    proc: subprocess.Popen[str]
+    port: int
+    certs: TlsFiles
+    root: Path
+    tokens: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def url(self) -> str:
+        return f"https://localhost:{self.port}"
+
+    def grant(self, name: str, *extra: str) -> str:
+        """A token acting as NAME, in a file of its own (as the remote machine keeps it)."""
+        made = self.host.cli_json("gateway", "grant", "--as", name, *extra)
+        path = self.root / f"token-{made['id']}"
+        path.write_text(made["token"] + "\n")
+        path.chmod(0o600)
+        self.tokens[made["id"]] = made["token"]
+        return str(path)
+
+    def sandbox(self, token_file: str, **override: str) -> dict[str, str]:
+        """A machine with only HTTPS to the gateway: its own HOME and runtime dir."""
+        home = Path(tempfile.mkdtemp(prefix="sbx-", dir=self.root))
+        values = {
+            "HOME": str(home),
+            "CROSSINTERCOM_HOME": str(home / ".crossintercom"),
+            "CROSSINTERCOM_HOST_ID": self.host.host_id,
+            "CROSSINTERCOM_GATEWAY": self.url,
+            "CROSSINTERCOM_GATEWAY_TOKEN_FILE": token_file,
+            "CROSSINTERCOM_GATEWAY_CA": str(self.certs.ca),
+        }
+        return clean_env(**{**values, **override})
+
+    def stop(self) -> str:
+        """Stop the gateway; what it logged."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+        try:
+            _, err = self.proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            _, err = self.proc.communicate()
+        return err
+
+
+def start_gateway(host: Host, root: Path, certs: TlsFiles, listen: str, *, tls: bool) -> Gateway:
+    ready = root / f"ready-{len(list(root.glob('ready-*')))}"
+    cert = ["--cert", str(root / "server.crt"), "--key", str(root / "server.key")] if tls else []
+    proc = subprocess.Popen(
+        [*CLI, "gateway", "serve", "--listen", listen, "--ready-file", str(ready), *cert],
+        env=host.env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+    def listening() -> bool:
+        if proc.poll() is not None:
+            raise AssertionError(f"gateway exited {proc.returncode}: {proc.communicate()}")
+        return ready.exists() and ready.read_text().endswith("\n")
+
+    wait_for(listening, 30, "the gateway to listen")
+    port = int(ready.read_text())
+    return Gateway(host, proc, port, certs, root)
+
+
+@pytest.fixture
+def gateway(sqlite_store: str) -> Iterator[tuple[Gateway, Host, Host]]:  # noqa: F811
+    cluster = Cluster(sqlite_store)
+    a, b = cluster.up("A", "B")
+    root = Path(tempfile.mkdtemp(prefix="gw-", dir=cluster.root))
+    certs = make_certificates(root)
+    gw = start_gateway(a, root, certs, "127.0.0.1:0", tls=True)
+    try:
+        yield gw, a, b
+    finally:
+        log = gw.stop()
+        cluster.close()
+    for token in gw.tokens.values():  # never in what the gateway logs
+        assert token not in log, "a token reached the gateway's log"
+
+
+def sandbox_json(env: dict[str, str], *args: str, timeout: float = 60) -> tuple[int, Any]:
+    """A command in the sandbox with --json: its exit code and parsed output."""
+    out = run_cli(env, *args, "--json", timeout=timeout)
+    text = out.stdout.strip() or out.stderr.strip()
+    try:
+        return out.returncode, json.loads(text.splitlines()[-1] if "\n" in text else text)
+    except ValueError:
+        raise AssertionError((out.returncode, out.stdout, out.stderr)) from None
+
+
+def raw_upgrade(
+    port: int, token: str, *, address: str = "127.0.0.1", ca: Path | None = None
+) -> socket.socket:
+    """A connection that did the gateway's upgrade by hand (as a hostile client would)."""
+    sock: socket.socket = socket.create_connection((address, port), timeout=30)
+    if ca is not None:
+        sock = ssl.create_default_context(cafile=str(ca)).wrap_socket(
+            sock, server_hostname="localhost"
+        )
+    sock.sendall(
+        f"GET /v1/frames HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\n"
+        f"Upgrade: crossintercom-frames\r\nAuthorization: Bearer {token}\r\n\r\n".encode()
+    )
+    return sock
+
+
+def read_to_end(sock: socket.socket) -> bytes:
+    """Everything the gateway sends until it closes the connection (then closed here too)."""
+    data = b""
+    with sock:
+        while chunk := sock.recv(65536):
+            data += chunk
+    return data

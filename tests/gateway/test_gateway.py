@@ -1,0 +1,273 @@
+"""A session in a sandbox joins through the gateway on host A (TLS, a test CA) and talks with a
+session on host B as a local session of A would; tokens bind it to its name, and every way
+around that is refused with its own code (docs/operations.md#gateway)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from crossintercom import protocol as p
+from crossintercom.client import AsyncClient, Identity
+from crossintercom.config import load_settings
+from crossintercom.models import durable_session_id
+from tests.agents.conftest import mcp_server, spawn, until
+from tests.conftest import run_cli, sessions, wait_for
+from tests.gateway.conftest import (
+    Gateway,
+    raw_upgrade,
+    read_to_end,
+    sandbox_json,
+    start_gateway,
+)
+from tests.relay.conftest import Host
+
+
+def code_of(out: dict[str, Any]) -> str:
+    """A refused send's code, as an outcome or as the command's error."""
+    return str(out["code"] if "code" in out else out["error"]["code"])
+
+
+def _on_a(a: Host, name: str) -> bool:
+    return any(s["name"] == name and s["online"] for s in sessions(a.home, quiet=True) or ())
+
+
+def test_a_sandbox_sends_is_woken_and_resumes_in_order(
+    gateway: tuple[Gateway, Host, Host],
+) -> None:
+    gw, a, b = gateway
+    env = gw.sandbox(gw.grant("worker"))
+    lead = b.listen("lead")
+
+    rc, sent = sandbox_json(
+        env, "send", "--as", "worker", "--to", "lead@B", "hello from the sandbox"
+    )
+    assert rc == 0 and sent["outcome"] == "delivered", sent
+    got = lead.next_message(30)
+    assert (got["id"], got["message"]) == (sent["id"], "hello from the sandbox")
+    assert got["from"]["name"] == "worker" and got["from"]["host"] == "A", got
+    # Nothing of A's in the sandbox: no broker socket, no store; only its own inbox.
+    home = Path(env["CROSSINTERCOM_HOME"])
+    assert not (home / "broker.sock").exists()
+
+    # Mail sent while the sandbox was away waits on A, and arrives once, in order.
+    ids = []
+    for i in range(3):
+        out = b.cli_json("send", "--as", "lead", "--to", "worker@A", f"away {i}")
+        assert out["outcome"] in ("queued", "delivered"), out
+        ids.append(out["id"])
+    rc, shown = sandbox_json(env, "inbox", "--as", "worker", "--unseen")
+    assert rc == 0, shown
+    assert [m["id"] for m in shown] == ids, shown
+    rc, again = sandbox_json(env, "inbox", "--as", "worker", "--unseen")
+    assert rc == 0 and again == [], again
+
+    # A wake hook waiting in the sandbox is woken by mail from B.
+    hook = spawn(env, "wait", "--as", "worker", "--format", "text", "--timeout", "60")
+    try:
+        wait_for(lambda: _on_a(a, "worker"), 30, "the sandbox's waiter to hold worker on A")
+        woke = b.cli_json("send", "--as", "lead", "--to", "worker@A", "wake up")
+        out, err = hook.communicate(timeout=60)
+    finally:
+        if hook.poll() is None:
+            hook.kill()
+            hook.communicate()
+    assert "wake up" in out and woke["id"] in out, (out, err)
+
+    # An ask from B, answered in the sandbox.
+    asking = spawn(
+        b.env, "ask", "--as", "lead", "--to", "worker@A", "ready?", "--timeout", "60", "--json"
+    )
+    try:
+
+        def pending() -> list[dict[str, str]]:
+            rc, asks = sandbox_json(env, "pending", "--as", "worker")
+            assert rc == 0, asks
+            return list(asks)
+
+        (ask,) = wait_for(pending, 30, "the ask to reach the sandbox")
+        rc, replied = sandbox_json(env, "reply", "--as", "worker", "yes", "--reply-to", ask["id"])
+        assert rc == 0 and replied["outcome"] == "delivered", replied
+        out, err = asking.communicate(timeout=60)
+    finally:
+        if asking.poll() is None:
+            asking.kill()
+            asking.communicate()
+    answer = json.loads(out)
+    assert answer["reply"]["message"] == "yes", (out, err)
+    lead.stop()
+
+
+def test_the_python_client_through_the_gateway(gateway: tuple[Gateway, Host, Host]) -> None:
+    gw, _, b = gateway
+    env = gw.sandbox(gw.grant("pyworker"))
+    lead = b.listen("lead")
+    asyncio.run(_python_client(env, b))
+    got = lead.next_message(30)
+    assert got["message"] == "from python"
+    lead.stop()
+
+
+async def _python_client(env: dict[str, str], b: Host) -> None:
+    settings = load_settings(env)
+    async with AsyncClient(settings, Identity.named(settings, "pyworker", cwd=None)) as client:
+        result = await client.send("lead@B", "from python")
+        assert result.outcome == "delivered", result
+        sent = await asyncio.to_thread(
+            b.cli_json, "send", "--as", "lead", "--to", "pyworker@A", "to python"
+        )
+        got = await client.next_incoming(30)
+        assert got is not None and got.message is not None, got
+        assert (got.message.id, got.message.text) == (sent["id"], "to python")
+
+
+def test_a_token_acts_as_its_name_and_nothing_else(gateway: tuple[Gateway, Host, Host]) -> None:
+    gw, a, b = gateway
+    b.listen("lead")
+    token_file = gw.grant("worker")
+    env = gw.sandbox(token_file)
+
+    # Acting as another name: refused, nothing sent.
+    rc, other = sandbox_json(env, "send", "--as", "boss", "--to", "lead@B", "I am the boss")
+    assert rc != 0 and code_of(other) == "gateway_wrong_name", other
+
+    # The gateway's CA unknown to the client: refused before any token is sent.
+    rc, untrusted = sandbox_json(
+        gw.sandbox(token_file, CROSSINTERCOM_GATEWAY_CA=str(gw.certs.wrong_ca)),
+        *("send", "--as", "worker", "--to", "lead@B", "hi"),
+    )
+    assert rc != 0 and code_of(untrusted) == "gateway_untrusted", untrusted
+
+    # A hostile client speaking the frames itself: a relay's frame is refused, and so is a
+    # registration as another session.
+    token = Path(token_file).read_text().strip()
+    roster = p.encode(p.RemoteRoster(sessions=[]))
+    sock = raw_upgrade(gw.port, token, ca=gw.certs.ca)
+    sock.sendall(roster)
+    answer = read_to_end(sock)
+    assert answer.startswith(b"HTTP/1.1 101"), answer
+    assert b'"code":"gateway_forbidden_frame"' in answer, answer
+    register = p.Register(
+        request_id=1,
+        protocol=p.PROTOCOL_VERSION,
+        session=p.SessionBody(id=durable_session_id("A", "lead"), name="worker", durable=True),
+    )
+    sock = raw_upgrade(gw.port, token, ca=gw.certs.ca)
+    sock.sendall(p.encode(register))
+    assert b'"code":"gateway_wrong_name"' in read_to_end(sock)
+
+    # No token, an unknown one: refused at the door.
+    for bad, code in (("", b"gateway_no_token"), ("cig_nothing", b"gateway_token_unknown")):
+        sock = raw_upgrade(gw.port, bad, ca=gw.certs.ca)
+        answer = read_to_end(sock)
+        assert answer.startswith(b"HTTP/1.1 401") and code in answer, answer
+
+    # Revoked: refused from then on, and a connection it holds ends.
+    holder = spawn(env, "listen", "--as", "worker", "--json")
+    try:
+        wait_for(lambda: _on_a(a, "worker"), 30, "the sandbox's listener on A")
+        revoked = a.cli_json("gateway", "revoke", "worker")
+        assert [g["name"] for g in revoked] == ["worker"], revoked
+        wait_for(lambda: not _on_a(a, "worker"), 30, "the revoked grant's connection to end")
+    finally:
+        holder.kill()
+        holder.communicate()
+    rc, after = sandbox_json(env, "send", "--as", "worker", "--to", "lead@B", "still me?")
+    assert rc != 0 and code_of(after) == "gateway_token_revoked", after
+    listed = run_cli(a.env, "gateway", "list", "--json")
+    assert listed.returncode == 0 and "revoked" in listed.stdout
+    for token in gw.tokens.values():  # never shown again, nor kept in the clear
+        assert token not in listed.stdout
+        assert token not in (a.home / "gateway-tokens.json").read_text()
+    assert (a.home / "gateway-tokens.json").stat().st_mode & 0o777 == 0o600
+
+
+def test_plain_http_is_refused_from_another_address(gateway: tuple[Gateway, Host, Host]) -> None:
+    gw, a, _ = gateway
+    token_file = gw.grant("worker")
+    token = Path(token_file).read_text().strip()
+    address = _non_loopback_address()
+    plain = start_gateway(a, gw.root, gw.certs, f"{address}:0", tls=False)
+    try:
+        sock = raw_upgrade(plain.port, token, address=address)
+        answer = read_to_end(sock)
+        assert answer.startswith(b"HTTP/1.1 403") and b"gateway_plain_http" in answer, answer
+        # The client does not even send the token over plain HTTP to another machine.
+        env = gw.sandbox(token_file, CROSSINTERCOM_GATEWAY=f"http://{address}:{plain.port}")
+        rc, out = sandbox_json(env, "send", "--as", "worker", "--to", "lead@B", "hi")
+        assert rc != 0 and code_of(out) == "gateway_plain_http", out
+    finally:
+        log = plain.stop()
+    assert token not in log
+
+
+def _non_loopback_address() -> str:
+    """An address of this machine that is not loopback (a connection from it is not local)."""
+    out = subprocess.run(["hostname", "-I"], capture_output=True, text=True, check=True)
+    found = [a for a in out.stdout.split() if ":" not in a and not a.startswith("127.")]
+    assert found, "this machine has no non-loopback IPv4 address"
+    return found[0]
+
+
+def test_the_mcp_server_in_the_sandbox_uses_the_gateway(
+    gateway: tuple[Gateway, Host, Host],
+) -> None:
+    gw, a, b = gateway
+    env = gw.sandbox(gw.grant("worker"))
+    lead = b.listen("lead")
+    asyncio.run(_mcp(env, a, b))
+    assert lead.next_message(30)["message"] == "over MCP"
+    lead.stop()
+
+
+async def _mcp(env: dict[str, str], a: Host, b: Host) -> None:
+    async with mcp_server(env, "worker") as (worker, _):
+        await until(lambda: _on_a(a, "worker"), 30, "the sandbox's MCP server on A")
+        me = await worker.data("whoami")
+        assert (me["name"], me["host"], me["relay_connected"]) == ("worker", "A", True), me
+        sent = await worker.data("send", to="lead@B", message="over MCP")
+        assert sent["outcome"] == "delivered", sent
+        out = await asyncio.to_thread(
+            b.cli_json, "send", "--as", "lead", "--to", "worker@A", "to the MCP server"
+        )
+
+        async def arrived() -> list[dict[str, Any]]:
+            return await worker.mail("inbox")
+
+        got: list[dict[str, Any]] = []
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 30
+        while not (got := await arrived()):
+            assert loop.time() < deadline, "no mail reached the sandbox's MCP server"
+            await asyncio.sleep(0.2)
+        assert [m["id"] for m in got] == [out["id"]]
+
+
+def test_a_gateway_killed_and_back_loses_and_repeats_nothing(
+    gateway: tuple[Gateway, Host, Host],
+) -> None:
+    gw, a, b = gateway
+    env = gw.sandbox(gw.grant("worker"))
+    rc, first = sandbox_json(env, "send", "--as", "worker", "--to", "worker@A", "hello me")
+    assert rc == 0, first
+    gw.proc.kill()
+    gw.proc.communicate()
+    # Nothing reached a broker: said so (no outcome to doubt), safe to send again.
+    rc, down = sandbox_json(env, "send", "--as", "worker", "--to", "lead@B", "while down")
+    assert rc != 0 and code_of(down) == "broker_unavailable", down
+    assert "gateway" in down["error"]["message"], down
+    # Mail for the sandbox meanwhile waits on A.
+    ids = [
+        b.cli_json("send", "--as", "lead", "--to", "worker@A", f"meanwhile {i}")["id"]
+        for i in range(3)
+    ]
+    back = start_gateway(a, gw.root, gw.certs, f"127.0.0.1:{gw.port}", tls=True)
+    gw.proc = back.proc
+    rc, shown = sandbox_json(env, "inbox", "--as", "worker", "--unseen")
+    assert rc == 0, shown
+    assert [m["id"] for m in shown] == [first["id"], *ids], shown
+    rc, again = sandbox_json(env, "inbox", "--as", "worker", "--unseen")
+    assert rc == 0 and again == [], again
