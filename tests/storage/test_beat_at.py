@@ -1,4 +1,4 @@
-"""When a host's heartbeat last moved, by the database's clock (migration 0012): stamped by the
+"""When a host's heartbeat last moved, by the database's clock: stamped by the
 store on every claim and heartbeat, so an observer that starts after a host died still knows
 for how long it has been dead (docs/web.md, "Hosts")."""
 

@@ -1,4 +1,4 @@
-"""Per-host database roles with row-level security (PostgreSQL, migration 0004).
+"""Per-host database roles with row-level security (PostgreSQL, storage/schema/postgres.sql).
 
 Each test host gets its own role through `crossintercom db grant-host`; the attacks connect as
 one host's role and try to read, forge and change another host's rows, through the store API
@@ -163,7 +163,7 @@ def test_plain_sql_attacks_as_a_host_role(hosts: dict[str, HostRole]) -> None:
         for stmt in (
             f"UPDATE deliveries SET recipient_host = '{a.host}' WHERE message_id = 'secret'",
             f"UPDATE roster SET name = 'x' WHERE host_id = '{b.host}'",
-            # its own lease time is the store's to stamp (migration 0012), never a host's
+            # its own lease time is the store's to stamp (a trigger), never a host's
             f"UPDATE hosts SET beat_at = now() + interval '1 day' WHERE host_id = '{a.host}'",
             f"INSERT INTO roster (host_id, session_id, purpose, groups, durable, online) "
             f"VALUES ('{b.host}', 'evil', 'agent', '[]', false, true)",

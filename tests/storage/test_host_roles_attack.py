@@ -270,7 +270,7 @@ def test_receipts_only_from_the_recipients_host_for_mail_it_received(
         "an outcome no host writes": ("to-a", "sa", a.host, "pwned", None, None, None),
         "another sender session": ("to-a", "sa", a.host, "shown", None, "not-the-sender", None),
         "another recipient session": ("to-a", "s9", a.host, "shown", None, "bs", None),
-        # a note only on an acknowledgement (migration 0013)
+        # a note only on an acknowledgement
         "a note on a shown receipt": ("to-a", "sa", a.host, "shown", None, "bs", lure),
         "a note on a delivery receipt": ("to-a", "sa", a.host, "refused", "refused", None, lure),
         "an acknowledgement of mail it never received": (
@@ -293,7 +293,7 @@ def test_receipts_only_from_the_recipients_host_for_mail_it_received(
     assert run(a.store.add_receipts(a.host, a.gen, [late])) == 1
     [receipt] = run(b.store.receipts(b.host, b.gen))
     assert (receipt.message_id, receipt.outcome, receipt.sender_session) == ("to-a", "shown", "bs")
-    # an acknowledgement takes the same path (migration 0009), with its note (0013)
+    # an acknowledgement takes the same path, with its note
     acked = LateReceipt("to-a", "sa", b.host, "bs", "acknowledged", note=lure)
     assert run(a.store.add_receipts(a.host, a.gen, [acked])) == 1
     got = [(r.outcome, r.note) for r in run(b.store.receipts(b.host, b.gen))]

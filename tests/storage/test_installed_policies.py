@@ -77,8 +77,8 @@ def test_a_batch_asks_for_the_host_a_few_times_per_message(
     pg_server: PgServer, pg_url: str
 ) -> None:
     """Counted by the server (``track_functions``): two host roles' enqueue, fetch and ack of
-    40 messages. Before migration 0014 the function ran 18 times per message (once or more per
-    row and policy); now the policies ask once per statement, and what is left per message is
+    40 messages. Called bare in a policy, the function ran 18 times per message (once or more
+    per row and policy); the policies ask once per statement, and what is left per message is
     the calls inside the row-dependent functions (a message's sender, whether it was addressed
     to the role's host)."""
     libpq = pg_url.replace("+psycopg", "")

@@ -120,7 +120,7 @@ def test_a_row_planted_for_another_host_s_session_stands_in_no_one_s_way(
 ) -> None:
     """A host may make rows of its own host only, but it names the session: one planted for
     B's session id (already expired, so no listing shows it) once made B's own reservation of
-    that glob fail, and B could not delete it (migration 0016 puts the host in the key)."""
+    that glob fail, and B could not delete it (the key holds the host)."""
     a, b = hosts["A"], hosts["B"]
     run(b.store.publish_sessions(b.host, b.gen, [SessionInfo(id="sb", host=b.host)]))
     with a.connect() as conn:

@@ -139,7 +139,7 @@ def test_hints_parse_by_kind() -> None:
     assert parse_hint("R[not json") == Wake(receipts=True)
     [row] = parse_hint('R[[7,"m","s","h","refused","bad",null]]').hinted
     assert (row.id, row.outcome, row.code, row.sender_session) == (7, "refused", "bad", None)
-    # with an acknowledgement's note (migration 0013); a hint without it is an older writer's
+    # with an acknowledgement's note; a hint without it is an older writer's
     [acked] = parse_hint('R[[8,"m","s","h","acknowledged",null,"bs","done"]]').hinted
     assert (acked.id, acked.outcome, acked.sender_session, acked.note) == (
         8, "acknowledged", "bs", "done",
