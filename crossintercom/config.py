@@ -39,6 +39,11 @@ ENV_DURABILITY = "CROSSINTERCOM_DURABILITY"
 ENV_GATEWAY = "CROSSINTERCOM_GATEWAY"
 ENV_GATEWAY_TOKEN_FILE = "CROSSINTERCOM_GATEWAY_TOKEN_FILE"
 ENV_GATEWAY_CA = "CROSSINTERCOM_GATEWAY_CA"
+# Where the relay serves Prometheus metrics (ADDR:PORT; off unset), and how the long-running
+# commands log: "text" or "json" (docs/operations.md, "Monitoring", "Logs").
+ENV_METRICS = "CROSSINTERCOM_METRICS"
+ENV_LOG_FORMAT = "CROSSINTERCOM_LOG_FORMAT"
+LOG_FORMATS = ("text", "json")
 # What a commit to the host's own SQLite files (inboxes, dedup authority, broker state) survives
 # (docs/operations.md): "normal" a process crash, "full" a power cut too (an fsync per commit).
 DURABILITY_SYNCHRONOUS = {"normal": "NORMAL", "full": "FULL"}
@@ -138,6 +143,8 @@ class Settings:
     # How many of one host's published sessions the others read (docs/operations.md).
     roster_max_per_host: int = 1000
     durability: str = "normal"
+    metrics: str | None = None
+    log_format: str = "text"
 
     @property
     def socket_path(self) -> Path:
@@ -159,13 +166,14 @@ class Settings:
 # Settings that name the store or files to reach it with: strings, from config.json too.
 STORE_FILES = ("store_password_file", "store_ssl_root_cert", "store_ssl_cert", "store_ssl_key")
 GATEWAY_SETTINGS = ("gateway_url", "gateway_token_file", "gateway_ca_file")
-_STRINGS = {"store_url", *STORE_FILES, "host_id", "group", *GATEWAY_SETTINGS}
+_STRINGS = {"store_url", *STORE_FILES, "host_id", "group", *GATEWAY_SETTINGS, "metrics"}
+_CHOICES = {"durability", "log_format"}
 _TUNABLES = {
-    f.name: f.type for f in fields(Settings) if f.name not in {"home", "durability", *_STRINGS}
+    f.name: f.type for f in fields(Settings) if f.name not in {"home", *_CHOICES, *_STRINGS}
 }
 
 
-_KNOWN = {*_TUNABLES, *_STRINGS, "durability"}
+_KNOWN = {*_TUNABLES, *_STRINGS, *_CHOICES}
 
 
 def load_settings(env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
@@ -191,6 +199,8 @@ def load_settings(env: Mapping[str, str] | None = None, **overrides: Any) -> Set
         ("gateway_url", ENV_GATEWAY),
         ("gateway_token_file", ENV_GATEWAY_TOKEN_FILE),
         ("gateway_ca_file", ENV_GATEWAY_CA),
+        ("metrics", ENV_METRICS),
+        ("log_format", ENV_LOG_FORMAT),
     ):
         if env.get(var):
             values[key] = env[var]
@@ -199,6 +209,11 @@ def load_settings(env: Mapping[str, str] | None = None, **overrides: Any) -> Set
         raise ConfigError(
             f"invalid durability {values['durability']!r}: use "
             + " or ".join(repr(k) for k in DURABILITY_SYNCHRONOUS)
+        )
+    if values.get("log_format", "text") not in LOG_FORMATS:
+        raise ConfigError(
+            f"invalid log format {values['log_format']!r}: use "
+            + " or ".join(repr(k) for k in LOG_FORMATS)
         )
     host_id = values.pop("host_id", None) or default_host_id()
     if not valid_host_id(str(host_id)):
@@ -267,9 +282,9 @@ def _read_config(path: Path) -> dict[str, Any]:
             if value is not None and not isinstance(value, str):
                 raise ConfigError(f"{path}: {key!r} must be a string")
             out[key] = value
-        elif key == "durability":
+        elif key in _CHOICES:
             if not isinstance(value, str):
-                raise ConfigError(f"{path}: 'durability' must be a string")
+                raise ConfigError(f"{path}: {key!r} must be a string")
             out[key] = value
         elif key in _TUNABLES:
             if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:

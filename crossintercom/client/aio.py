@@ -78,6 +78,8 @@ class AsyncClient(SavesDeliveries, Queries):
         self._save_retry: asyncio.TimerHandle | None = None
         self._to_save: list[p.Deliver | p.Notice] = []
         self.connected = asyncio.Event()
+        # Connections made and registered, the first included (the relay's metrics).
+        self.connects = 0
         # Frames of the broker <-> relay link, for a control client (the relay).
         self.on_frame: Callable[[p.ToRelayFrame], None] | None = None
 
@@ -120,6 +122,7 @@ class AsyncClient(SavesDeliveries, Queries):
                     self.session = resp.session
                 if self.inbox_faults.current:  # a new connection: the broker knows nothing yet
                     self._report_faults()
+            self.connects += 1
             self.connected.set()
 
     def _drop_connection(self) -> asyncio.StreamWriter | None:

@@ -10,7 +10,10 @@ from typing import Any
 from crossintercom.client import AsyncClient
 from crossintercom.config import Settings
 from crossintercom.models import SessionInfo
+from crossintercom.relay.metrics import RelayMetrics
+from crossintercom.relay.systemd import Notifier
 from crossintercom.storage import MailboxStore
+from crossintercom.storage.liveness import effective_lease
 
 
 class RelayCore:
@@ -18,6 +21,10 @@ class RelayCore:
         self.settings = settings
         self.host = settings.host_id
         self.store = store
+        # Counted always (a few increments per batch), served only with --metrics.
+        self.metrics = RelayMetrics(effective_lease(settings.lease_s, settings.heartbeat_s))
+        # systemd's notify socket when run as a Type=notify unit (relay.run sets it).
+        self.notifier = Notifier({})
         # Taken at start (claim_host); every write is fenced by it.
         self.generation = 0
         self.client: AsyncClient | None = None
@@ -38,6 +45,7 @@ class RelayCore:
         standing warnings."""
         parts = [w for w in (problem, *self.standing_warnings) if w]
         text = self.store.url_masked + (f": {'; '.join(parts)}" if parts else "")
+        self.notifier.status(f"host {self.host}, store {text}")
         if text == self._reported or self.client is None:
             return
         self._reported = text
@@ -51,6 +59,7 @@ class RelayCore:
 
     def fenced(self) -> None:
         """A newer relay took over this host id: stop (the relay says why)."""
+        self.metrics.state.fenced = True
         self.stopping.set()
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:

@@ -21,7 +21,7 @@ from crossintercom.relay import screening
 from crossintercom.relay.core import RelayCore
 from crossintercom.relay.outbound import Outbound
 from crossintercom.relay.receipts import Receipts
-from crossintercom.storage import Ack, Beat, InboundRow, Wake
+from crossintercom.storage import Ack, Beat, InboundRow, Waiter, Wake
 from crossintercom.storage.interface import CATCH_UP
 from crossintercom.testhooks import stop_at
 
@@ -66,6 +66,12 @@ class Inbound:
         # The store-wide message size limit, re-read now and then (an operator may change it).
         self._store_limit = relay.settings.max_message_bytes
         self._store_limit_read = -STORE_LIMIT_TTL_S
+        # Set once the wake-up channel was first set up (the relay is ready after it), and what
+        # the metrics read of it (``listener_up``, ``listener_reconnects``).
+        self.listening = asyncio.Event()
+        self._waiter: Waiter | None = None
+        self._listener_setups = 0
+        self._listener_reconnects = 0
 
     async def _refresh_store_limit(self) -> None:
         now = time.monotonic()
@@ -99,14 +105,33 @@ class Inbound:
         while not relay.stopping.is_set():
             try:
                 with relay.store.waiter(relay.host) as waiter:
-                    while not relay.stopping.is_set():
-                        wake = waiter.wake(POLL_BACKSTOP_S)
-                        if wake is not None:
-                            loop.call_soon_threadsafe(self.poke, wake)
+                    self._listener_setups += 1
+                    if self._listener_setups > 1:
+                        self._listener_reconnects += 1
+                    self._waiter = waiter
+                    loop.call_soon_threadsafe(self.listening.set)
+                    try:
+                        while not relay.stopping.is_set():
+                            wake = waiter.wake(POLL_BACKSTOP_S)
+                            if wake is not None:
+                                loop.call_soon_threadsafe(self.poke, wake)
+                    finally:
+                        self._waiter = None
+                        self._listener_reconnects += getattr(waiter, "reconnects", 0)
             except Exception as exc:
                 log.warning("wake-up channel failed; reconnecting", extra={"error": str(exc)})
                 loop.call_soon_threadsafe(self.poke, CATCH_UP)
                 time.sleep(1.0)
+
+    def listener_up(self) -> bool:
+        """Whether the wake-up channel is set up now (PostgreSQL: its LISTEN connection open)."""
+        waiter = self._waiter
+        return waiter is not None and bool(getattr(waiter, "connected", True))
+
+    def listener_reconnects(self) -> int:
+        """Times the wake-up channel was set up again after it was lost."""
+        waiter = self._waiter
+        return self._listener_reconnects + (getattr(waiter, "reconnects", 0) if waiter else 0)
 
     async def loop(self) -> None:
         while not self.relay.stopping.is_set():
@@ -234,6 +259,7 @@ class Inbound:
         twice.
         """
         acks: list[Ack] = []
+        screened_out: list[str] = []
         sendable: list[tuple[InboundRow, screening.Cleared]] = []
         relay = self.relay
         claimed = screening.claims(relay.host, relay.local_sessions, relay.remote_sessions)
@@ -267,6 +293,7 @@ class Inbound:
                     row.seq,
                 )
             )
+            screened_out.append(checked.code)
         # The broker answers within its ack timeout; past that (a stuck broker) the rows stay
         # queued and are handed over again next round instead of hanging this host's inbound.
         answer_wait = self.relay.settings.ack_timeout_s * 2 + 5.0
@@ -326,6 +353,7 @@ class Inbound:
                 acks.append(
                     Ack(row.message_id, row.recipient_session, Outcome.REFUSED.value, code, row.seq)
                 )
+        relay.metrics.handed_in(acks, screened_out)
         return acks
 
     async def _hand_over_chunk(

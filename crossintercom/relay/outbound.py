@@ -239,6 +239,7 @@ class Outbound:
         self.wait_hosts.pop((msg_id, sid), None)
 
     def _answer(self, fwd: _Forward, receipts: list[Receipt]) -> None:
+        self.relay.metrics.forwarded(receipts)
         if self.relay.client is not None:
             self.relay.client.post(p.ForwardResult(fwd.frame.fid, receipts))
 

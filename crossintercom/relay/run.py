@@ -15,6 +15,7 @@ from crossintercom.config import ENV_STORE, Settings
 from crossintercom.errors import StoreLocksUnsafe, StoreUnavailable
 from crossintercom.relay import lockguard, syncguard
 from crossintercom.relay.service import Relay, RelayError, RelayInUse
+from crossintercom.relay.systemd import Notifier
 from crossintercom.runtime import LockHeld, ensure_runtime_dir, hold_pid_lock
 from crossintercom.storage import MailboxStore, mask_url, open_archive, open_store, parse_store_url
 from crossintercom.storage.connection import connection_url, tls_refused
@@ -66,11 +67,22 @@ def run_relay(
 
 
 async def _open_store_patiently(
-    url: str, polling_observer: bool | None, host_id: str, beacon: LockBeacon | None = None
+    url: str,
+    polling_observer: bool | None,
+    host_id: str,
+    beacon: LockBeacon | None = None,
+    notifier: Notifier | None = None,
 ) -> MailboxStore:
     """An unreachable store is retried (the database may be starting); a wrong one is not.
     ``beacon``: the SQLite lock check, run before the file is first read (``StoreLocksUnsafe``
-    when it refuses)."""
+    when it refuses); ``notifier``: told while the store is waited for (systemd's status)."""
+
+    def waiting(rs: tenacity.RetryCallState) -> None:
+        why = rs.outcome.exception() if rs.outcome else f"store {mask_url(url)} unreachable"
+        log.warning("%s (attempt %d); retrying", why, rs.attempt_number)
+        if notifier is not None:
+            notifier.status(f"waiting for the store: {why}")
+
     retrying = tenacity.AsyncRetrying(
         wait=tenacity.wait_chain(
             *[tenacity.wait_fixed(w) for w in (1, 2, 5, 10)], tenacity.wait_fixed(30)
@@ -80,11 +92,7 @@ async def _open_store_patiently(
         retry=tenacity.retry_if_exception(
             lambda exc: isinstance(exc, StoreUnavailable) and not tls_refused(exc)
         ),
-        before_sleep=lambda rs: log.warning(
-            "%s (attempt %d); retrying",
-            rs.outcome.exception() if rs.outcome else f"store {mask_url(url)} unreachable",
-            rs.attempt_number,
-        ),
+        before_sleep=waiting,
         reraise=True,
     )
 
@@ -112,13 +120,32 @@ async def _serve(
     ``require_sync``: run only while the server replicates synchronously (``syncguard``)."""
     url = connection_url(settings)
     assert url is not None
+    notifier = Notifier()
+    # Fed from this loop from the start: opening a store that is still starting is no hang.
+    watchdog = asyncio.get_running_loop().create_task(notifier.feed_watchdog())
+    try:
+        notifier.status(f"opening the store {mask_url(url)}")
+        await _serve_with(settings, url, polling_observer, require_sync, failed, notifier)
+    finally:
+        watchdog.cancel()
+        notifier.close()
+
+
+async def _serve_with(
+    settings: Settings,
+    url: str,
+    polling_observer: bool | None,
+    require_sync: bool,
+    failed: list[str],
+    notifier: Notifier,
+) -> None:
     if require_sync:
         await asyncio.to_thread(syncguard.check_at_start, url)
     path = parse_store_url(url).path
     beacon = LockBeacon(path, settings.host_id) if path is not None else None
     try:
         try:
-            await _relay(settings, url, polling_observer, require_sync, failed, beacon)
+            await _relay(settings, url, polling_observer, require_sync, failed, beacon, notifier)
         except Exception:
             if beacon is None or beacon.refused is None:
                 raise  # a failure of its own; a refusal's is said below
@@ -147,15 +174,23 @@ async def _relay(
     require_sync: bool,
     failed: list[str],
     beacon: LockBeacon | None,
+    notifier: Notifier,
 ) -> None:
     try:
-        store = await _open_store_patiently(url, polling_observer, settings.host_id, beacon)
+        store = await _open_store_patiently(
+            url, polling_observer, settings.host_id, beacon, notifier
+        )
     except StoreLocksUnsafe:
         return  # the store was never opened
     guards: list[asyncio.Task[None]] = []
+    relay: Relay | None = None
     try:
         archive = open_archive(url, host_id=settings.host_id)
         relay = Relay(settings, store, archive)
+        relay.notifier = notifier
+        if settings.metrics:
+            host, port = relay.metrics.serve(settings.metrics)
+            log.info("serving metrics on %s:%d", host, port, extra={"port": port})
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, relay.stop)
@@ -169,4 +204,6 @@ async def _relay(
     finally:
         for guard in guards:
             guard.cancel()
+        if relay is not None:
+            relay.metrics.close()
         await store.aclose()

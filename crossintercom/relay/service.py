@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import Sequence
 from typing import Final, ParamSpec, TypeVar
 
@@ -40,6 +41,7 @@ from crossintercom.storage import (
 )
 from crossintercom.storage.driver import loop_blocked
 from crossintercom.storage.liveness import effective_lease
+from crossintercom.testhooks import stop_at
 
 log = logging.getLogger(__name__)
 
@@ -101,8 +103,10 @@ class Relay(RelayCore):
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
         moved = await self._check_collision()
+        self.store.observe(self.metrics.store_operation)
         self.generation = await self.store.claim_host(self.host, self.machine)
         log.info("relay started", extra={"host_id": self.host, "generation": self.generation})
+        self._expose_state()
         if moved:
             # Read after the claim, which fences the old machine's relay: nothing queued later
             # can have reached it.
@@ -123,6 +127,8 @@ class Relay(RelayCore):
             target=self.inbound.watch_store, args=(loop,), name="relay-wakeups", daemon=True
         )
         waiter_thread.start()
+        # Not a job: it ends once said, and a job that ends stops the relay.
+        self.spawn(self._announce_ready())
         jobs = [
             self._heartbeat_loop(),
             self._roster_loop(),
@@ -148,6 +154,7 @@ class Relay(RelayCore):
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await t
             stopper.cancel()
+            self.notifier.stopping(f"stopping: host {self.host}")
             await self._say_goodbye()
             await self.client.close()
             waiter_thread.join(POLL_BACKSTOP_S + 1)
@@ -155,6 +162,31 @@ class Relay(RelayCore):
                 self.archiver.close()
         if self.failure is not None:
             raise self.failure
+
+    def _expose_state(self) -> None:
+        """What the metrics read of this relay at scrape time (relay/metrics.py)."""
+        state = self.metrics.state
+        state.host = self.host
+        state.backend = self.store.url_masked.split(":", 1)[0]
+        state.generation = self.generation
+        state.listener_up = self.inbound.listener_up
+        state.listener_reconnects = self.inbound.listener_reconnects
+        state.broker_up = lambda: self.client is not None and self.client.connected.is_set()
+        state.broker_reconnects = lambda: max(0, self.client.connects - 1) if self.client else 0
+        state.peers = lambda: {
+            h: self.leases.alive(h) for h in self.leases.known() if h != self.host
+        }
+
+    async def _announce_ready(self) -> None:
+        """READY=1 for systemd once the relay can deliver: the store reached and its schema
+        checked (before ``run``), the wake-up channel set up and the broker link up."""
+        assert self.client is not None
+        await self.inbound.listening.wait()
+        await self.client.connected.wait()
+        self.notifier.ready(
+            f"ready: host {self.host}, generation {self.generation}, store {self.store.url_masked}"
+        )
+        log.info("relay ready", extra={"host_id": self.host})
 
     async def _check_trust(self) -> None:
         """Name what undermines the store's trust boundary (docs/operations.md, "Trust model"),
@@ -386,6 +418,9 @@ class Relay(RelayCore):
                 if beat is None:
                     self.fenced()
                     return
+                self.metrics.state.beat_at = time.monotonic()
+                if self.metrics.queue_due():
+                    self.metrics.queued(await self.store.queued_mail(self.host))
                 self.report_store(await self.stuck.check())
                 if self._published is None or self.local_sessions != self._published:
                     await self._publish_roster()
@@ -398,6 +433,8 @@ class Relay(RelayCore):
                 log.warning("store unreachable; retrying: %s", exc.message)
                 self.report_store(f"WARNING {exc.message}")
             await asyncio.sleep(self.settings.heartbeat_s)
+            # The fault tests block the loop here (testhooks.py) to see the watchdog's pings stop.
+            stop_at("relay_heartbeat")
 
     async def _housekeeping_loop(self) -> None:
         # Finished rows go ``purge_after_s`` after they finished (docs/operations.md): past the

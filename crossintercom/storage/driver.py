@@ -17,6 +17,7 @@ back by id (see ``engine.commit_failed``).
 from __future__ import annotations
 
 import asyncio
+import time
 import traceback
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
@@ -40,6 +41,7 @@ from crossintercom.errors import (
 )
 from crossintercom.storage import engine as db
 from crossintercom.storage import lockcheck
+from crossintercom.storage.interface import StoreObserver
 from crossintercom.storage.urls import StoreURL
 
 T = TypeVar("T")
@@ -54,6 +56,13 @@ BACKOFF_MAX_S = 1.0
 def backoff_s(attempt: int) -> float:
     """The wait after failed attempt number ``attempt`` (1 on): BACKOFF_S, doubling, capped."""
     return float(min(BACKOFF_MAX_S, BACKOFF_S * 2 ** (attempt - 1)))
+
+
+def operation_name(fn: Callable[..., Any]) -> str:
+    """The store method an operation's body belongs to (``enqueue`` for the ``write`` closure
+    of ``SqlMailboxStore.enqueue``): a name from the code, so a bounded metrics label."""
+    outer = fn.__qualname__.split(".<locals>", 1)[0]
+    return outer.rsplit(".", 1)[-1].lstrip("_") or "operation"
 
 
 def _retry_policy() -> dict[str, Any]:
@@ -177,6 +186,7 @@ class Driver:
         # The loop the store's operations run on, once one has run: pooled async connections
         # belong to it, and blocking callers of ``blocking`` hand their work to it.
         self.loop: asyncio.AbstractEventLoop | None = None
+        self.observer: StoreObserver | None = None
 
     async def run(
         self,
@@ -192,6 +202,19 @@ class Driver:
         ``in_transaction``."""
         self._bind()
         op = Op(fn, after, single_statement, write)
+        observer = self.observer
+        if observer is None:
+            return await self._attempts(op, retry)
+        start = time.perf_counter()
+        try:
+            result = await self._attempts(op, retry)
+        except CrossintercomError as exc:
+            observer(operation_name(fn), time.perf_counter() - start, exc)
+            raise
+        observer(operation_name(fn), time.perf_counter() - start, None)
+        return result
+
+    async def _attempts(self, op: Op[T], retry: bool) -> T:
         if not retry:
             return await self._once(op)
         # The policy of ``_retry_policy`` as a plain loop: a tenacity AsyncRetrying set up for

@@ -28,7 +28,7 @@ from crossintercom.storage import migrate
 from crossintercom.storage import queries as q
 from crossintercom.storage.driver import Driver
 from crossintercom.storage.engine import lock_timed_out
-from crossintercom.storage.interface import Beat, HostRow, Waiter
+from crossintercom.storage.interface import Beat, HostRow, QueuedMail, StoreObserver, Waiter
 from crossintercom.storage.rowcheck import log_left_out
 from crossintercom.storage.tables import HOST_ID_CHARS
 from crossintercom.storage.urls import StoreURL
@@ -76,6 +76,9 @@ class SqlHostStore:
 
     async def aclose(self) -> None:
         await self.driver.aclose()
+
+    def observe(self, observer: StoreObserver | None) -> None:
+        self.driver.observer = observer
 
     # Backend hooks: how wake-ups are sent; ``kind`` is what they name (wakeup.DELIVERIES or
     # wakeup.RECEIPTS).
@@ -162,6 +165,18 @@ class SqlHostStore:
             return [
                 HostRow(host, gen, beat, rev, _age(beat_at, now))
                 for host, gen, beat, rev, beat_at, now in conn.execute(q.LIST_HOSTS)
+            ]
+
+        return await self._run(read, single_statement=True)
+
+    async def queued_mail(self, host_id: str | None = None) -> list[QueuedMail]:
+        stmt = q.queued_mail(host_id is not None)
+        params = {"host": host_id} if host_id is not None else {}
+
+        def read(conn: Connection) -> list[QueuedMail]:
+            return [
+                QueuedMail(host, int(n), _age(oldest, now))
+                for host, n, oldest, now in conn.execute(stmt, params)
             ]
 
         return await self._run(read, single_statement=True)

@@ -7,11 +7,12 @@ Every state a row carries is a ``Literal``: what the store can hold, nothing a c
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Literal, Protocol, Self
 
+from crossintercom.errors import CrossintercomError
 from crossintercom.models import (
     AckOutcome,
     DeliveryState,
@@ -28,6 +29,10 @@ from crossintercom.reservations import DEFAULT_QUOTAS, PER_HOST, READ_LIMIT, Hel
 # "absent" (no row: the commit did not land, nothing was written) or "in_doubt" (the store
 # stayed unreachable, so it is still unknown). A row that is found is an ``EnqueueResult``.
 InDoubtResolution = Literal["absent", "in_doubt"]
+# Told of every operation a store ran: its name (the store method's, from the code: a bounded
+# metrics label), the seconds it took, and the error it ended in or None
+# (``MailboxStore.observe``; the relay's metrics).
+StoreObserver = Callable[[str, float, CrossintercomError | None], None]
 # fetch_inbound reads a payload only up to this many characters unless told otherwise.
 DEFAULT_MAX_PAYLOAD_CHARS = 8 * 1024 * 1024
 
@@ -51,6 +56,16 @@ class HostRow:
     # Seconds since the heartbeat last moved, by the database's clock (``hosts()`` only; None
     # until the trigger first stamped it): for people, never to judge a lease.
     beat_age_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class QueuedMail:
+    """Mail waiting in the store for one host: how many deliveries, and the age of the oldest
+    by the database's clock (None when a writer stored a time that does not parse)."""
+
+    host_id: str
+    count: int
+    oldest_age_s: float | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,6 +273,10 @@ class MailboxStore(Protocol):
 
     async def check_schema(self) -> None: ...
 
+    def observe(self, observer: StoreObserver | None) -> None:
+        """Tell ``observer`` of every operation from now on (None: stop)."""
+        ...
+
     async def trust_warnings(self) -> list[str]:
         """What undermines the store's trust boundary, one warning each (a SQLite file others
         may read, a trigger a writer installed); checked at relay start."""
@@ -283,6 +302,10 @@ class MailboxStore(Protocol):
         ...
 
     async def hosts(self) -> list[HostRow]: ...
+
+    async def queued_mail(self, host_id: str | None = None) -> list[QueuedMail]:
+        """Mail waiting for ``host_id`` (every host when None; one grouped read)."""
+        ...
 
     async def publish_sessions(
         self, host_id: str, generation: int, sessions: Sequence[SessionInfo]

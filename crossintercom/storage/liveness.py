@@ -62,6 +62,10 @@ class LeaseTracker:
     def alive(self, host_id: str) -> bool:
         return not self.lapsed(host_id)
 
+    def known(self) -> list[str]:
+        """Every host seen; a copy taken at once, so another thread may call it (metrics)."""
+        return list(self._seen)
+
     def alive_hosts(self) -> set[str]:
         return {h for h in self._seen if not self.lapsed(h)}
 

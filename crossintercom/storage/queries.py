@@ -160,6 +160,25 @@ LIST_HOSTS: Select[str, int, int, int, Any, Any] = select(
     func.now(),
 ).order_by(hosts.c.host_id)
 
+
+def queued_mail(one_host: bool) -> Select[str, int, Any, Any]:
+    """Mail waiting in the store for each host (or the one host ``:host``): how many rows and
+    when the oldest was written, with the database's now (`status --all-hosts`, the relay's
+    queue gauges). One grouped read, not a statement per message."""
+    stmt = (
+        select(
+            deliveries.c.recipient_host,
+            func.count(),
+            type_coerce(func.min(messages.c.created), Text),  # as stored, like LIST_HOSTS
+            func.now(),
+        )
+        .select_from(deliveries.join(messages, messages.c.message_id == deliveries.c.message_id))
+        .where(deliveries.c.state == "queued")
+        .group_by(deliveries.c.recipient_host)
+    )
+    return stmt.where(deliveries.c.recipient_host == bindparam("host")) if one_host else stmt
+
+
 # A roster change of the host, fenced: the UPDATE's row lock makes a concurrent claim_host
 # wait, as the share lock of CURRENT_GENERATION does. Params: host, gen.
 BUMP_ROSTER_REV: Update = (

@@ -226,6 +226,11 @@ class PostgresWaiter(_ClosedOnExit):
             self._conn = None
 
     @property
+    def connected(self) -> bool:
+        """Whether the LISTEN connection is open (the metrics' ``listener_up``)."""
+        return self._conn is not None and not self._conn.closed and not self._conn.broken
+
+    @property
     def backend_pid(self) -> int | None:
         return self._conn.info.backend_pid if self._conn is not None else None
 

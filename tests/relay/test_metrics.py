@@ -1,0 +1,123 @@
+"""`crossintercom relay --metrics`: two hosts exchange mail and each relay's endpoint counts it
+(docs/operations.md, "Monitoring"), with bounded labels only."""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import signal
+
+from crossintercom.relay.metrics import parse_address
+from tests.relay.conftest import Cluster, Host, wait_for
+from tests.relay.metricskit import Samples, free_port, scrape, total, value
+
+SENT = 4
+
+
+def _up_with_metrics(cluster: Cluster, *host_ids: str) -> tuple[list[Host], list[int]]:
+    """``cluster.up`` with each relay serving metrics on a port of its own."""
+    hosts = [cluster.host(h, relay=False) for h in host_ids]
+    ports = [free_port() for _ in hosts]
+    for host, port in zip(hosts, ports, strict=True):
+        host.env["CROSSINTERCOM_METRICS"] = f"127.0.0.1:{port}"
+        host.start_relay(wait=False)
+    for host in hosts:
+        host.wait_relay()
+    return hosts, ports
+
+
+def test_two_relays_count_what_they_forward_and_hand_in(cluster: Cluster) -> None:
+    (a, b), (port_a, port_b) = _up_with_metrics(cluster, "A", "B")
+    worker = b.listen("worker")
+    a.wait_sees("worker", "B")
+    ids = set()
+    for n in range(SENT):
+        sent = a.cli_json("send", "--as", "planner", "--to", "worker", f"hello {n}")
+        assert sent["outcome"] == "delivered", sent
+        ids.add(sent["id"])
+    assert {worker.next_message()["id"] for _ in range(SENT)} == ids
+
+    got_a = scrape(port_a)
+    assert value(got_a, "crossintercom_messages_forwarded_total", outcome="delivered") == SENT
+    assert total(got_a, "crossintercom_messages_forwarded_total", outcome="not_sent") == 0
+    # B's ack of the last batch may still be on its way when A's receipt arrived by hint.
+    got_b: Samples = wait_for(
+        lambda: (
+            s
+            if value(
+                s := scrape(port_b), "crossintercom_messages_handed_in_total", outcome="delivered"
+            )
+            == SENT
+            else None
+        ),
+        30,
+        "B to count the deliveries it handed in",
+    )
+    for got, host in ((got_a, "A"), (got_b, "B")):
+        assert value(got, "crossintercom_relay_generation") == 1
+        assert value(got, "crossintercom_listener_up") == 1
+        assert value(got, "crossintercom_broker_link_up") == 1
+        assert total(got, "crossintercom_relay_info", host=host) == 1
+        assert value(got, "crossintercom_store_errors_total", code="store_unavailable") is None
+    assert value(got_a, "crossintercom_store_operation_duration_seconds_count", operation="enqueue")
+    assert value(got_b, "crossintercom_store_operation_duration_seconds_count", operation="ack")
+    assert value(got_b, "crossintercom_host_up", host="A") == 1
+    # The lease and the mail waiting for the host come from the heartbeat loop.
+    late = wait_for(
+        lambda: (
+            s
+            if value(s := scrape(port_b), "crossintercom_relay_lease_held") == 1
+            and value(s, "crossintercom_queued_messages") is not None
+            else None
+        ),
+        30,
+        "the heartbeat's gauges",
+    )
+    assert value(late, "crossintercom_queued_messages") == 0
+    assert value(late, "crossintercom_queued_oldest_age_seconds") == 0
+    age = value(late, "crossintercom_relay_heartbeat_age_seconds")
+    assert age is not None and not math.isnan(age)
+
+    # No label carries a message id, a session's name or id, or free text.
+    session_ids = {a.session_id("planner"), b.session_id("worker")}
+    for got in (got_a, got_b, late):
+        for _name, labels in got:
+            for key, val in labels:
+                assert val not in ids | session_ids | {"worker", "planner"}, (key, val)
+                assert re.fullmatch(r"[A-Za-z0-9_.:+-]*", val), (key, val)
+
+
+def test_mail_waiting_for_a_host_shows_in_its_gauges(cluster: Cluster) -> None:
+    (a, b), (_, port_b) = _up_with_metrics(cluster, "A", "B")
+    b.listen("worker")
+    a.wait_sees("worker", "B")
+    # B's broker frozen: B's relay reads the rows but cannot hand them over, so they wait.
+    broker = b.broker_pid()
+    assert broker is not None
+    os.kill(broker, signal.SIGSTOP)
+    try:
+        for n in range(2):
+            sent = a.cli_json("send", "--as", "planner", "--to", "worker", f"while frozen {n}")
+            assert sent["outcome"] == "queued", sent
+        got = wait_for(
+            lambda: s if value(s := scrape(port_b), "crossintercom_queued_messages") == 2 else None,
+            30,
+            "B's relay to count the mail waiting for it",
+        )
+        oldest = value(got, "crossintercom_queued_oldest_age_seconds")
+        assert oldest is not None and oldest > 0
+    finally:
+        os.kill(broker, signal.SIGCONT)
+    wait_for(
+        lambda: value(scrape(port_b), "crossintercom_queued_messages") == 0,
+        60,
+        "the gauge to fall once the mail is handed in",
+    )
+
+
+def test_metrics_address_forms() -> None:
+    assert parse_address("127.0.0.1:9464") == ("127.0.0.1", 9464)
+    assert parse_address(":9464") == ("127.0.0.1", 9464)
+    assert parse_address("9464") == ("127.0.0.1", 9464)
+    assert parse_address("[::1]:9464") == ("::1", 9464)
