@@ -16,10 +16,10 @@ import click
 # (docs/agents.md#lifeline).
 from crossintercom.agents import lifeline  # noqa: F401
 from crossintercom.cli.output import fail
-from crossintercom.config import ENV_JSON
+from crossintercom.config import ENV_JSON, ENV_LOG_FORMAT, LOG_FORMATS, load_settings
 from crossintercom.errors import CrossintercomError, UsageError
 from crossintercom.exits import EXIT_ERROR
-from crossintercom.local_broker.logcap import ExtraFormatter
+from crossintercom.relay import logs
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -127,17 +127,29 @@ def _usage_fail(ctx: click.Context, exc: click.UsageError) -> NoReturn:
     envvar=ENV_JSON,
     help="Print machine-readable JSON on stdout (as every command's own --json does).",
 )
+@click.option(
+    "--log-format",
+    type=click.Choice(LOG_FORMATS),
+    help=f"Log lines as text or one JSON object each (env {ENV_LOG_FORMAT}; default text).",
+)
 @click.version_option(package_name="crossintercom")
 @click.pass_context
-def cli(ctx: click.Context, verbose: bool, as_json: bool) -> None:
+def cli(ctx: click.Context, verbose: bool, as_json: bool, log_format: str | None) -> None:
     """Mailbox for agent sessions and programs on one or several machines."""
     ctx.ensure_object(dict)
     ctx.obj["verbose"] = verbose
     ctx.obj["json"] = as_json
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING)
-    # Structured fields (a message id, the error) are part of what a line says.
-    for handler in logging.getLogger().handlers:
-        handler.setFormatter(ExtraFormatter("%(levelname)s %(name)s: %(message)s"))
+    # Structured fields (a message id, the error) are part of what a line says, in either form.
+    logs.configure(logging.DEBUG if verbose else logging.WARNING, log_format or _log_format())
+
+
+def _log_format() -> str:
+    """The log format the environment or config.json asks for; text when they cannot be read
+    (the command itself then says why)."""
+    try:
+        return load_settings().log_format
+    except CrossintercomError:
+        return "text"
 
 
 def main() -> None:

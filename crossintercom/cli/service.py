@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import click
 
 from crossintercom.cli.common import FiniteRange, json_option, settings
 from crossintercom.cli.db import tls_options
-from crossintercom.config import ENV_STORE, ENV_STORE_PASSWORD_FILE
+from crossintercom.config import (
+    ENV_LOG_FORMAT,
+    ENV_METRICS,
+    ENV_STORE,
+    ENV_STORE_PASSWORD_FILE,
+    LOG_FORMATS,
+)
 from crossintercom.local_broker.authority import DedupAuthority
 
 
@@ -67,18 +74,44 @@ def broker(ctx: click.Context, reset_authority: bool) -> None:
     help="Run only while the PostgreSQL store replicates synchronously: refuse to start, or "
     "stop, otherwise, so nothing is acknowledged that a failover could lose.",
 )
+@click.option(
+    "--metrics",
+    metavar="ADDR:PORT",
+    help=f"Serve Prometheus metrics on http://ADDR:PORT/metrics (env {ENV_METRICS}; ADDR "
+    "defaults to 127.0.0.1; off unless set).",
+)
+@click.option(
+    "--log-format",
+    type=click.Choice(LOG_FORMATS),
+    help=f"Log lines as text or one JSON object each (env {ENV_LOG_FORMAT}).",
+)
+@click.pass_context
 def relay(
+    ctx: click.Context,
     store_url: str | None,
     password_file: str | None,
     polling_observer: bool | None,
     require_sync: bool,
+    metrics: str | None,
+    log_format: str | None,
     **tls: str | None,
 ) -> None:
     """Bridge this host's broker to the shared store (run it as a service)."""
     from crossintercom.config import load_settings
+    from crossintercom.relay import logs
     from crossintercom.relay.run import run_relay
 
-    cfg = load_settings(None, store_url=store_url, store_password_file=password_file, **tls)
+    cfg = load_settings(
+        None,
+        store_url=store_url,
+        store_password_file=password_file,
+        metrics=metrics,
+        log_format=log_format,
+        **tls,
+    )
+    if log_format is not None:
+        verbose = bool(ctx.find_root().obj.get("verbose"))
+        logs.configure(logging.DEBUG if verbose else logging.WARNING, log_format)
     run_relay(cfg, polling_observer=polling_observer, require_sync=require_sync)
 
 

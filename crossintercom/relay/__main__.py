@@ -13,21 +13,24 @@ import sys
 
 from crossintercom.config import load_settings
 from crossintercom.errors import CrossintercomError
-from crossintercom.local_broker.logcap import ExtraFormatter
+from crossintercom.relay import logs
 from crossintercom.relay.run import ENV_POLLING_OBSERVER, polling_from_env, run_relay
 from crossintercom.relay.syncguard import ENV_REQUIRE_SYNC
 
 
 def main() -> int:
     faulthandler.enable()  # a fatal signal leaves a traceback on stderr, not a silent death
-    logging.basicConfig(level=logging.WARNING)
+    try:
+        settings = load_settings()
+    except CrossintercomError as exc:
+        print(f"error: {exc.message}", file=sys.stderr)
+        return exc.exit_code
     # Structured fields (the message id, the error) are part of what a line says.
-    for handler in logging.getLogger().handlers:
-        handler.setFormatter(ExtraFormatter("%(levelname)s %(name)s: %(message)s"))
+    logs.configure(logging.WARNING, settings.log_format)
     try:
         require_sync = os.environ.get(ENV_REQUIRE_SYNC, "") in ("1", "true", "yes")
         polling = polling_from_env(os.environ.get(ENV_POLLING_OBSERVER))
-        run_relay(load_settings(), polling_observer=polling, require_sync=require_sync)
+        run_relay(settings, polling_observer=polling, require_sync=require_sync)
     except CrossintercomError as exc:
         print(f"error: {exc.message}", file=sys.stderr)
         return exc.exit_code
