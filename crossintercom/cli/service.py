@@ -88,6 +88,7 @@ def broker(ctx: click.Context, reset_authority: bool) -> None:
 @click.pass_context
 def relay(
     ctx: click.Context,
+    /,
     store_url: str | None,
     password_file: str | None,
     polling_observer: bool | None,
