@@ -21,13 +21,22 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from crossintercom.config import ENV_GROUP, ENV_HOME, ENV_HOST_ID
+from crossintercom.config import (
+    ENV_GATEWAY,
+    ENV_GATEWAY_CA,
+    ENV_GATEWAY_TOKEN_FILE,
+    ENV_GROUP,
+    ENV_HOME,
+    ENV_HOST_ID,
+)
 from crossintercom.errors import UsageError
 
 SERVER_KEY = "crossintercom"
+GATEWAY_ENV = (ENV_GATEWAY, ENV_GATEWAY_TOKEN_FILE, ENV_GATEWAY_CA)
 # Only settings that are safe to inherit travel into harness configs; never the store URL,
-# which may hold a password and is needed by relays only.
-CARRIED_ENV = (ENV_HOME, ENV_HOST_ID, ENV_GROUP)
+# which may hold a password and is needed by relays only. A gateway's settings name its URL and
+# the files of its token and CA, never the token (docs/agents.md#through-a-gateway).
+CARRIED_ENV = (ENV_HOME, ENV_HOST_ID, ENV_GROUP, *GATEWAY_ENV)
 # The placeholders of a shipped plugin (script_source), replaced in one pass.
 _PLACEHOLDER = re.compile("__COMMAND__|__ENV__|__NAME__|__WAIT_S__")
 # A harness config larger than this is not one setup should rewrite.

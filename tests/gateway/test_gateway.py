@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -13,7 +15,7 @@ from typing import Any
 from crossintercom import protocol as p
 from crossintercom.client import AsyncClient, Identity
 from crossintercom.config import load_settings
-from crossintercom.models import durable_session_id
+from crossintercom.models import SendResult, durable_session_id
 from tests.agents.conftest import mcp_server, spawn, until
 from tests.conftest import run_cli, sessions, wait_for
 from tests.gateway.conftest import (
@@ -271,3 +273,62 @@ def test_a_gateway_killed_and_back_loses_and_repeats_nothing(
     assert [m["id"] for m in shown] == [first["id"], *ids], shown
     rc, again = sandbox_json(env, "inbox", "--as", "worker", "--unseen")
     assert rc == 0 and again == [], again
+
+
+def test_setup_in_the_sandbox_carries_the_gateway_and_no_token(
+    gateway: tuple[Gateway, Host, Host],
+) -> None:
+    gw, _, _ = gateway
+    token_file = gw.grant("worker")
+    env = gw.sandbox(token_file)
+    project = Path(env["HOME"]) / "project"
+    out = run_cli(env, "setup", "claude-code", "--as", "worker", "--dir", str(project))
+    assert out.returncode == 0, out.stderr
+    entry = json.loads((project / ".mcp.json").read_text())["mcpServers"]["crossintercom"]
+    assert entry["env"]["CROSSINTERCOM_GATEWAY"] == gw.url
+    assert entry["env"]["CROSSINTERCOM_GATEWAY_TOKEN_FILE"] == token_file
+    hook = (project / ".claude" / "settings.local.json").read_text()
+    assert "CROSSINTERCOM_GATEWAY=" in hook and "wait --as worker" in hook
+    token = Path(token_file).read_text().strip()
+    for written in project.rglob("*"):
+        if written.is_file():
+            assert token not in written.read_text(), written
+
+
+def test_a_gateway_killed_mid_send_is_unknown_and_the_retry_delivers_once(
+    gateway: tuple[Gateway, Host, Host],
+) -> None:
+    gw, a, b = gateway
+    env = gw.sandbox(gw.grant("worker"))
+    lead = b.listen("lead")
+    result = asyncio.run(_killed_mid_send(env, gw))
+    # The frame was written to a gateway that died holding it: the client cannot know whether
+    # the broker took it, and says so.
+    assert result.outcome == "unknown", result
+    back = start_gateway(a, gw.root, gw.certs, f"127.0.0.1:{gw.port}", tls=True)
+    gw.proc = back.proc
+    again = asyncio.run(_resend(env, result.id))
+    assert again.outcome == "delivered", again
+    got = lead.next_message(30)
+    assert (got["id"], got["message"]) == (result.id, "in flight")
+    lead.no_message(1.0)
+    assert lead.message_ids()[result.id] == 1
+    lead.stop()
+
+
+async def _killed_mid_send(env: dict[str, str], gw: Gateway) -> SendResult:
+    settings = load_settings(env)
+    async with AsyncClient(settings, Identity.named(settings, "worker", cwd=None)) as client:
+        os.kill(gw.proc.pid, signal.SIGSTOP)  # it holds the frame, forwards nothing
+        sending = asyncio.create_task(client.send("lead@B", "in flight"))
+        await until(lambda: client._conn._requests, 30, "the send to be written")
+        os.kill(gw.proc.pid, signal.SIGKILL)
+        await asyncio.to_thread(gw.proc.communicate)
+        return await sending
+
+
+async def _resend(env: dict[str, str], message_id: str) -> SendResult:
+    """The same message again, by its id, as a program told `unknown` may do."""
+    settings = load_settings(env)
+    async with AsyncClient(settings, Identity.named(settings, "worker", cwd=None)) as client:
+        return await client.send("lead@B", "in flight", message_id=message_id)
