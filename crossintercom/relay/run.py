@@ -8,6 +8,11 @@ import contextlib
 import logging
 import os
 import signal
+import threading
+import time
+from collections.abc import Coroutine
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import tenacity
 
@@ -59,11 +64,51 @@ def run_relay(
     lock_fd = hold_relay_lock(settings)
     try:
         failed: list[str] = []
-        asyncio.run(_serve(settings, polling_observer, require_sync, failed))
+        _run_to_stop(_serve(settings, polling_observer, require_sync, failed))
         if failed:
             raise RelayError(failed[0])
     finally:
         os.close(lock_fd)
+    if stuck := [t for t in threading.enumerate() if t.name.startswith(WORKER_PREFIX)]:
+        # A store operation still waits (another writer holds the SQLite file's lock for its
+        # whole busy timeout, a network that answers nothing): nothing of it was committed,
+        # and a service manager would kill the process at its stop timeout anyway.
+        log.warning("stopping without %d store operation(s) still waiting on the store", len(stuck))
+        logging.shutdown()
+        os._exit(0)
+
+
+# Worker threads of the relay's loop (asyncio.to_thread: every SQLite transaction). At stop a
+# thread stuck on the store gets STOP_GRACE_S to finish, then the process exits without it, so
+# SIGTERM ends the relay within a service's stop timeout (15 s) in every state.
+WORKER_PREFIX = "relay-worker"
+STOP_GRACE_S = 5.0
+
+
+def _run_to_stop(main: Coroutine[Any, Any, None]) -> None:
+    """``asyncio.run(main)``, except that at the end it waits for the worker threads at most
+    STOP_GRACE_S instead of for as long as a stuck one takes."""
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    workers = ThreadPoolExecutor(thread_name_prefix=WORKER_PREFIX)
+    loop.set_default_executor(workers)
+    try:
+        loop.run_until_complete(main)
+    finally:
+        try:
+            left = asyncio.all_tasks(loop)
+            for task in left:
+                task.cancel()
+            loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
+            loop.run_until_complete(loop.shutdown_asyncgens())
+        finally:
+            workers.shutdown(wait=False, cancel_futures=True)
+            asyncio.set_event_loop(None)
+            loop.close()
+            end = time.monotonic() + STOP_GRACE_S
+            for t in threading.enumerate():
+                if t.name.startswith(WORKER_PREFIX):
+                    t.join(max(0.0, end - time.monotonic()))
 
 
 async def _open_store_patiently(

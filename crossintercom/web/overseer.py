@@ -344,9 +344,11 @@ class Overseer:
         """Each session's inbound rules and held mail (docs/agents.md#inbound-policy)."""
         return (await self.client.status()).inbound
 
-    async def reservations(self) -> list[dict[str, Any]]:
-        """Every host's live path reservations of every project (docs/agents.md)."""
-        return [reservation_json(r) for r in (await reservations(self.client)).items]
+    async def reservations(self) -> dict[str, Any]:
+        """Every host's live path reservations of every project (docs/agents.md), and whether
+        some were left out (``more``: the list is bounded whatever the store holds)."""
+        state = await reservations(self.client)
+        return {"reservations": [reservation_json(r) for r in state.items], "more": state.more}
 
     async def dead_letters(self) -> list[dict[str, Any]]:
         """Every session's dead letters on this host (docs/delivery.md#dead-letters)."""

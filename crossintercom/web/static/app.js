@@ -219,11 +219,15 @@ async function loadInbound() {
 }
 
 async function loadReservations() {
-  const rows = await getJSON("/api/reservations");
-  document.getElementById("reservations").replaceChildren(...(Array.isArray(rows) ? rows : []).map((r) =>
+  const answer = await getJSON("/api/reservations");
+  const rows = answer && Array.isArray(answer.reservations) ? answer.reservations : [];
+  const items = rows.map((r) =>
     el("li", { "data-id": r.id, "data-holder": r.holder },
       `${r.project}: ${r.glob} ${r.mode} by ${r.holder}, ${Math.ceil(r.expires_in_s / 60)} min left`,
-      r.reason ? el("span", { class: "text" }, `: ${r.reason}`) : "")));
+      r.reason ? el("span", { class: "text" }, `: ${r.reason}`) : ""));
+  // Bounded whatever the store holds: the oldest are shown, and that there are more.
+  if (answer && answer.more) items.push(el("li", { class: "more" }, "more reservations than one answer carries"));
+  document.getElementById("reservations").replaceChildren(...items);
 }
 // A reservation changes no roster: the list is read again every few seconds too.
 setInterval(loadReservations, 5000);
