@@ -13,6 +13,7 @@ from rich.text import Text
 from crossintercom.cli.common import as_options, identity, json_option, one_shot, settings
 from crossintercom.cli.output import emit_json
 from crossintercom.client import Client
+from crossintercom.config import Settings
 from crossintercom.errors import BrokerUnavailable, CrossintercomError, Disconnected, UsageError
 from crossintercom.models import LISTED_SESSION_FIELDS, NAME_RULE, valid_name
 from crossintercom.safetext import terminal_line
@@ -74,11 +75,86 @@ def _replication(store_url: str, password_file: str | None) -> dict[str, Any]:
         return {"mode": "unknown", "says": exc.message}
 
 
+def _fleet(cfg: Settings) -> dict[str, Any]:
+    """Every host of the store, from the store alone (`status --all-hosts`): one opening, a
+    hosts read and a queued-mail read. A host's crossintercom version and its relay's last
+    error are not recorded in the store, so they are not shown."""
+    from crossintercom.storage import migrate
+    from crossintercom.storage.blocking import open_blocking_store
+    from crossintercom.storage.urls import with_password_file
+
+    if not cfg.store_url:
+        raise UsageError("--all-hosts reads the store: set CROSSINTERCOM_STORE")
+    url = with_password_file(cfg.store_url, cfg.store_password_file)
+    with open_blocking_store(url) as bs:
+        hosts = bs.run(bs.store.hosts())
+        queued = {m.host_id: m for m in bs.run(bs.store.queued_mail())}
+    rows = []
+    for h in hosts:
+        waiting = queued.get(h.host_id)
+        rows.append(
+            {
+                "host_id": h.host_id,
+                "generation": h.generation,
+                "lease_age_s": h.beat_age_s,
+                "queued": waiting.count if waiting else 0,
+                "oldest_queued_age_s": waiting.oldest_age_s if waiting else None,
+            }
+        )
+    report: dict[str, Any] = {
+        "store": mask_url(cfg.store_url),
+        # open_store refuses any other revision, so every host that runs reads this one.
+        "schema_revision": migrate.head_revision(),
+        "hosts": rows,
+    }
+    if cfg.store_url.startswith("postgresql"):
+        report["replication"] = _replication(cfg.store_url, cfg.store_password_file)
+    return report
+
+
+def _print_fleet(report: dict[str, Any]) -> None:
+    click.echo(f"store:     {report['store']} (schema {report['schema_revision']})")
+    if "replication" in report:
+        rep = report["replication"]
+        click.echo(f"replication: {rep['mode']}: {rep['says']}")
+
+    def age(v: float | None) -> str:
+        return "-" if v is None else f"{v:.0f} s"
+
+    _table(
+        "hosts",
+        ["host", "generation", "lease age", "queued", "oldest queued"],
+        [
+            [
+                h["host_id"],
+                str(h["generation"]),
+                age(h["lease_age_s"]),
+                str(h["queued"]),
+                age(h["oldest_queued_age_s"]),
+            ]
+            for h in report["hosts"]
+        ],
+    )
+
+
 @click.command()
+@click.option(
+    "--all-hosts",
+    is_flag=True,
+    help="Every host of the store, read from the store: lease age, mail queued for it and the "
+    "oldest, the schema revision and replication.",
+)
 @json_option
-def status(as_json: bool) -> None:
+def status(all_hosts: bool, as_json: bool) -> None:
     """Broker, relay, store (password masked), host id and session count."""
     cfg = settings()
+    if all_hosts:
+        fleet = _fleet(cfg)
+        if as_json:
+            emit_json(fleet)
+        else:
+            _print_fleet(fleet)
+        return
     report: dict[str, Any] = {
         "host_id": cfg.host_id,
         "home": str(cfg.home),
