@@ -4,7 +4,6 @@ opened patiently (a database may still be starting), run until SIGTERM/SIGINT.""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import signal
@@ -17,7 +16,7 @@ from typing import Any
 import tenacity
 
 from crossintercom.config import ENV_STORE, Settings
-from crossintercom.errors import StoreLocksUnsafe, StoreUnavailable
+from crossintercom.errors import StoreLocksUnsafe, StoreReadOnly, StoreUnavailable
 from crossintercom.relay import lockguard, syncguard
 from crossintercom.relay.service import Relay, RelayError, RelayInUse
 from crossintercom.relay.systemd import Notifier
@@ -145,9 +144,17 @@ async def _open_store_patiently(
         if beacon is not None and not beacon.started:
             # Before the file is even read: a reader that takes a live writer's journal for a
             # crashed one's rolls it back into the store (storage/lockcheck.py).
-            # No directory for the store yet: opening it says so, and is retried.
-            with contextlib.suppress(FileNotFoundError):
+            try:
                 await asyncio.to_thread(beacon.start)
+            except FileNotFoundError:
+                pass  # no directory for the store yet: opening it says so, and is retried
+            except OSError as exc:
+                raise StoreReadOnly(
+                    f"the lock beacon {beacon.dir} cannot be made or locked "
+                    f"({exc.strerror or exc}): the relay checks there that the filesystem "
+                    "keeps writers on different hosts apart; let it write in the store's "
+                    'directory (docs/operations.md, "Shared filesystems")'
+                ) from exc
             if beacon.refused is not None:
                 raise StoreLocksUnsafe(beacon.refused)
         # A pooler that shares sessions would lose LISTEN wake-ups and prepared statements.

@@ -26,6 +26,7 @@ the same thing when they probe it.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import logging
 import os
@@ -152,7 +153,9 @@ class LockBeacon:
             try:
                 fcntl.lockf(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, self.offset)
                 return
-            except OSError:
+            except OSError as exc:
+                if exc.errno not in (errno.EAGAIN, errno.EACCES):
+                    raise  # not a byte someone holds: no locks here at all (ENOLCK), say
                 self.offset = 1 + secrets.randbelow(_OFFSETS - 1)
                 self.name = f"{self.name.partition('-')[0]}-{self.offset}"
         raise OSError(f"no free byte in {self.dir / 'beacon'} to lock")
@@ -176,7 +179,15 @@ class LockBeacon:
         """Take this relay's byte, publish its record, and probe every peer; a peer found free
         is watched (up to STALE_S) until it is shown alive (refused) or dead. Returns the
         refusal, or None: the store may be opened for writing."""
-        self._open()
+        try:
+            self._open()
+        except OSError as exc:
+            if exc.errno != errno.ENOLCK:
+                raise
+            # NFS without its lock manager, say: SQLite could not keep writers apart either.
+            self.refused = advice(self.db_path, "the filesystem grants no byte-range locks")
+            refuse(self.db_path, self.refused)
+            return self.refused
         self._write_record()
         self._last_beat = time.monotonic()
         deadline = time.monotonic() + STALE_S + BEAT_S

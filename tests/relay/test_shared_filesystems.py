@@ -9,8 +9,11 @@ but the filesystem is FUSE, the relays poll their doorbells without being told t
 
 from __future__ import annotations
 
+import functools
 import json
+import shutil
 import sqlite3
+import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -92,6 +95,18 @@ class Senders:
         return dict(self.outcomes)
 
 
+def stop_all(hosts: list[Host]) -> None:
+    """Every host's processes, stopped in parallel."""
+    for h in hosts:
+        h.begin_stop()
+    for h in hosts:
+        h.stop()
+
+
+def intact(conn: sqlite3.Connection) -> bool:
+    return bool(conn.execute("PRAGMA integrity_check").fetchall() == [("ok",)])
+
+
 def generation(db: Path, host_id: str) -> int:
     with sqlite3.connect(db) as conn:
         row = conn.execute("SELECT generation FROM hosts WHERE host_id = ?", (host_id,)).fetchone()
@@ -164,13 +179,10 @@ def test_locks_that_do_not_exclude_are_refused_before_the_store_is_damaged(
         # B never wrote: no claim of its host id (a relay's first write) through the other mount.
         assert generation(db, "B") == b_generation
     finally:
-        for h in hosts:
-            h.begin_stop()
-        for h in hosts:
-            h.stop()
+        stop_all(hosts)
 
     with sqlite3.connect(db) as conn:
-        assert conn.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
+        assert intact(conn)
         stored = {r[0] for r in conn.execute("SELECT message_id FROM messages")}
     inboxes = {"sink@A": set(a.inbox("sink")), "sink@B": set(b.inbox("sink"))}
     acknowledged = {i: to for i, (out, _, to) in outcomes.items() if out in ACKNOWLEDGED}
@@ -232,4 +244,47 @@ def test_chaos_on_a_fuse_mount_loses_and_duplicates_nothing(one_mount: SharedDir
     assert report["acknowledged"] > 0 and report["delivered"] > 0
     assert (report["lost"], report["duplicated"]) == (0, 0), report
     with sqlite3.connect(one_mount.backing / "mailbox.sqlite") as conn:
-        assert conn.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
+        assert intact(conn)
+
+
+def test_relays_started_together_on_two_mounts_never_both_write(two_mounts: SharedDir) -> None:
+    """Each relay writes its record before it probes, so of two starting at once at least one
+    sees the other and refuses before it writes; the other finds it on its next beats."""
+    m0, m1 = two_mounts.mounts
+    db = two_mounts.backing / "mailbox.sqlite"
+    migrate.upgrade(f"sqlite:///{db}")
+    root = two_mounts.root / "hosts"
+    root.mkdir()
+    hosts = [
+        Host(root, "A", url_through(m0), base_env=clean_env()),
+        Host(root, "B", url_through(m1), base_env=clean_env()),
+    ]
+    try:
+        for h in hosts:
+            h.start_relay(wait=False)
+        for h in hosts:
+            h.wait_relay()
+        for h in hosts:
+            wait_for(functools.partial(refused, h), 30, f"{h.host_id}'s status: the refusal")
+    finally:
+        stop_all(hosts)
+    with sqlite3.connect(db) as conn:
+        assert intact(conn)
+        claimed = [r[0] for r in conn.execute("SELECT host_id FROM hosts")]
+    assert len(claimed) <= 1, claimed  # a relay's first write is its host's claim
+
+
+def test_a_beacon_that_cannot_be_made_stops_the_relay_with_its_reason(tmp_path: Path) -> None:
+    db = tmp_path / "mailbox.sqlite"
+    migrate.upgrade(f"sqlite:///{db}")
+    beacon_dir(db).write_text("not a directory")
+    root = Path(tempfile.mkdtemp(prefix="cr-", dir="/tmp"))
+    host = Host(root, "A", f"sqlite:///{db}", base_env=clean_env())
+    try:
+        relay = host.spawn_relay()
+        assert relay.wait(60) != 0
+        log = host.relay_log(relay)
+        assert "the lock beacon" in log and "cannot be made or locked" in log, log
+    finally:
+        host.stop()
+        shutil.rmtree(root, ignore_errors=True)

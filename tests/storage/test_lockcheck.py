@@ -6,6 +6,8 @@ fcntl locks belong to processes."""
 from __future__ import annotations
 
 import asyncio
+import errno
+import fcntl
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -160,3 +162,24 @@ def test_the_store_polls_by_itself_on_fuse(two_mounts: SharedDir) -> None:
         assert store.polling_observer is polls
         assert (store.wakeup_note or "").startswith("WARNING" if not polls else "doorbells polled")
         asyncio.run(store.aclose())
+
+
+def test_a_filesystem_without_locks_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """NFS without its lock manager answers ENOLCK: no check is possible, and SQLite could not
+    keep writers apart either."""
+    db = tmp_path / "mailbox.sqlite"
+
+    def no_locks(*_args: object) -> None:
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "lockf", no_locks)
+    beacon = LockBeacon(db, "A")
+    try:
+        why = beacon.start()
+        assert why is not None and "grants no byte-range locks" in why
+        assert lockcheck.refusal(db) == why
+    finally:
+        beacon.close()
+        lockcheck._refused.clear()
