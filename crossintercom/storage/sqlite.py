@@ -20,6 +20,7 @@ from crossintercom.storage import engine as db
 from crossintercom.storage import queries as q
 from crossintercom.storage import sqlitetrust
 from crossintercom.storage.driver import SqliteDriver
+from crossintercom.storage.hosts import ROSTER_PER_HOST
 from crossintercom.storage.hosts import _session_info as session_info
 from crossintercom.storage.sqlstore import SqlMailboxStore
 from crossintercom.storage.urls import StoreURL
@@ -120,7 +121,7 @@ def roster_without_locks(path: Path) -> list[SessionInfo]:
     out = []
     try:
         with engine.connect() as conn:
-            for row in conn.execute(q.LIST_ROSTER):
+            for row in conn.execute(q.LIST_ROSTER, {"per_host": ROSTER_PER_HOST}):
                 info = session_info(row._mapping)
                 if info is not None:
                     out.append(info)

@@ -17,7 +17,7 @@ import pytest
 
 from crossintercom.errors import StoreLocksUnsafe
 from crossintercom.storage import lockcheck, migrate
-from crossintercom.storage.blocking import open_blocking_store
+from crossintercom.storage.blocking import BlockingStore, open_blocking_store
 from crossintercom.storage.lockcheck import LockBeacon, beacon_dir
 from crossintercom.storage.wakeup import filesystem_type, polling_needed
 from tests.fusemounts import SharedDir, shared_dir
@@ -117,11 +117,15 @@ def test_locks_that_do_not_exclude_are_found_from_both_sides(two_mounts: SharedD
         first.stop()
 
 
-def test_a_refused_process_runs_no_transaction(tmp_path: Path) -> None:
+def new_store(tmp_path: Path) -> tuple[Path, BlockingStore]:
+    """A new SQLite store, opened for blocking callers."""
     db = tmp_path / "mailbox.sqlite"
-    url = f"sqlite:///{db}"
-    migrate.upgrade(url)
-    blocking = open_blocking_store(url)
+    migrate.upgrade(f"sqlite:///{db}")
+    return db, open_blocking_store(f"sqlite:///{db}")
+
+
+def test_a_refused_process_runs_no_transaction(tmp_path: Path) -> None:
+    db, blocking = new_store(tmp_path)
     try:
         assert blocking.run(blocking.store.hosts()) == []
         lockcheck.refuse(db, "REFUSED: for the test")
@@ -183,3 +187,18 @@ def test_a_filesystem_without_locks_is_refused(
     finally:
         beacon.close()
         lockcheck._refused.clear()
+
+
+def test_the_roster_is_read_without_locks(tmp_path: Path) -> None:
+    """What a refusing relay shows of the other hosts (sqlite.roster_without_locks)."""
+    from crossintercom.models import SessionInfo
+    from crossintercom.storage.sqlite import roster_without_locks
+
+    db, blocking = new_store(tmp_path)
+    try:
+        gen = blocking.run(blocking.store.claim_host("B", "m"))
+        worker = SessionInfo(id="b-worker", name="worker", host="B", purpose="agent")
+        assert blocking.run(blocking.store.publish_sessions("B", gen, [worker]))
+    finally:
+        blocking.close()
+    assert [(s.name, s.host) for s in roster_without_locks(db)] == [("worker", "B")]
