@@ -25,6 +25,7 @@ from crossintercom.client import AsyncClient, Identity
 from crossintercom.config import Settings
 from crossintercom.errors import Code
 from crossintercom.models import Outcome, Receipt, SessionInfo, new_id, rightful_claims
+from crossintercom.relay.systemd import Notifier
 from crossintercom.storage.lockcheck import BEAT_S, LockBeacon
 from crossintercom.storage.sqlite import roster_without_locks
 
@@ -77,9 +78,16 @@ def others_offline(path: Path, host: str) -> list[SessionInfo]:
 
 
 async def refuse(
-    settings: Settings, masked_url: str, why: str, beacon: LockBeacon, stopping: asyncio.Event
+    settings: Settings,
+    masked_url: str,
+    why: str,
+    beacon: LockBeacon,
+    stopping: asyncio.Event,
+    notifier: Notifier,
 ) -> None:
-    """Serve the broker as a relay that writes nothing, until ``stopping`` is set."""
+    """Serve the broker as a relay that writes nothing, until ``stopping`` is set. Ready for
+    systemd once connected, the refusal its status: a unit that restarted it would only find
+    the same."""
     ident = Identity(id=new_id(), name="relay", purpose="control", status=f"{masked_url}: {why}")
     client = AsyncClient(settings, ident, mode="own", spawn=True, reconnect=True)
     client.on_frame = lambda frame: _answer(client, frame)
@@ -88,6 +96,7 @@ async def refuse(
         remote = await asyncio.to_thread(others_offline, beacon.db_path, settings.host_id)
         await client.connect()
         client.post(p.RemoteRoster(remote))
+        notifier.ready(why)
         await stopping.wait()
     finally:
         beat.cancel()

@@ -202,13 +202,13 @@ async def _serve_with(
             if beacon is None or beacon.refused is None:
                 raise  # a failure of its own; a refusal's is said below
         if beacon is not None and beacon.refused is not None:
-            await _refuse(settings, url, beacon)
+            await _refuse(settings, url, beacon, notifier)
     finally:
         if beacon is not None:
             beacon.close()
 
 
-async def _refuse(settings: Settings, url: str, beacon: LockBeacon) -> None:
+async def _refuse(settings: Settings, url: str, beacon: LockBeacon, notifier: Notifier) -> None:
     """Serve the broker as a relay that writes nothing (``lockguard``) until SIGTERM/SIGINT."""
     assert beacon.refused is not None
     log.error("%s", beacon.refused)
@@ -216,7 +216,7 @@ async def _refuse(settings: Settings, url: str, beacon: LockBeacon) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stopping.set)
-    await lockguard.refuse(settings, mask_url(url), beacon.refused, beacon, stopping)
+    await lockguard.refuse(settings, mask_url(url), beacon.refused, beacon, stopping, notifier)
 
 
 async def _relay(

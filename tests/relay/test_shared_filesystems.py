@@ -30,6 +30,7 @@ from tests.conftest import run_cli
 from tests.fusemounts import SharedDir, lock_seen, shared_dir
 from tests.procs import clean_env
 from tests.relay.conftest import Cluster, Host, wait_for
+from tests.relay.test_systemd_notify import NotifySocket
 from tests.web.conftest import start_web
 from tests.web.test_overseer import request
 
@@ -259,6 +260,8 @@ def test_relays_started_together_on_two_mounts_never_both_write(two_mounts: Shar
         Host(root, "A", url_through(m0), base_env=clean_env()),
         Host(root, "B", url_through(m1), base_env=clean_env()),
     ]
+    notify = NotifySocket()  # systemd's, for B: ready, with the refusal as its status
+    hosts[1].env["NOTIFY_SOCKET"] = notify.name
     try:
         for h in hosts:
             h.start_relay(wait=False)
@@ -266,8 +269,15 @@ def test_relays_started_together_on_two_mounts_never_both_write(two_mounts: Shar
             h.wait_relay()
         for h in hosts:
             wait_for(functools.partial(refused, h), 30, f"{h.host_id}'s status: the refusal")
+        notify.wait_field("READY=1")
+        wait_for(
+            lambda: any(f.startswith("STATUS=REFUSED") for f in notify.got + notify.drain(0.1)),
+            30,
+            lambda: f"systemd's status to be the refusal: {notify.got[-10:]}",
+        )
     finally:
         stop_all(hosts)
+        notify.close()
     with sqlite3.connect(db) as conn:
         assert intact(conn)
         claimed = [r[0] for r in conn.execute("SELECT host_id FROM hosts")]
