@@ -76,6 +76,8 @@ E2E_FILES = {
     "relay/test_bounds_soak.py",
     "relay/test_failover.py",
     "relay/test_pg_auto_failover.py",
+    "relay/test_shared_fs_chaos.py",
+    "test_bench_polling.py",
     "storage/test_failover_wakeup.py",
 }
 E2E_FIXTURES = {"browser"}

@@ -10,7 +10,6 @@ but the filesystem is FUSE, the relays poll their doorbells without being told t
 from __future__ import annotations
 
 import functools
-import json
 import shutil
 import sqlite3
 import tempfile
@@ -26,7 +25,6 @@ from crossintercom.storage import migrate
 from crossintercom.storage.lockcheck import beacon_dir
 from crossintercom.storage.wakeup import filesystem_type
 from crossintercom.tools import harness
-from tests.conftest import run_cli
 from tests.fusemounts import SharedDir, lock_seen, shared_dir
 from tests.procs import clean_env
 from tests.relay.conftest import Cluster, Host, wait_for
@@ -230,22 +228,6 @@ def test_relays_on_fuse_poll_their_doorbells_by_themselves(one_mount: SharedDir)
         b.env[ENV_POLLING_OBSERVER] = "0"
         b.start_relay()
         says(b, "WARNING doorbells watched with inotify on fuse")
-
-
-def test_chaos_on_a_fuse_mount_loses_and_duplicates_nothing(one_mount: SharedDir) -> None:
-    """Every simulated host on the one mount (its locks exclude): the relays poll, chosen by
-    themselves, through relay kills, pauses, takeovers and the rest."""
-    url = url_through(one_mount.mounts[0])
-    args = ["chaos", "--hosts", "2", "--duration", "12", "--seed", "5", "--json", "--store", url]
-    tmp = one_mount.root / "tmp"
-    tmp.mkdir()
-    proc = run_cli(clean_env(TMPDIR=str(tmp)), *args, timeout=240)
-    report = json.loads(proc.stdout)
-    assert "error" not in report, (report, proc.stderr[-4000:])
-    assert report["acknowledged"] > 0 and report["delivered"] > 0
-    assert (report["lost"], report["duplicated"]) == (0, 0), report
-    with sqlite3.connect(one_mount.backing / "mailbox.sqlite") as conn:
-        assert intact(conn)
 
 
 def test_relays_started_together_on_two_mounts_never_both_write(two_mounts: SharedDir) -> None:
