@@ -53,7 +53,7 @@ _LATENCY_BUCKETS: Final = (
 )
 # What an inbound row's ack says, as a label: delivered to a session, queued on this host for
 # one (in its custody), or refused.
-HANDED_IN = ("delivered", "queued", "refused")
+HANDED_IN = (Outcome.DELIVERED.value, Outcome.QUEUED.value, Outcome.REFUSED.value)
 
 
 def parse_address(text: str) -> tuple[str, int]:
@@ -243,12 +243,12 @@ class RelayMetrics:
         screen refused."""
         counts = dict.fromkeys(HANDED_IN, 0)
         for ack in acks:
-            if ack.outcome == "refused":
-                counts["refused"] += 1
+            if ack.outcome == Outcome.REFUSED.value:
+                counts[Outcome.REFUSED.value] += 1
             elif ack.code == Code.HOST_QUEUED:
-                counts["queued"] += 1
+                counts[Outcome.QUEUED.value] += 1
             else:
-                counts["delivered"] += 1
+                counts[Outcome.DELIVERED.value] += 1
         for outcome, n in counts.items():
             if n:
                 self._handed_in_by[outcome].inc(n)

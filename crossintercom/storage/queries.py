@@ -173,7 +173,7 @@ def queued_mail(one_host: bool) -> Select[str, int, Any, Any]:
             func.now(),
         )
         .select_from(deliveries.join(messages, messages.c.message_id == deliveries.c.message_id))
-        .where(deliveries.c.state == "queued")
+        .where(deliveries.c.state == State.QUEUED.value)
         .group_by(deliveries.c.recipient_host)
     )
     return stmt.where(deliveries.c.recipient_host == bindparam("host")) if one_host else stmt
