@@ -51,11 +51,11 @@ class RawProc:
             self.stop()
             raise CrossintercomError(f"the raw {role} process did not start")
 
-    def _line(self) -> str:
+    def _line(self, wait_s: float = _WAIT_S) -> str:
         assert self.proc.stdout is not None
         fd = self.proc.stdout.fileno()
         while b"\n" not in self._pending:
-            ready, _, _ = select.select([fd], [], [], _WAIT_S)
+            ready, _, _ = select.select([fd], [], [], wait_s)
             chunk = os.read(fd, 4096) if ready else b""
             if not chunk:
                 raise CrossintercomError(f"the raw {self.role} process said nothing more")
@@ -63,9 +63,9 @@ class RawProc:
         line, _, self._pending = self._pending.partition(b"\n")
         return line.decode().strip()
 
-    def arrival(self) -> float:
-        """The wall-clock time of the next arrival it reports."""
-        line = self._line()
+    def arrival(self, wait_s: float = _WAIT_S) -> float:
+        """The wall-clock time of the next arrival it reports, within ``wait_s``."""
+        line = self._line(wait_s)
         try:
             return float(line)
         except ValueError:

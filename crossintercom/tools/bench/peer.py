@@ -34,6 +34,9 @@ from crossintercom.tools.bench.workload import text
 INSTALL = "pip install 'crossintercom[bench]'"
 PEER = "PgQueuer"
 _DRAIN_BATCH = 500
+_WAIT_S = 10.0
+# The slowest rate the peer is waited for before the bench gives up (as paths' catch-up).
+_SLOWEST_JOBS_PER_S = 50.0
 
 
 def missing() -> str | None:
@@ -108,7 +111,8 @@ class Peer:
         assert self.consumer is not None and self.consumer.proc.stdin is not None
         self.started += n
         self.consumer.proc.stdin.write(f"{self.started}\n".encode())
-        return self.consumer.arrival()
+        # A drain of 10,000 takes minutes on a loaded machine: the wait grows with the jobs.
+        return self.consumer.arrival(max(_WAIT_S, n / _SLOWEST_JOBS_PER_S))
 
     def _cpu(self) -> CpuAccount:
         consumer = self.consumer
