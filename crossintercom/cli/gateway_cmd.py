@@ -8,13 +8,17 @@ import contextlib
 import logging
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
-from crossintercom.cli.common import json_option, settings
+from crossintercom.cli.common import json_option, profile_option, settings
 from crossintercom.cli.output import emit_json
 from crossintercom.errors import UsageError
 from crossintercom.timeparse import parse_age
+
+if TYPE_CHECKING:
+    from crossintercom.gateway.server import Listen
 
 
 @click.group()
@@ -38,24 +42,42 @@ def gateway() -> None:
     type=click.Path(dir_okay=False, path_type=Path),
     help="Write the bound port here once listening.",
 )
+@click.option(
+    "--mcp-listen",
+    metavar="HOST:PORT",
+    help="Also serve MCP over streamable HTTP here, at /mcp, with the same certificate and "
+    "tokens (docs/agents.md#mcp-over-http).",
+)
+@profile_option
 def serve(
-    listen: str, cert_file: str | None, key_file: str | None, ready_file: Path | None
+    listen: str,
+    cert_file: str | None,
+    key_file: str | None,
+    ready_file: Path | None,
+    mcp_listen: str | None,
+    profile: str | None,
 ) -> None:
     """Serve until stopped. Without --cert only loopback clients are served (a TLS proxy on
     this machine); every other plain-HTTP client is refused (gateway_plain_http)."""
-    from crossintercom.gateway.server import Listen
     from crossintercom.gateway.server import serve as run
 
-    host, sep, port = listen.rpartition(":")
-    if not sep or not port.isdigit():
-        raise UsageError(f"--listen must be HOST:PORT, not {listen!r}")
     if bool(cert_file) != bool(key_file):
         raise UsageError("--cert and --key go together")
+    where = _listen("--listen", listen, cert_file, key_file)
+    mcp = _listen("--mcp-listen", mcp_listen, cert_file, key_file) if mcp_listen else None
     # Who connected as whom, and every refusal by its code (never a token): the operator's log.
     logging.getLogger("crossintercom.gateway").setLevel(logging.INFO)
-    where = Listen(host.strip("[]"), int(port), cert_file, key_file)
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(run(settings(), where, ready_file))
+        asyncio.run(run(settings(), where, ready_file, mcp, profile))
+
+
+def _listen(option: str, value: str, cert: str | None, key: str | None) -> Listen:
+    from crossintercom.gateway.server import Listen
+
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit():
+        raise UsageError(f"{option} must be HOST:PORT, not {value!r}")
+    return Listen(host.strip("[]"), int(port), cert, key)
 
 
 @gateway.command()

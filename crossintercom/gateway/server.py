@@ -308,9 +308,54 @@ async def _answer(writer: asyncio.StreamWriter, status: int, code: str, message:
     writer.close()
 
 
-async def serve(settings: Settings, listen: Listen, ready: Path | None = None) -> None:
+async def serve(
+    settings: Settings,
+    listen: Listen,
+    ready: Path | None = None,
+    mcp: Listen | None = None,
+    profile: str | None = None,
+) -> None:
+    """Serve the frames and, with ``mcp``, MCP over streamable HTTP (docs/agents.md); the
+    ready file gets the bound ports, one a line."""
     gateway = Gateway(settings, listen)
-    port = await gateway.start()
+    ports = [await gateway.start()]
+    tasks = [asyncio.create_task(gateway.serve_forever())]
+    if mcp is not None:
+        port, task = await _serve_mcp(settings, mcp, profile)
+        ports.append(port)
+        tasks.append(task)
     if ready is not None:
-        ready.write_text(f"{port}\n")
-    await gateway.serve_forever()
+        ready.write_text("".join(f"{p}\n" for p in ports))
+    done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    for task in done:
+        task.result()
+
+
+async def _serve_mcp(
+    settings: Settings, where: Listen, profile: str | None
+) -> tuple[int, asyncio.Task[None]]:
+    import uvicorn
+
+    from crossintercom.gateway.mcp_http import McpGateway
+
+    app = McpGateway(settings, where.cert_file is not None, profile)
+    config = uvicorn.Config(
+        app,
+        host=where.host,
+        port=where.port,
+        ssl_certfile=where.cert_file,
+        ssl_keyfile=where.key_file,
+        lifespan="off",
+        access_log=False,  # the operator's log says who connected, never a header
+        log_level="warning",
+    )
+    server = uvicorn.Server(config)
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        if task.done():
+            task.result()
+            raise RuntimeError("the MCP listener stopped before it started")
+        await asyncio.sleep(0.05)
+    port = int(server.servers[0].sockets[0].getsockname()[1])
+    log.info("MCP over streamable HTTP on %s:%d", where.host, port)
+    return port, task

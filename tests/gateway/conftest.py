@@ -33,6 +33,7 @@ class Gateway:
     certs: TlsFiles
     root: Path
     tokens: dict[str, str] = field(default_factory=dict)
+    mcp_port: int | None = None
 
     @property
     def url(self) -> str:
@@ -72,9 +73,12 @@ class Gateway:
         return err
 
 
-def start_gateway(host: Host, root: Path, certs: TlsFiles, listen: str, *, tls: bool) -> Gateway:
+def start_gateway(
+    host: Host, root: Path, certs: TlsFiles, listen: str, *, tls: bool, mcp: bool = False
+) -> Gateway:
     ready = root / f"ready-{len(list(root.glob('ready-*')))}"
     cert = ["--cert", str(root / "server.crt"), "--key", str(root / "server.key")] if tls else []
+    cert += ["--mcp-listen", "127.0.0.1:0"] if mcp else []
     proc = subprocess.Popen(
         [*CLI, "gateway", "serve", "--listen", listen, "--ready-file", str(ready), *cert],
         env=host.env,
@@ -90,8 +94,8 @@ def start_gateway(host: Host, root: Path, certs: TlsFiles, listen: str, *, tls: 
         return ready.exists() and ready.read_text().endswith("\n")
 
     wait_for(listening, 30, "the gateway to listen")
-    port = int(ready.read_text())
-    return Gateway(host, proc, port, certs, root)
+    ports = [int(p) for p in ready.read_text().split()]
+    return Gateway(host, proc, ports[0], certs, root, mcp_port=ports[1] if mcp else None)
 
 
 @pytest.fixture
@@ -100,7 +104,7 @@ def gateway(sqlite_store: str) -> Iterator[tuple[Gateway, Host, Host]]:  # noqa:
     a, b = cluster.up("A", "B")
     root = Path(tempfile.mkdtemp(prefix="gw-", dir=cluster.root))
     certs = make_certificates(root)
-    gw = start_gateway(a, root, certs, "127.0.0.1:0", tls=True)
+    gw = start_gateway(a, root, certs, "127.0.0.1:0", tls=True, mcp=True)
     try:
         yield gw, a, b
     finally:

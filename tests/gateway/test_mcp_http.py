@@ -1,0 +1,97 @@
+"""MCP over streamable HTTP from the gateway (TLS, a test CA): a harness with only a URL and a
+token header, nothing installed beside it, reaches the token's session on host A and talks with
+host B; a bad, revoked or missing token gets the gateway's codes (docs/agents.md#mcp-over-http)."""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx2
+from mcp import ClientSession
+from mcp.client.streamable_http import streamable_http_client
+
+from tests.agents.conftest import Mcp, until
+from tests.conftest import sessions
+from tests.gateway.conftest import Gateway
+from tests.relay.conftest import Host
+
+
+def _http(gw: Gateway, token: str) -> httpx2.AsyncClient:
+    ctx = ssl.create_default_context(cafile=str(gw.certs.ca))
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    return httpx2.AsyncClient(verify=ctx, headers=headers, timeout=60.0)
+
+
+@asynccontextmanager
+async def remote_mcp(gw: Gateway, token: str) -> AsyncIterator[Mcp]:
+    async with AsyncExitStack() as stack:
+        http = await stack.enter_async_context(_http(gw, token))
+        url = f"https://localhost:{gw.mcp_port}/mcp"
+        read, write = await stack.enter_async_context(streamable_http_client(url, http_client=http))
+        session = await stack.enter_async_context(ClientSession(read, write))
+        await session.initialize()
+        yield Mcp(session, "remote")
+
+
+def _online(a: Host, name: str) -> bool:
+    return any(s["name"] == name and s["online"] for s in sessions(a.home, quiet=True) or ())
+
+
+def test_a_harness_with_only_a_url_and_a_token(gateway: tuple[Gateway, Host, Host]) -> None:
+    gw, a, b = gateway
+    token = Path(gw.grant("worker")).read_text().strip()
+    lead = b.listen("lead")
+    asyncio.run(_talk(gw, token, a, b))
+    assert lead.next_message(30)["message"] == "over HTTP MCP"
+    lead.stop()
+
+
+async def _talk(gw: Gateway, token: str, a: Host, b: Host) -> None:
+    async with remote_mcp(gw, token) as worker:
+        tools = {t.name for t in (await worker.session.list_tools()).tools}
+        assert tools == {"whoami", "list_sessions", "send", "ask", "reply", "pending", "inbox"}
+        me = await worker.data("whoami")
+        assert (me["name"], me["host"]) == ("worker", "A"), me
+        await until(lambda: _online(a, "worker"), 30, "the gateway to hold worker on A")
+        sent = await worker.data("send", to="lead@B", message="over HTTP MCP")
+        assert sent["outcome"] == "delivered", sent
+        out = await asyncio.to_thread(
+            b.cli_json, "send", "--as", "lead", "--to", "worker@A", "to the HTTP MCP"
+        )
+        got: list[dict[str, Any]] = []
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 30
+        while not (got := await worker.mail("inbox")):
+            assert loop.time() < deadline, "no mail reached the HTTP MCP session"
+            await asyncio.sleep(0.2)
+        assert [m["id"] for m in got] == [out["id"]]
+        assert got[0]["message"] == "to the HTTP MCP"
+
+
+def test_http_mcp_refuses_without_a_live_token(gateway: tuple[Gateway, Host, Host]) -> None:
+    gw, a, _ = gateway
+    token = Path(gw.grant("worker")).read_text().strip()
+    asyncio.run(_refusals(gw, token, a))
+
+
+async def _refusals(gw: Gateway, token: str, a: Host) -> None:
+    url = f"https://localhost:{gw.mcp_port}/mcp"
+    for bad, code in (("", "gateway_no_token"), ("cig_nothing", "gateway_token_unknown")):
+        async with _http(gw, bad) as http:
+            answer = await http.post(url, json={"jsonrpc": "2.0", "id": 1, "method": "ping"})
+        assert answer.status_code == 401 and answer.json()["error"]["code"] == code, answer.text
+    async with remote_mcp(gw, token) as worker:
+        await worker.data("whoami")
+        await until(lambda: _online(a, "worker"), 30, "the gateway to hold worker on A")
+        await asyncio.to_thread(a.cli_json, "gateway", "revoke", "worker")
+        # The held session ends within seconds, and the token opens nothing any more.
+        await until(lambda: not _online(a, "worker"), 30, "the revoked grant's session to end")
+    async with _http(gw, token) as http:
+        answer = await http.post(url, json={"jsonrpc": "2.0", "id": 1, "method": "ping"})
+    assert answer.status_code == 401, answer.text
+    assert answer.json()["error"]["code"] == "gateway_token_revoked"
