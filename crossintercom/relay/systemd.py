@@ -5,7 +5,7 @@ leading ``@`` names one in the abstract namespace) and, with ``WatchdogSec=``,
 ``WATCHDOG_USEC`` (and ``WATCHDOG_PID``, the process meant). The relay sends ``READY=1`` once it
 can deliver, ``WATCHDOG=1`` from its event loop at half the watchdog interval (so a blocked
 loop stops the pings and systemd restarts the relay), ``STATUS=`` lines `systemctl status`
-shows, and ``STOPPING=1`` on shutdown (docs/operations.md, "Running the relay under systemd").
+shows, and ``STOPPING=1`` on shutdown (docs/operations.md, "Under systemd").
 Without ``NOTIFY_SOCKET`` every call does nothing.
 """
 
