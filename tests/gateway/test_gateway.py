@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from crossintercom import protocol as p
-from crossintercom.client import AsyncClient, Identity
+from crossintercom.client import AsyncClient, Client, Identity
 from crossintercom.config import load_settings
 from crossintercom.models import SendResult, durable_session_id
 from tests.agents.conftest import mcp_server, spawn, until
@@ -110,6 +110,10 @@ def test_the_python_client_through_the_gateway(gateway: tuple[Gateway, Host, Hos
     asyncio.run(_python_client(env, b))
     got = lead.next_message(30)
     assert got["message"] == "from python"
+    settings = load_settings(env)
+    with Client(settings, Identity.named(settings, "pyworker", cwd=None)) as client:
+        assert client.send("lead@B", "from the blocking client").outcome == "delivered"
+    assert lead.next_message(30)["message"] == "from the blocking client"
     lead.stop()
 
 
@@ -118,6 +122,11 @@ async def _python_client(env: dict[str, str], b: Host) -> None:
     async with AsyncClient(settings, Identity.named(settings, "pyworker", cwd=None)) as client:
         result = await client.send("lead@B", "from python")
         assert result.outcome == "delivered", result
+        # The host's status, as a token holder may read it: the relay link and counts only.
+        status = await client.status()
+        assert status.relay.connected and status.host_id == "A"
+        assert (status.pid, status.relay.store, status.warnings) == (0, None, [])
+        assert set(status.inbound) <= {"pyworker"}
         sent = await asyncio.to_thread(
             b.cli_json, "send", "--as", "lead", "--to", "pyworker@A", "to python"
         )
