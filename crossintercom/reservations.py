@@ -326,7 +326,18 @@ def _intersects(x: _Nfa, y: _Nfa) -> bool:
 
 def overlap(a: str, b: str) -> bool:
     """Whether some path matches both globs."""
+    pa, pb = _lead(a), _lead(b)
+    if not (pa.startswith(pb) or pb.startswith(pa)):
+        return False  # every path either matches starts with its glob's literal lead
     return any(_intersects(x, y) for x in _languages(a) for y in _languages(b))
+
+
+def _lead(glob: str) -> str:
+    """The glob's characters before its first special one: what every path it matches (as
+    spelled, or as a pattern) starts with. Comparing these first keeps most of a conflict
+    check's pairs (``src/a/**`` against ``docs/**``) from building any automaton."""
+    cut = next((i for i, c in enumerate(glob) if c in "*?[\\"), len(glob))
+    return glob[:cut]
 
 
 def matches(glob: str, path: str) -> bool:

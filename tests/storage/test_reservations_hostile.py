@@ -7,6 +7,7 @@ own host's row."""
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -200,3 +201,46 @@ def test_a_host_role_s_endless_times_and_floods_break_no_one_s_reads(
     made = run(b.store.reserve(b.host, b.gen, session_id="sb", globs=["inf/x", "y9999/x"], **kw))
     assert made is not None and made.conflicts == []  # rows no one reads stand in no one's way
     assert {h.glob for h in made.held} == {"src/**", "inf/x", "y9999/x"}
+
+
+@pytest.mark.pg
+def test_a_long_conflict_check_leaves_the_loop_free(pg_url: str) -> None:
+    """A reserve whose conflict check has much to compare (50 globs against 300 of another
+    host's): on PostgreSQL the operation's body runs on the relay's event loop, so the
+    comparison goes to a thread and the loop (the heartbeat's) keeps turning meanwhile."""
+    store = run(open_store(pg_url))
+    try:
+        g1, g2 = _setup(store)
+        # pairs that share their lead ("src/lib/") and never overlap: each compared in full
+        rows = [f"src/lib/d{i}/*.pq" for i in range(300)]
+        kw: dict[str, Any] = {"project": P, "mode": "shared", "ttl_s": 600, "reason": None}
+        sessions = [SessionInfo(id=f"s{i}", host="h1") for i in range(2)]
+        run(store.publish_sessions("h1", g1, sessions))
+        for i in range(2):
+            run(store.reserve("h1", g1, session_id=f"s{i}", globs=rows[i * 150 :][:150], **kw))
+        mine = [f"src/lib/*/e{j}/*.py" for j in range(50)]
+
+        async def timed() -> tuple[float, float]:
+            loop = asyncio.get_running_loop()
+            gaps, last, done = [0.0], loop.time(), asyncio.Event()
+
+            async def tick() -> None:
+                nonlocal last
+                while not done.is_set():
+                    await asyncio.sleep(0.01)
+                    gaps.append(loop.time() - last)
+                    last = loop.time()
+
+            ticker = asyncio.ensure_future(tick())
+            started = loop.time()
+            await store.reserve("h2", g2, session_id="b", globs=mine, **{**kw, "mode": "exclusive"})
+            took = loop.time() - started
+            done.set()
+            await ticker
+            return took, max(gaps)
+
+        took, gap = run(timed())
+    finally:
+        run(store.aclose())
+    assert took > 0.5, f"the check took {took:.2f} s: too little to tell"
+    assert gap < took / 3, f"the loop stood still {gap:.2f} s of the reserve's {took:.2f} s"
