@@ -25,9 +25,10 @@ DOCS = REPO / "docs"
 # Where the docs' file names and dotted paths may point.
 SOURCE_ROOTS = ("crossintercom", "tests", "lab")
 # Other projects' names the docs write in backticks as code: PostgreSQL's functions, psycopg's,
-# the harnesses' (Claude Code, OpenCode), a browser's and /proc's. Every other backticked class
-# or call is this project's (or Python's).
+# tenacity's, the harnesses' (Claude Code, OpenCode), a browser's and /proc's. Every other
+# backticked class or call is this project's (or Python's).
 FOREIGN = {
+    "AsyncRetrying",
     "BaseListDumper",
     "HttpOnly",
     "OPERATOR",
@@ -143,6 +144,10 @@ class Defined:
                     self.names.add(node.attr)  # self.x = ...
             # Functions the schema creates (SECURITY DEFINER helpers of the row policies).
             self.names |= set(SQL_FUNCTION.findall(source))
+        # Names the deployment files define (systemd units, Prometheus alerts and dashboards).
+        for path in (REPO / "deploy").rglob("*"):
+            if path.is_file():
+                self.names |= set(re.findall(r"[A-Za-z_]\w*", path.read_text(errors="replace")))
 
     def dotted(self, name: str) -> bool:
         """``crossintercom.relay.screening`` or ``tests.procs.wait_for``: a module, then names
