@@ -3,14 +3,15 @@ globs can name one path, and which held reservations a new one (or a change to s
 conflicts with. No I/O: the store runs ``conflicts`` inside the reserving transaction, the CLI's
 pre-commit check runs it over paths.
 
-Globs are git's pathspecs with glob magic (``git ls-files ':(glob)GLOB'``), relative to the
-repository's top directory: a glob matches the path it spells and everything under it, and
-what git's wildmatch matches: ``*`` and ``?`` stay within one path segment, ``**`` as a whole
-segment spans any number of them (``src/**``, ``**/*.py``), ``[...]`` is one character of a
-set (``[a-z]``, ``[!.]``, ``[[:digit:]]``), ``\`` makes the next character literal. So
-``pages/[id].tsx`` covers the file of that name (and ``pages/i.tsx``). A trailing ``/``
-means everything under a directory. Characters, not bytes: a non-ASCII character is one
-``?`` here, several to git.
+Globs are relative to the repository's top directory, and match as git's pathspecs with glob
+magic do (``git ls-files ':(glob)GLOB'``: git's wildmatch), with one exception: a glob matches
+the path it spells, not what is under it when that is a directory (``src/`` or ``src/**``
+says that). So: the path it spells, and what the pattern matches: ``*`` and ``?`` stay within
+one path segment, ``**`` as a whole segment spans any number of them (``src/**``,
+``**/*.py``), ``[...]`` is one character of a set (``[a-z]``, ``[!.]``, ``[[:digit:]]``),
+``\`` makes the next character literal. So ``pages/[id].tsx`` covers the file of that name
+(and ``pages/i.tsx``). A trailing ``/`` means everything under a directory. Characters, not
+bytes: a non-ASCII character is one ``?`` here, several to git.
 """
 
 from __future__ import annotations
@@ -200,21 +201,11 @@ def _wild(pattern: str) -> _Nfa | None:
         return None
 
 
-@lru_cache(maxsize=4096)
-def _tree(path: str) -> _Nfa:
-    """``path`` itself and everything under it: what a pathspec matches literally."""
-    lit = _compile(path, literal=True)
-    end = len(lit.steps)
-    steps = [*lit.steps, ((_ANY, end),), ()]
-    skips = [*lit.skips, (end + 1,), ()]
-    steps[lit.accept] = (*steps[lit.accept], ("/", end))
-    skips[lit.accept] = (*skips[lit.accept], end + 1)
-    return _Nfa(tuple(steps), tuple(skips), accept=end + 1)
-
-
 def _languages(glob: str) -> list[_Nfa]:
+    """The glob as spelled (one path), and as a pattern when git takes it as one."""
+    spelled = _compile(glob, literal=True)
     wild = _wild(glob)
-    return [_tree(glob)] if wild is None else [_tree(glob), wild]
+    return [spelled] if wild is None else [spelled, wild]
 
 
 @lru_cache(maxsize=4096)
@@ -341,9 +332,9 @@ def _lead(glob: str) -> str:
 
 
 def matches(glob: str, path: str) -> bool:
-    """Whether ``path`` (repository-relative) matches ``glob`` as a git pathspec with glob
-    magic does: spelled out (itself or a directory above it), or by git's wildmatch."""
-    if path == glob or path.startswith(glob + "/"):
+    """Whether ``path`` (repository-relative) matches ``glob``: as spelled, or by git's
+    wildmatch."""
+    if path == glob:
         return True
     wild = _wild(glob)
     return wild is not None and _intersects(wild, _compile(path, literal=True))

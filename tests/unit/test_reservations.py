@@ -25,7 +25,7 @@ from crossintercom.storage import HostRow, LeaseTracker
         ("src/*.py", "src/a/b.py", False),
         ("src/*.py", "src/**/b.py", True),
         ("**/*.py", "x.py", True),
-        ("**/*.py", "a/b/x.md", True),  # as a pathspec, a/b/x.md covers a/b/x.md/y.py too
+        ("**/*.py", "a/b/x.md", False),
         ("*.md", "README.md", True),
         ("a?c", "abc", True),
         ("a?c", "a/c", False),
