@@ -1,5 +1,6 @@
-"""A real Prometheus (Debian's package) scrapes two relays while they exchange mail: the counts
-it stored agree with what was delivered, and the "relay down" alert of deploy/prometheus fires
+"""A real Prometheus (Debian's package) scrapes two relays while they exchange mail, and while
+`crossintercom chaos` runs traffic with hostile rows: the counts it stored agree with what was
+delivered and with the chaos report, and the "relay down" alert of deploy/prometheus fires
 within its ``for:`` window once a relay stops (a test copy of the rules with a short window)."""
 
 from __future__ import annotations
@@ -180,5 +181,62 @@ def test_prometheus_counts_the_deliveries_and_alerts_on_a_stopped_relay(
             if x["labels"]["alertname"] == "CrossintercomRelayDown"
             and x["labels"]["instance"] == target_a
         ]
+    finally:
+        prom.stop()
+
+
+def test_prometheus_agrees_with_a_chaos_run(tmp_path: Path) -> None:
+    """`crossintercom chaos` (two hosts, hostile rows written into the store) under a real
+    Prometheus: what the relays counted, as Prometheus stored it, agrees with the chaos
+    report's tally of what the senders were told and what was quarantined."""
+    need("prometheus")
+    from crossintercom.tools.chaos import run_chaos
+
+    ports = [free_port(), free_port()]
+    targets = [f"127.0.0.1:{p}" for p in ports]
+    prom = Prometheus(tmp_path, targets)
+
+    def last_look() -> None:
+        # Everything drained: wait until Prometheus scraped both relays after this point.
+        since = time.time()
+
+        def scraped_since() -> bool:
+            got = prom._get("/api/v1/query?query=" + urllib.parse.quote("timestamp(up)"))
+            stamps = [float(r["value"][1]) for r in got["data"]["result"]]
+            return len(stamps) == 2 and min(stamps) > since + 0.5
+
+        wait_for(scraped_since, 60, "a scrape of both relays after the drain")
+
+    try:
+        report = run_chaos(
+            None,
+            hosts=2,
+            duration=4,
+            seed=3,
+            faults=["hostile_rows"],
+            metrics_ports=ports,
+            before_stop=last_look,
+        )
+        assert report.ok, report.to_dict()
+        assert report.cross_host.get("delivered", 0) > 0, report.cross_host
+        # Counters are read from what Prometheus stored (the relays are gone by now).
+
+        def stored(expr: str) -> float:
+            got = prom.query(f"sum(last_over_time({expr}[10m]))")
+            return got.get("", 0.0)
+
+        for outcome in ("delivered", "queued", "not_sent", "unknown", "refused"):
+            assert stored(
+                f'crossintercom_messages_forwarded_total{{outcome="{outcome}"}}'
+            ) == report.cross_host.get(outcome, 0), (outcome, report.cross_host)
+        # Every message sent to another host and acknowledged was handed in there once.
+        handed_in = stored('crossintercom_messages_handed_in_total{outcome=~"delivered|queued"}')
+        assert handed_in == report.cross_host.get("delivered", 0) + report.cross_host.get(
+            "queued", 0
+        )
+        assert report.injected > 0
+        assert stored('crossintercom_messages_handed_in_total{outcome="refused"}') == (
+            report.quarantined
+        )
     finally:
         prom.stop()

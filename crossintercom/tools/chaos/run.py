@@ -7,9 +7,11 @@ import contextlib
 import random
 import secrets
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from crossintercom.client import AsyncClient
+from crossintercom.config import ENV_METRICS
 from crossintercom.errors import Code, CrossintercomError
 from crossintercom.models import Outcome, new_id
 from crossintercom.tools.chaos import disk
@@ -199,11 +201,15 @@ def run_chaos(
     faults: list[str] | None = None,
     own_postgres: bool = False,
     synchronous: bool = True,
+    metrics_ports: Sequence[int] = (),
+    before_stop: Callable[[], None] | None = None,
 ) -> ChaosReport:
     """``own_postgres``: the store is a throwaway PostgreSQL cluster started for this run (and
     removed after it), which the ``pg_restart`` fault may restart; not with ``store_url``.
     With ``pg_failover`` asked for by name it is a primary + streaming standby, synchronous
-    unless ``synchronous=False``."""
+    unless ``synchronous=False``. ``metrics_ports``: host i's relay serves its metrics on
+    127.0.0.1 at the i-th port; ``before_stop``: called once everything is drained, before
+    the hosts stop (a scraper's last look)."""
     if own_postgres and store_url:
         raise ValueError("own_postgres starts its own server: give no store URL with it")
     started = time.monotonic()
@@ -271,6 +277,8 @@ def run_chaos(
                 prepare_home=on_tmpfs if "disk_full" in kinds else None,
             )
             sims = [cluster.host(f"h{i}-{token}", relay=False) for i in range(hosts)]
+            for sim, port in zip(sims, metrics_ports, strict=False):
+                sim.env[ENV_METRICS] = f"127.0.0.1:{port}"
             for sim in sims:
                 if setup.prepare_home is not None:
                     setup.prepare_home(sim)
@@ -280,6 +288,8 @@ def run_chaos(
                 sim.wait_relay()
             chaos = Chaos(setup, sims, duration, immutable)
             report.drain_s = round(asyncio.run(chaos.run()), 2)
+            if before_stop is not None:
+                before_stop()
         tally(chaos, report)  # every listener has stopped: the inboxes are final
     report.elapsed_s = round(time.monotonic() - started, 1)
     return report
