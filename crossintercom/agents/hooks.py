@@ -162,16 +162,22 @@ def writer(fmt: str, as_name: str) -> Callable[[list[Entry]], list[Entry]]:
             sys.stdout.write(json.dumps([e.body for e in entries], ensure_ascii=False) + "\n")
             sys.stdout.flush()
             return entries
-        mail, shown = fit_unseen(entries, as_name)
-        if fmt == "codex-hook":
-            out, text = sys.stdout, json.dumps({"decision": "block", "reason": mail})
-        else:
-            out, text = (sys.stderr if fmt == "claude-hook" else sys.stdout), mail
+        text, shown = hand_over(fmt, entries, as_name)
+        out = sys.stderr if fmt == "claude-hook" else sys.stdout
         out.write(text + "\n")
         out.flush()
         return shown
 
     return write
+
+
+def hand_over(fmt: str, entries: list[Entry], as_name: str) -> tuple[str, list[Entry]]:
+    """One hand-over of unseen mail in a format a model reads (``text``, ``claude-hook``,
+    ``codex-hook``: the JSON Codex's Stop hook answers with) and the entries it shows."""
+    mail, shown = fit_unseen(entries, as_name)
+    if fmt == "codex-hook":
+        return json.dumps({"decision": "block", "reason": mail}), shown
+    return mail, shown
 
 
 def exit_code(fmt: str, got_mail: bool) -> int:

@@ -29,6 +29,14 @@ CLAUDE_WAIT_S = 3600
 
 def claude_code(agent: Agent, project: Path) -> list[Change]:
     def mcp(data: dict[str, Any]) -> None:
+        if agent.gateway:
+            # The gateway's MCP over HTTP; the token from the environment (docs/agents.md).
+            table(data, "mcpServers")[SERVER_KEY] = {
+                "type": "http",
+                "url": f"{agent.gateway.rstrip('/')}/mcp",
+                "headers": {"Authorization": "Bearer ${CROSSINTERCOM_TOKEN}"},
+            }
+            return
         table(data, "mcpServers")[SERVER_KEY] = {
             "type": "stdio",
             "command": agent.command[0],
@@ -37,20 +45,26 @@ def claude_code(agent: Agent, project: Path) -> list[Change]:
         }
 
     def settings(data: dict[str, Any]) -> None:
+        wait = (
+            agent.curl_wait("claude-hook", CLAUDE_WAIT_S)
+            if agent.gateway
+            else agent.wait_command("claude-hook", CLAUDE_WAIT_S)
+        )
         hook = {
             "type": "command",
-            "command": agent.wait_command("claude-hook", CLAUDE_WAIT_S),
+            "command": wait,
             "asyncRewake": True,
             "timeout": CLAUDE_WAIT_S + 60,
         }
         stop_hooks(data, "claude-hook", hook)
-        # Returns at once, leaving the delivery child behind (docs/agents.md#claude-code).
-        start = {
-            "type": "command",
-            "command": agent.shell("wait", "--as", agent.name, "--format", "claude-socket"),
-            "timeout": 30,
-        }
-        stop_hooks(data, "claude-socket", start, event="SessionStart")
+        if not agent.gateway:
+            # Returns at once, leaving the delivery child behind (docs/agents.md#claude-code).
+            start = {
+                "type": "command",
+                "command": agent.shell("wait", "--as", agent.name, "--format", "claude-socket"),
+                "timeout": 30,
+            }
+            stop_hooks(data, "claude-socket", start, event="SessionStart")
         enabled = array(data, "enabledMcpjsonServers")
         if SERVER_KEY not in enabled:
             enabled.append(SERVER_KEY)

@@ -89,6 +89,10 @@ class Agent:
     allow_tools: bool = True
     # The MCP server's tool profile (docs/agents.md#tool-profiles); None: the server's default.
     profile: str | None = None
+    # A gateway's MCP listener (https://HOST:PORT) to reach over HTTP instead of running
+    # crossintercom here, and the CA file its certificate is checked against (docs/agents.md).
+    gateway: str | None = None
+    gateway_ca: str | None = None
 
     def mcp_args(self) -> list[str]:
         args = ["mcp", "--as", self.name]
@@ -103,6 +107,27 @@ class Agent:
 
     def wait_command(self, fmt: str, timeout: int) -> str:
         return self.shell("wait", "--as", self.name, "--format", fmt, "--timeout", str(timeout))
+
+    def curl_wait(self, fmt: str, timeout: int) -> str:
+        """The wake hook as a ``curl`` long poll of the gateway's ``/wait``: the token from
+        ``$CROSSINTERCOM_TOKEN`` goes in on stdin (``-H @-``), never in an argument. For
+        Claude Code the hand-over goes to stderr and exits 2, as ``wait --format claude-hook``
+        does; nothing, or a gateway not reached, exits 0. The closing comment lets setup find
+        its own hook again."""
+        assert self.gateway is not None
+        url = f"{self.gateway.rstrip('/')}/wait?format={fmt}&timeout={timeout}"
+        ca = f" --cacert {shlex.quote(self.gateway_ca)}" if self.gateway_ca else ""
+        fetch = (
+            "printf 'Authorization: Bearer %s\\n' \"$CROSSINTERCOM_TOKEN\" | curl -sS --fail "
+            f"--max-time {timeout + 60}{ca} -H @- {shlex.quote(url)}"
+        )
+        marker = f" # crossintercom wait --format {fmt}"
+        if fmt == "claude-hook":
+            return (
+                f'out=$({fetch}) || exit 0; [ -n "$out" ] || exit 0; '
+                f"printf '%s\\n' \"$out\" >&2; exit 2" + marker
+            )
+        return f"{fetch} || exit 0" + marker
 
 
 def script_source(template: str, agent: Agent, wait_s: int) -> str:

@@ -98,6 +98,41 @@ async def _settle(session: AgentSession, quiet: float) -> None:
             count = now
 
 
+async def wait_on(
+    session: AgentSession,
+    write: Callable[[list[Entry]], list[Entry]],
+    *,
+    timeout: float,
+    quiet: float = DEFAULT_QUIET_S,
+    stop: asyncio.Event,
+) -> list[Entry]:
+    """On a held session: wait up to ``timeout`` seconds for mail its wake policy wakes for,
+    let a burst settle, hand it to ``write``; [] on timeout or once ``stop`` is set."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+
+    def ended() -> bool:
+        return stop.is_set() or loop.time() >= deadline
+
+    # A full or read-only inbox is waited out until the deadline, never the end of the waiter
+    # (docs/reliability.md): each read is tried again until it works.
+    while not await steady(session.woken, ended):
+        remaining = deadline - loop.time()
+        if remaining <= 0 or stop.is_set():
+            return []
+        changed = loop.create_task(session.wait_changed(remaining))
+        stopped = loop.create_task(stop.wait())
+        await asyncio.wait({changed, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        for task in (changed, stopped):
+            task.cancel()
+    if stop.is_set():
+        return []
+    await _settle(session, quiet)
+    if stop.is_set():
+        return []
+    return await steady_call(lambda: session.show(write), stop.is_set) or []
+
+
 async def wait_for_mail(
     settings: Settings,
     identity: Identity,
@@ -126,28 +161,7 @@ async def wait_for_mail(
     try:
         with waiter_lock(settings, identity.id, replace=replace, lock=lock):
             async with AgentSession(settings, identity) as session:
-                deadline = loop.time() + timeout
-
-                def ended() -> bool:
-                    return stop.is_set() or loop.time() >= deadline
-
-                # A full or read-only inbox is waited out until the deadline, never the end of
-                # the waiter (docs/reliability.md): each read is tried again until it works.
-                while not await steady(session.woken, ended):
-                    remaining = deadline - loop.time()
-                    if remaining <= 0 or stop.is_set():
-                        return []
-                    changed = loop.create_task(session.wait_changed(remaining))
-                    stopped = loop.create_task(stop.wait())
-                    await asyncio.wait({changed, stopped}, return_when=asyncio.FIRST_COMPLETED)
-                    for task in (changed, stopped):
-                        task.cancel()
-                if stop.is_set():
-                    return []
-                await _settle(session, quiet)
-                if stop.is_set():
-                    return []
-                return await steady_call(lambda: session.show(write), stop.is_set) or []
+                return await wait_on(session, write, timeout=timeout, quiet=quiet, stop=stop)
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)

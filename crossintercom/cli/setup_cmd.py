@@ -62,6 +62,14 @@ def _default_name() -> str:
 )
 @profile_option
 @click.option(
+    "--gateway",
+    metavar="URL",
+    help="claude-code: use a gateway's MCP over HTTP (https://HOST:PORT of its --mcp-listen) "
+    "and a curl wake hook, with the token in $CROSSINTERCOM_TOKEN; nothing of crossintercom "
+    "runs here (docs/agents.md#mcp-over-http).",
+)
+@click.option("--gateway-ca", metavar="FILE", help="The CA file the gateway is checked against.")
+@click.option(
     "--print", "print_only", is_flag=True, help="Show what would be written; write nothing."
 )
 @json_option
@@ -73,6 +81,8 @@ def setup(
     command: str | None,
     allow_tools: bool,
     profile: str | None,
+    gateway: str | None,
+    gateway_ca: str | None,
     print_only: bool,
     as_json: bool,
 ) -> None:
@@ -96,7 +106,13 @@ def setup(
         env=hs.carried_env(),
         allow_tools=allow_tools,
         profile=profile,
+        gateway=utf8("--gateway", gateway) if gateway else None,
+        gateway_ca=utf8("--gateway-ca", gateway_ca) if gateway_ca else None,
     )
+    if gateway and harness != "claude-code":
+        raise UsageError("--gateway is written for claude-code only so far")
+    if gateway and not gateway.startswith("https://"):
+        raise UsageError("--gateway must be https://HOST:PORT (the token travels with it)")
     target = (directory or _default_dir(harness)).expanduser().absolute()
     changes = hs.plan(harness, agent, target)
     if not print_only:

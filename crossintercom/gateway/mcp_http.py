@@ -18,20 +18,28 @@ import json
 import logging
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import parse_qs
 
 from mcp.server.transport_security import TransportSecuritySettings
 
+from crossintercom.agents.hooks import hand_over
 from crossintercom.agents.mcp_server import MailboxServer, build_server
 from crossintercom.agents.session import AgentSession
+from crossintercom.agents.waiter import wait_on
 from crossintercom.client import Identity
 from crossintercom.client.gateway_link import is_loopback
 from crossintercom.config import Settings
 from crossintercom.errors import Code, CrossintercomError, RemoteError
 from crossintercom.gateway.tokens import Grant, Grants
+from crossintercom.inbox import Entry
 
 log = logging.getLogger(__name__)
 
 PATH = "/mcp"
+WAIT_PATH = "/wait"
+WAIT_FORMATS = ("text", "claude-hook", "codex-hook")
+# A wake hook's long poll lasts at most this long (Claude Code's hook runs an hour).
+MAX_WAIT_S = 3600.0
 RECHECK_S = 2.0
 Scope = dict[str, Any]
 
@@ -42,6 +50,8 @@ class _Held:
     session: AgentSession
     server: MailboxServer
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    # Set when the grant ends: a long poll under way returns with nothing shown.
+    stop: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 class McpGateway:
@@ -61,7 +71,8 @@ class McpGateway:
         client = scope.get("client") or ("", 0)
         if not self.tls and not is_loopback(str(client[0])):
             return await _refuse(send, 403, Code.GATEWAY_PLAIN_HTTP, "plain HTTP: loopback only")
-        if scope["path"].rstrip("/") != PATH:
+        path = scope["path"].rstrip("/")
+        if path not in (PATH, WAIT_PATH):
             return await _refuse(send, 404, Code.NOT_FOUND, f"this gateway serves MCP at {PATH}")
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         kind, _, token = headers.get("authorization", "").partition(" ")
@@ -74,7 +85,40 @@ class McpGateway:
             log.error("grants file: %s", exc.message)
             return await _refuse(send, 503, Code.INTERNAL, "the gateway cannot read its grants")
         held = await self._hold(grant)
+        if path == WAIT_PATH:
+            return await self._wait(held, scope, send)
         await held.server.session_manager.handle_request(scope, receive, send)
+
+    async def _wait(self, held: _Held, scope: Scope, send: Any) -> None:
+        """``GET /wait?format=F&timeout=S``: a wake hook's long poll (``curl``). Returns the
+        hand-over (200, and it is shown) once mail the session's wake policy wakes for is
+        unseen, or 204 after ``timeout`` seconds with nothing shown."""
+        query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+        fmt = query.get("format", ["text"])[0]
+        if fmt not in WAIT_FORMATS:
+            return await _refuse(send, 400, Code.INVALID_ARGUMENT, f"format: one of {WAIT_FORMATS}")
+        try:
+            timeout = min(max(float(query.get("timeout", ["600"])[0]), 0.0), MAX_WAIT_S)
+        except ValueError:
+            return await _refuse(send, 400, Code.INVALID_ARGUMENT, "timeout: seconds")
+        said: list[str] = []
+
+        def write(entries: list[Entry]) -> list[Entry]:
+            text, shown = hand_over(fmt, entries, held.grant.name)
+            said.append(text)
+            return shown
+
+        got = await wait_on(held.session, write, timeout=timeout, stop=held.stop)
+        if not got:
+            await send({"type": "http.response.start", "status": 204, "headers": []})
+            await send({"type": "http.response.body", "body": b""})
+            return
+        body = (said[0] + "\n").encode()
+        kind = b"application/json" if fmt == "codex-hook" else b"text/plain; charset=utf-8"
+        await send(
+            {"type": "http.response.start", "status": 200, "headers": [(b"content-type", kind)]}
+        )
+        await send({"type": "http.response.body", "body": body})
 
     async def _hold(self, grant: Grant) -> _Held:
         async with self._lock:
@@ -122,6 +166,7 @@ async def _run(server: MailboxServer, running: asyncio.Event) -> None:
 
 
 async def _close(held: _Held, skip: asyncio.Task[Any] | None = None) -> None:
+    held.stop.set()
     for task in held.tasks:
         if task is not skip:
             task.cancel()

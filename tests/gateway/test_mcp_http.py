@@ -5,7 +5,9 @@ host B; a bad, revoked or missing token gets the gateway's codes (docs/agents.md
 from __future__ import annotations
 
 import asyncio
+import json
 import ssl
+import subprocess
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
@@ -16,8 +18,9 @@ from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
 from tests.agents.conftest import Mcp, until
-from tests.conftest import sessions
+from tests.conftest import run_cli, sessions, wait_for
 from tests.gateway.conftest import Gateway
+from tests.procs import clean_env
 from tests.relay.conftest import Host
 
 
@@ -95,3 +98,50 @@ async def _refusals(gw: Gateway, token: str, a: Host) -> None:
         answer = await http.post(url, json={"jsonrpc": "2.0", "id": 1, "method": "ping"})
     assert answer.status_code == 401, answer.text
     assert answer.json()["error"]["code"] == "gateway_token_revoked"
+
+
+def test_setup_writes_the_http_entry_and_a_curl_hook_that_wakes(
+    gateway: tuple[Gateway, Host, Host],
+) -> None:
+    gw, a, b = gateway
+    token = Path(gw.grant("worker")).read_text().strip()
+    project = gw.root / "project"
+    args = ("setup", "claude-code", "--as", "worker", "--dir", str(project))
+    url = f"https://localhost:{gw.mcp_port}"
+    for _ in range(2):  # again: the same files, one hook
+        out = run_cli(clean_env(), *args, "--gateway", url, "--gateway-ca", str(gw.certs.ca))
+        assert out.returncode == 0, out.stderr
+    entry = json.loads((project / ".mcp.json").read_text())["mcpServers"]["crossintercom"]
+    assert entry == {
+        "type": "http",
+        "url": f"{url}/mcp",
+        "headers": {"Authorization": "Bearer ${CROSSINTERCOM_TOKEN}"},
+    }
+    settings = json.loads((project / ".claude" / "settings.local.json").read_text())
+    (group,) = settings["hooks"]["Stop"]
+    (hook,) = group["hooks"]
+    assert hook["asyncRewake"] is True and "curl" in hook["command"]
+    assert "SessionStart" not in settings["hooks"]  # nothing of crossintercom runs here
+    for written in (project / ".mcp.json", project / ".claude" / "settings.local.json"):
+        assert token not in written.read_text()
+
+    # The hook as Claude Code runs it (a shell), woken by mail from B.
+    waiting = subprocess.Popen(
+        ["sh", "-c", hook["command"]],
+        env=clean_env(CROSSINTERCOM_TOKEN=token),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_for(lambda: _online(a, "worker"), 30, "the gateway to hold worker for the hook")
+        sent = b.cli_json("send", "--as", "lead", "--to", "worker@A", "wake over curl")
+        _, err = waiting.communicate(timeout=120)
+    finally:
+        if waiting.poll() is None:
+            waiting.kill()
+            waiting.communicate()
+    assert waiting.returncode == 2, err
+    assert f"id={sent['id']}" in err and "wake over curl" in err, err
+    assert token not in err
