@@ -50,7 +50,7 @@ def _flood(store: Path, host: str, session: str, rows: int) -> None:
 
 def test_a_planted_flood_leaves_every_answer_inside_the_frame(sqlite_cluster: Cluster) -> None:
     small = {"max_frame_bytes": 512 * 1024.0}
-    a, b, worker = sqlite_cluster.worker_on_b(A=small, B=small)
+    a, _, worker = sqlite_cluster.worker_on_b(A=small, B=small)
     b.cli_json("reserve", "--as", "bob", "--project", P, "--reason", "mine", "src/**")
     a.cli_json("reserve", "--as", "alice", "--project", P, "docs/**")
     store = Path(sqlite_cluster.store_url.removeprefix("sqlite:///"))
@@ -77,7 +77,31 @@ def test_a_planted_roster_flood_keeps_the_link_and_the_mail(sqlite_cluster: Clus
     writer of the file: every other relay reads that host's first 1,000, its broker's roster
     frame stays under the limit, and mail between the real hosts flows."""
     a, b, worker = sqlite_cluster.worker_on_b()
-    store = Path(sqlite_cluster.store_url.removeprefix("sqlite:///"))
+    _plant_roster(sqlite_cluster)
+    a.wait_sees("f00999", "F", online=False)
+    sent = a.cli_json("send", "--to", "worker", "after the roster flood")
+    assert sent["outcome"] == "delivered", sent
+    assert worker.next_message()["id"] == sent["id"]
+    listed = b.cli_json("list")
+    assert sum(s["host"] == "F" for s in listed) == 1000
+
+
+def test_a_roster_over_one_frame_is_cut_to_fit(sqlite_cluster: Cluster) -> None:
+    """With a smaller frame, even each host's first 1,000 sessions do not fit: the roster a
+    relay hands its broker is cut to fit (sorted by host, so the real hosts' come first) and
+    the link stays up."""
+    small = {"max_frame_bytes": 256 * 1024.0}
+    a, _, worker = sqlite_cluster.worker_on_b(A=small, B=small)
+    _plant_roster(sqlite_cluster)
+    a.wait_sees("f00100", "F", online=False)
+    assert not a.sees("f00999", "F", online=False)
+    sent = a.cli_json("send", "--to", "worker", "after the cut roster")
+    assert sent["outcome"] == "delivered", sent
+    assert worker.next_message()["id"] == sent["id"]
+
+
+def _plant_roster(cluster: Cluster) -> None:
+    store = Path(cluster.store_url.removeprefix("sqlite:///"))
     with sqlite3.connect(store) as db:
         db.execute(
             "INSERT INTO hosts (host_id, generation, heartbeat, roster_rev) VALUES ('F', 1, 1, 1)"
@@ -87,9 +111,3 @@ def test_a_planted_roster_flood_keeps_the_link_and_the_mail(sqlite_cluster: Clus
             "online) VALUES ('F', ?, ?, ?, 'agent', '[]', 0, 1)",
             [(f"f{i:05}", f"f{i:05}", "/" + "d" * 599) for i in range(20_000)],
         )
-    a.wait_sees("f00999", "F", online=False)
-    sent = a.cli_json("send", "--to", "worker", "after the roster flood")
-    assert sent["outcome"] == "delivered", sent
-    assert worker.next_message()["id"] == sent["id"]
-    listed = b.cli_json("list")
-    assert sum(s["host"] == "F" for s in listed) == 1000
