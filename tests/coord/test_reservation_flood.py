@@ -50,7 +50,7 @@ def _flood(store: Path, host: str, session: str, rows: int) -> None:
 
 def test_a_planted_flood_leaves_every_answer_inside_the_frame(sqlite_cluster: Cluster) -> None:
     small = {"max_frame_bytes": 512 * 1024.0}
-    a, _, worker = sqlite_cluster.worker_on_b(A=small, B=small)
+    a, b, worker = sqlite_cluster.worker_on_b(A=small, B=small)
     b.cli_json("reserve", "--as", "bob", "--project", P, "--reason", "mine", "src/**")
     a.cli_json("reserve", "--as", "alice", "--project", P, "docs/**")
     store = Path(sqlite_cluster.store_url.removeprefix("sqlite:///"))
