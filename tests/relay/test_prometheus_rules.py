@@ -88,3 +88,20 @@ def test_rules_and_dashboard_name_only_served_metrics() -> None:
         "CrossintercomHostStoppedHeartbeating",
         "CrossintercomListenerDown",
     } <= alerts
+
+
+def test_each_alert_fires_on_its_condition_after_its_window(tmp_path: Path) -> None:
+    """`promtool test rules` over synthetic series (tests/relay/prometheus/alerts_test.yml)."""
+    promtool = need("promtool")
+    spec = (Path(__file__).parent / "prometheus" / "alerts_test.yml").read_text()
+    copy = tmp_path / "alerts_test.yml"
+    copy.write_text(spec.replace("  - RULES\n", f"  - {RULES}\n"))
+    out = subprocess.run(
+        [promtool, "test", "rules", str(copy)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "SUCCESS" in out.stdout
