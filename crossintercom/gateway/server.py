@@ -348,6 +348,8 @@ async def _serve_mcp(
         lifespan="off",
         access_log=False,  # the operator's log says who connected, never a header
         log_level="warning",
+        # A wake hook's long poll would hold a graceful stop for up to an hour.
+        timeout_graceful_shutdown=2,
     )
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve())
