@@ -9,6 +9,7 @@ the relay's lease tracker): the store has no clock all hosts share.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 from collections.abc import Collection, Sequence
@@ -211,6 +212,17 @@ class SqlReservations(SqlHostStore):
         the session holds renews it (mode, TTL, reason)."""
         unique = list(dict.fromkeys(globs))
 
+        def check(held: list[Held]) -> list[Held]:
+            return conflicts(held, session_id, unique, mode, host_id)
+
+        # The glob work, first over the rows as they are now, outside the transaction and in a
+        # thread: inside it (holding the project's lock) only rows made since are compared. A
+        # row's glob and mode never change (renewing makes a new row), so an id compared once
+        # stays compared.
+        before, _ = await self.reservation_page(project, lapsed=lapsed, per_host=quotas.per_host)
+        seen = {h.id for h in before}
+        clashed = {h.id for h in await asyncio.to_thread(check, before)}
+
         def write(conn: Connection) -> Reserved | None:
             if self.dialect == "postgresql":
                 _lock_project(conn, project)
@@ -219,9 +231,10 @@ class SqlReservations(SqlHostStore):
             live, _ = read_live(
                 conn, self.dialect, project, lapsed=lapsed, per_host=quotas.per_host
             )
-            # The glob work runs off the event loop (the relay's heartbeat must not wait on
-            # it), over rows read bounded.
-            clash = off_loop(lambda: conflicts(live, session_id, unique, mode, host_id))
+            new = [h for h in live if h.id not in seen]
+            # Off the event loop too (the relay's heartbeat must not wait on it).
+            fresh = {h.id for h in off_loop(lambda: check(new))} if new else set()
+            clash = [h for h in live if h.id in clashed or h.id in fresh]
             if not clash:
                 now = datetime.now(UTC)
                 base = {"project": project, "host_id": host_id, "session_id": session_id}
