@@ -1,7 +1,9 @@
 """Path reservations in the shared store (docs/agents.md#path-reservations): the store is the
 authority. A reserve is one transaction that serialises on its project (an advisory lock on
 PostgreSQL; SQLite's writers are serial), reads the project's live reservations, decides in
-Python (``crossintercom.reservations``) and inserts fenced by the host's generation.
+Python (``crossintercom.reservations``, in a thread, over the rows not compared before the
+transaction) and inserts fenced by the host's generation. Every read is bounded and checks
+each row another host wrote (``read_live``).
 
 Whether a holder's host is alive is the reader's judgement on its own clock (``lapsed``, from
 the relay's lease tracker): the store has no clock all hosts share.
