@@ -26,6 +26,10 @@ def test_a_session_s_flood_meets_its_quota_then_its_rate(cluster: Cluster) -> No
     a.cli_json("unreserve", "--as", "mallory", "--project", P, "f/1")
     limited = a.cli_json(*args, "h/1", expect_rc=1)
     assert limited["error"]["code"] == "coord_rate_limited", limited
+    # a policy change counts too; reading the policy does not
+    policy = a.cli_json("inbound", "--as", "mallory", "pest@A", "refuse", expect_rc=1)
+    assert policy["error"]["code"] == "coord_rate_limited", policy
+    assert a.cli_json("inbound", "--as", "mallory")["rules"] == {}
     # listing is no change: still answered, and the quota held all or none
     listed = a.cli_json("reservations", "--project", P)
     assert len(listed["reservations"]) == 99 and listed["more"] is False
