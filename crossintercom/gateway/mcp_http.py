@@ -86,10 +86,10 @@ class McpGateway:
             return await _refuse(send, 503, Code.INTERNAL, "the gateway cannot read its grants")
         held = await self._hold(grant)
         if path == WAIT_PATH:
-            return await self._wait(held, scope, send)
+            return await self._wait(held, scope, receive, send)
         await held.server.session_manager.handle_request(scope, receive, send)
 
-    async def _wait(self, held: _Held, scope: Scope, send: Any) -> None:
+    async def _wait(self, held: _Held, scope: Scope, receive: Any, send: Any) -> None:
         """``GET /wait?format=F&timeout=S``: a wake hook's long poll (``curl``). Returns the
         hand-over (200, and it is shown) once mail the session's wake policy wakes for is
         unseen, or 204 after ``timeout`` seconds with nothing shown."""
@@ -108,7 +108,19 @@ class McpGateway:
             said.append(text)
             return shown
 
-        got = await wait_on(held.session, write, timeout=timeout, stop=held.stop)
+        # Nothing is shown to a poll that is gone: its client hung up, or the grant ended.
+        stop = asyncio.Event()
+        watchers = [
+            asyncio.create_task(_until_gone(receive, stop)),
+            asyncio.create_task(_relay(held.stop, stop)),
+        ]
+        try:
+            got = await wait_on(held.session, write, timeout=timeout, stop=stop)
+        finally:
+            for task in watchers:
+                task.cancel()
+        if stop.is_set() and not got:
+            return
         if not got:
             await send({"type": "http.response.start", "status": 204, "headers": []})
             await send({"type": "http.response.body", "body": b""})
@@ -157,6 +169,18 @@ class McpGateway:
         for held in list(self.held.values()):
             await _close(held)
         self.held.clear()
+
+
+async def _until_gone(receive: Any, stop: asyncio.Event) -> None:
+    """Set ``stop`` once the client disconnects (ASGI's ``http.disconnect``)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    stop.set()
+
+
+async def _relay(source: asyncio.Event, stop: asyncio.Event) -> None:
+    await source.wait()
+    stop.set()
 
 
 async def _run(server: MailboxServer, running: asyncio.Event) -> None:

@@ -145,3 +145,32 @@ def test_setup_writes_the_http_entry_and_a_curl_hook_that_wakes(
     assert waiting.returncode == 2, err
     assert f"id={sent['id']}" in err and "wake over curl" in err, err
     assert token not in err
+
+
+def test_a_poll_whose_client_is_gone_shows_nothing(gateway: tuple[Gateway, Host, Host]) -> None:
+    gw, a, b = gateway
+    token = Path(gw.grant("worker")).read_text().strip()
+
+    def poll(timeout: int) -> subprocess.Popen[str]:
+        url = f"https://localhost:{gw.mcp_port}/wait?format=text&timeout={timeout}"
+        proc = subprocess.Popen(
+            ["curl", "-sS", "--fail", "--cacert", str(gw.certs.ca), "-H", "@-", url],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert proc.stdin is not None
+        proc.stdin.write(f"Authorization: Bearer {token}\n")
+        proc.stdin.close()
+        proc.stdin = None
+        return proc
+
+    gone = poll(600)
+    wait_for(lambda: _online(a, "worker"), 30, "the gateway to hold worker for the poll")
+    gone.kill()
+    gone.communicate()
+    sent = b.cli_json("send", "--as", "lead", "--to", "worker@A", "after the poll was gone")
+    # The dead poll showed nothing: the next one is handed the message.
+    out, err = poll(60).communicate(timeout=90)
+    assert f"id={sent['id']}" in out and "after the poll was gone" in out, (out, err)
