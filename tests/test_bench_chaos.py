@@ -259,7 +259,7 @@ def test_bench_quick_json(store_args: list[str], short_tmp: Path, tmp_path: Path
 
 
 # Long enough for a round of every kind (a takeover alone takes a few seconds).
-EVERY_KIND_S = {"sqlite": "25", "postgres": "30"}
+EVERY_KIND_S = {"sqlite": "30", "postgres": "36"}
 
 
 def test_chaos_covers_every_kind(store_args: list[str], short_tmp: Path, tmp_path: Path) -> None:
