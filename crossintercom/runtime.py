@@ -329,6 +329,44 @@ def bound_wal(conn: sqlite3.Connection, max_bytes: int = WAL_MAX_BYTES) -> None:
     conn.execute(f"PRAGMA journal_size_limit={int(max_bytes)}")
 
 
+# The smallest filesystem the runtime dir should be on (docs/operations.md, "Runtime dir size"):
+# the host's own files take up to about 4 MiB (two WALs of ``wal_max_bytes`` and their
+# databases), and a message being saved needs its size twice over (inbox and journal), with
+# a little room left for inboxes to grow. Below it the broker and the relay warn at start and
+# `status` says so.
+MIN_RUNTIME_DIR_BYTES = 8 * 1024 * 1024
+
+
+def fitted_wal_bytes(home: Path, max_bytes: int) -> int:
+    """``max_bytes`` for a WAL of the runtime dir, or less on a filesystem under the minimum: a
+    sixteenth of it (at least 32 KiB), so the two WALs never hold the space a checkpoint needs
+    to empty them, or that saving mail needs once a filled disk has room again."""
+    try:
+        st = os.statvfs(home)
+    except OSError:
+        return max_bytes
+    size = st.f_blocks * st.f_frsize
+    if size >= MIN_RUNTIME_DIR_BYTES:
+        return max_bytes
+    return min(max_bytes, max(32 * 1024, size // 16))
+
+
+def runtime_dir_too_small(home: Path) -> str | None:
+    """A warning when the filesystem under ``home`` is smaller than MIN_RUNTIME_DIR_BYTES."""
+    try:
+        st = os.statvfs(home)
+    except OSError:
+        return None  # said elsewhere (status: "runtime dir unreadable")
+    size = st.f_blocks * st.f_frsize
+    if size >= MIN_RUNTIME_DIR_BYTES:
+        return None
+    return (
+        f"runtime dir {home} is on a filesystem of {size // 1024} KiB, under the "
+        f"{MIN_RUNTIME_DIR_BYTES // (1024 * 1024)} MiB it needs: this host's own files can "
+        'fill it and leave no room to save mail (docs/operations.md, "Runtime dir size")'
+    )
+
+
 def truncate_wal(conn: sqlite3.Connection) -> None:
     """Checkpoint now and empty the WAL (a periodic sweep's part of the policy above)."""
     conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()

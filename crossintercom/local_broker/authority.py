@@ -64,7 +64,7 @@ from crossintercom.local_broker.authority_records import (
     check_op_id,
     record_size,
 )
-from crossintercom.runtime import WAL_MAX_BYTES, bound_wal
+from crossintercom.runtime import WAL_MAX_BYTES, bound_wal, truncate_wal
 
 __all__ = ["AuthorityUnavailable", "Decision", "DecisionKind", "DedupAuthority"]
 
@@ -278,6 +278,16 @@ class DedupAuthority:
         """Drop records past their deadline; return how many."""
         self._require_open()
         return self._expire(self._clock())
+
+    def checkpoint(self) -> None:
+        """Empty the WAL now (the broker's sweep): between sweeps it is bounded by
+        ``wal_max_bytes``, and on a small disk that much space held by the host's own file is
+        what saving mail needs once the disk has room again (docs/operations.md)."""
+        conn = self._require_open()
+        try:
+            truncate_wal(conn)
+        except sqlite3.Error as e:
+            raise AuthorityUnavailable(f"checkpointing {self._db_path} failed: {e}") from e
 
     def stats(self) -> tuple[int, int]:
         """(live records, accounted bytes); expired records count until the next sweep."""

@@ -224,9 +224,12 @@ class Broker:
             self.ops.commits.busy -= 1
         conn.write(p.Result.of(request_id, result))
         if conn.session_id is not None:
-            self.dead.sent(conn.session_id, body, result)
-            if body.ack_required and result.outcome in _ARRIVING:
-                self.acks.expect(conn.session_id, body)
+            try:
+                self.dead.sent(conn.session_id, body, result)
+                if body.ack_required and result.outcome in _ARRIVING:
+                    self.acks.expect(conn.session_id, body)
+            except sqlite3.Error as exc:  # a full disk: the send stands, its notes are lost
+                log.error("cannot note the send: %s", exc, extra={"id": message_id})
         if result.outcome in _WENT_NOWHERE:
             self._went_nowhere(conn, body, result)
 
@@ -319,18 +322,33 @@ class Broker:
                 self.authority.flush_released()
             if now - last_sweep >= self.settings.sweep_interval_s:
                 last_sweep = now
-                try:
-                    self._sweep()
-                except sqlite3.Error as exc:  # a full disk: try again next interval
-                    log.error("housekeeping failed: %s", exc, extra={"error": str(exc)})
+                self._sweep()
 
     def _sweep(self) -> None:
-        self.authority.sweep()
-        self.state.forget_old()
-        self.state.checkpoint()
-        self.aftercare.expired(self.state.take_expired())
-        self.aftercare.expired_mail(self.inbound.take_expired(self.settings.retention_s))
-        retire_idle(self.state, self.registry, self.aftercare, self.settings.retire_idle_s)
+        """Each step on its own, the WALs first: on a full disk the others fail (tried again
+        next interval), and the space the WALs hold is what saving mail needs once the disk
+        has room again (docs/operations.md, "Runtime dir size"). A failure that is not the
+        disk's ends no later sweep either."""
+        steps: list[Callable[[], object]] = [
+            self.state.checkpoint,
+            self.authority.checkpoint,
+            self.authority.sweep,
+            self.state.forget_old,
+            lambda: self.aftercare.expired(self.state.take_expired()),
+            lambda: self.aftercare.expired_mail(
+                self.inbound.take_expired(self.settings.retention_s)
+            ),
+            lambda: retire_idle(
+                self.state, self.registry, self.aftercare, self.settings.retire_idle_s
+            ),
+        ]
+        for step in steps:
+            try:
+                step()
+            except (sqlite3.Error, AuthorityUnavailable) as exc:  # a full disk, most often
+                log.error("housekeeping failed: %s", exc, extra={"error": str(exc)})
+            except Exception:
+                log.exception("housekeeping step failed")
 
     def stop(self) -> None:
         self._stop.set()

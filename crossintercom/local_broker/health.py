@@ -18,6 +18,7 @@ from typing import Final
 
 from crossintercom import protocol as p
 from crossintercom.errors import Code
+from crossintercom.runtime import runtime_dir_too_small
 
 # Below this much free space, SQLite cannot be relied on to commit (a page, a journal).
 LOW_SPACE_BYTES: Final = 256 * 1024
@@ -77,6 +78,8 @@ class Health:
     def warnings(self, names: dict[str, str]) -> list[str]:
         """One line per fault; ``names`` gives a session's display name."""
         out: list[str] = []
+        if (small := runtime_dir_too_small(self.home)) is not None:
+            out.append(small)
         try:
             st = os.statvfs(self.home)
         except OSError as exc:

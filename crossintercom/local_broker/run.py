@@ -13,7 +13,15 @@ from crossintercom.local_broker.authority import DedupAuthority
 from crossintercom.local_broker.logcap import CappedFileHandler, ExtraFormatter
 from crossintercom.local_broker.server import serve
 from crossintercom.local_broker.state import BrokerState
-from crossintercom.runtime import LockHeld, ensure_runtime_dir, group_gid, hold_pid_lock, modes
+from crossintercom.runtime import (
+    LockHeld,
+    ensure_runtime_dir,
+    fitted_wal_bytes,
+    group_gid,
+    hold_pid_lock,
+    modes,
+    runtime_dir_too_small,
+)
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +47,10 @@ def run_broker(settings: Settings, *, verbose: bool = False) -> None:
     ensure_runtime_dir(settings)
     setup_logging(settings, verbose)
     fd = _hold_pid_lock(settings)
+    if (small := runtime_dir_too_small(settings.home)) is not None:
+        log.warning("%s", small)
+    # On a filesystem under the minimum the WALs are bounded tighter (runtime.fitted_wal_bytes).
+    wal_max_bytes = fitted_wal_bytes(settings.home, settings.wal_max_bytes)
     try:
         file_mode = modes(settings)[1]
         authority = DedupAuthority(
@@ -48,13 +60,13 @@ def run_broker(settings: Settings, *, verbose: bool = False) -> None:
             ttl_s=settings.dedup_ttl_s,
             file_mode=file_mode,
             synchronous=settings.sqlite_synchronous,
-            wal_max_bytes=settings.wal_max_bytes,
+            wal_max_bytes=wal_max_bytes,
         )
         state = BrokerState(
             settings.home,
             file_mode,
             synchronous=settings.sqlite_synchronous,
-            wal_max_bytes=settings.wal_max_bytes,
+            wal_max_bytes=wal_max_bytes,
         )
         try:
             asyncio.run(serve(settings, authority, state))

@@ -31,6 +31,7 @@ from crossintercom.relay.late import LateReceipts
 from crossintercom.relay.outbound import Outbound
 from crossintercom.relay.reservations import Reservations
 from crossintercom.relay.stuck import StuckWatch
+from crossintercom.runtime import runtime_dir_too_small
 from crossintercom.storage import (
     ArchiveStore,
     Beat,
@@ -196,6 +197,8 @@ class Relay(RelayCore):
         except StoreError as exc:
             log.warning("could not check the store's files: %s", exc.message)
             return
+        if (small := runtime_dir_too_small(self.settings.home)) is not None:
+            found = [*found, small]
         for warning in found:
             log.warning("%s", warning)
         self.standing_warnings = found
