@@ -192,3 +192,33 @@ def test_a_reply_passes_the_policy_once_across_hosts(cluster: Cluster) -> None:
     held = pest.send("asker@B", "buy now", reply_to="no-such-ask")
     assert held.outcome.value == "queued"
     worker.no_message()
+
+
+def test_every_path_into_a_session_passes_its_policy(cluster: Cluster) -> None:
+    """A refused sender tries the other ways in: a group the recipient is in, and a resend of
+    its refused message; each is refused as a send is."""
+    a, b, worker = cluster.worker_on_b()
+    b.cli_json("join", "--as", "worker", "crew")
+    a.listen("pest")
+    b.wait_sees("pest", "A")
+    b.cli_json("inbound", "--as", "worker", "pest@A", "refuse")
+    wait_for(
+        lambda: any(g["name"] == "crew" and g["members"] for g in a.cli_json("groups")),
+        30,
+        "A to see the group",
+    )
+    group = a.cli_json("send", "--as", "pest", "--to", "group:crew", "to all", expect_rc=3)
+    assert [(r["recipient"], r["code"]) for r in group["error"]["receipts"]] == [
+        (b.session_id("worker"), "sender_refused")
+    ], group
+    first = a.cli_json("send", "--as", "pest", "--to", "worker@B", "direct", expect_rc=3)
+    wait_for(
+        lambda: (
+            first["error"]["id"] in {d["id"] for d in a.cli_json("dead-letters", "--as", "pest")}
+        ),
+        30,
+        "the refused send among the dead letters",
+    )
+    again = a.cli_json("resend", "--as", "pest", "--json", first["error"]["id"], expect_rc=3)
+    assert again["error"]["code"] == "sender_refused", again
+    worker.no_message()
