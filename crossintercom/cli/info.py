@@ -77,9 +77,10 @@ def _replication(store_url: str, password_file: str | None) -> dict[str, Any]:
 
 def _fleet(cfg: Settings) -> dict[str, Any]:
     """Every host of the store, from the store alone (`status --all-hosts`): one opening, a
-    hosts read and a queued-mail read. A host's crossintercom version and its relay's last
-    error are not recorded in the store, so they are not shown."""
-    from crossintercom.storage import migrate
+    hosts read (with what each host's relay wrote of itself: version, last error) and a
+    queued-mail read. What a host wrote is its own words: checked when read
+    (storage/rowcheck.py) and shown neutralised, in JSON too."""
+    from crossintercom.storage import HostReport, migrate
     from crossintercom.storage.blocking import open_blocking_store
     from crossintercom.storage.urls import with_password_file
 
@@ -87,11 +88,12 @@ def _fleet(cfg: Settings) -> dict[str, Any]:
         raise UsageError("--all-hosts reads the store: set CROSSINTERCOM_STORE")
     url = with_password_file(cfg.store_url, cfg.store_password_file)
     with open_blocking_store(url) as bs:
-        hosts = bs.run(bs.store.hosts())
+        hosts = bs.run(bs.store.hosts(reports=True))
         queued = {m.host_id: m for m in bs.run(bs.store.queued_mail())}
     rows = []
     for h in hosts:
         waiting = queued.get(h.host_id)
+        told = h.report or HostReport()
         rows.append(
             {
                 "host_id": h.host_id,
@@ -99,6 +101,15 @@ def _fleet(cfg: Settings) -> dict[str, Any]:
                 "lease_age_s": h.beat_age_s,
                 "queued": waiting.count if waiting else 0,
                 "oldest_queued_age_s": waiting.oldest_age_s if waiting else None,
+                "version": told.version,
+                "last_error": None
+                if told.error_code is None and told.error is None
+                else {
+                    "code": told.error_code,
+                    "message": None if told.error is None else terminal_line(told.error),
+                    "age_s": told.error_age_s,
+                },
+                "unreadable": list(told.unreadable),
             }
         )
     report: dict[str, Any] = {
@@ -121,16 +132,24 @@ def _print_fleet(report: dict[str, Any]) -> None:
     def age(v: float | None) -> str:
         return "-" if v is None else f"{v:.0f} s"
 
+    def error(h: dict[str, Any]) -> str:
+        e = h["last_error"]
+        if e is None:
+            return "-"
+        return f"{e['code'] or '?'}: {e['message'] or '?'} ({age(e['age_s'])} ago)"
+
     _table(
         "hosts",
-        ["host", "generation", "lease age", "queued", "oldest queued"],
+        ["host", "version", "generation", "lease age", "queued", "oldest queued", "last error"],
         [
             [
                 h["host_id"],
+                h["version"] or ("(unreadable)" if "version" in h["unreadable"] else "-"),
                 str(h["generation"]),
                 age(h["lease_age_s"]),
                 str(h["queued"]),
                 age(h["oldest_queued_age_s"]),
+                error(h),
             ]
             for h in report["hosts"]
         ],
@@ -141,8 +160,8 @@ def _print_fleet(report: dict[str, Any]) -> None:
 @click.option(
     "--all-hosts",
     is_flag=True,
-    help="Every host of the store, read from the store: lease age, mail queued for it and the "
-    "oldest, the schema revision and replication.",
+    help="Every host of the store, read from the store: version, lease age, mail queued for it "
+    "and the oldest, its relay's last error, the schema revision and replication.",
 )
 @json_option
 def status(all_hosts: bool, as_json: bool) -> None:

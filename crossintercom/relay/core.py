@@ -9,11 +9,15 @@ from typing import Any
 
 from crossintercom.client import AsyncClient
 from crossintercom.config import Settings
+from crossintercom.errors import CrossintercomError, StoreError
 from crossintercom.models import SessionInfo
+from crossintercom.relay.logs import mask_secrets
 from crossintercom.relay.metrics import RelayMetrics
 from crossintercom.relay.systemd import Notifier
+from crossintercom.safetext import terminal_line
 from crossintercom.storage import MailboxStore
 from crossintercom.storage.liveness import effective_lease
+from crossintercom.storage.tables import ERROR_CHARS
 
 
 class RelayCore:
@@ -38,6 +42,38 @@ class RelayCore:
         self._reported: str | None = None
         # Found at start and shown for as long as the relay runs (storage trust_warnings).
         self.standing_warnings: list[str] = []
+        # The last store error (code, one masked line) and whether the host's row lacks it.
+        self.last_error: tuple[str, str] | None = None
+        self._error_changed = asyncio.Event()
+
+    def store_operation(self, name: str, seconds: float, error: CrossintercomError | None) -> None:
+        """The store's observer: the metrics, and the last error for the host's row."""
+        self.metrics.store_operation(name, seconds, error)
+        if error is not None:
+            said = (str(error.code), terminal_line(mask_secrets(error.message), ERROR_CHARS))
+            if said != self.last_error:
+                self.last_error = said
+                self._error_changed.set()
+
+    async def record_errors(self) -> None:
+        """Write the last error into the host's row when it changed (`status --all-hosts`
+        shows it): one statement per change, so an idle relay writes nothing, and at most one
+        per heartbeat_s while errors keep changing or the write itself fails."""
+        recorded: tuple[str, str] | None = None
+        while not self.stopping.is_set():
+            await self._error_changed.wait()
+            self._error_changed.clear()
+            said = self.last_error
+            if said is None or said == recorded:
+                continue
+            try:
+                if not await self.store.record_error(self.host, self.generation, *said):
+                    self.fenced()
+                    return
+                recorded = said
+            except StoreError:
+                self._error_changed.set()  # the store is away: written once it is back
+            await asyncio.sleep(self.settings.heartbeat_s)
 
     def report_store(self, problem: str | None) -> None:
         """Show the store's state in `crossintercom status` (the relay's status line): its

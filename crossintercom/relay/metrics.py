@@ -80,7 +80,7 @@ def parse_address(text: str) -> tuple[str, int]:
     return host, number
 
 
-def _package_version() -> str:
+def package_version() -> str:
     try:
         return version("crossintercom")
     except PackageNotFoundError:
@@ -119,7 +119,7 @@ class _StateCollector(Collector):
             "The relay: its host id, crossintercom version and store backend (always 1)",
             labels=["host", "version", "backend"],
         )
-        info.add_metric([st.host, _package_version(), st.backend], 1)
+        info.add_metric([st.host, package_version(), st.backend], 1)
         yield info
         yield GaugeMetricFamily(
             "crossintercom_relay_generation",

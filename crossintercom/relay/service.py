@@ -28,6 +28,7 @@ from crossintercom.relay.archiver import Archiver
 from crossintercom.relay.core import RelayCore
 from crossintercom.relay.inbound import POLL_BACKSTOP_S, Inbound
 from crossintercom.relay.late import LateReceipts
+from crossintercom.relay.metrics import package_version
 from crossintercom.relay.outbound import Outbound
 from crossintercom.relay.reservations import Reservations
 from crossintercom.relay.stuck import StuckWatch
@@ -104,8 +105,8 @@ class Relay(RelayCore):
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
         moved = await self._check_collision()
-        self.store.observe(self.metrics.store_operation)
-        self.generation = await self.store.claim_host(self.host, self.machine)
+        self.store.observe(self.store_operation)
+        self.generation = await self.store.claim_host(self.host, self.machine, package_version())
         log.info("relay started", extra={"host_id": self.host, "generation": self.generation})
         self._expose_state()
         if moved:
@@ -137,6 +138,7 @@ class Relay(RelayCore):
             self.inbound.loop(),
             self.late_receipts.loop(),
             self._housekeeping_loop(),
+            self.record_errors(),
         ]
         if self.archiver is not None:
             jobs.append(self.archiver.loop(self._archive_changed))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Collection, Mapping, Sequence
 from datetime import UTC, datetime
+from functools import partial
 from typing import Annotated, Any
 
 import msgspec
@@ -29,7 +30,7 @@ from crossintercom.storage import queries as q
 from crossintercom.storage.driver import Driver
 from crossintercom.storage.engine import lock_timed_out
 from crossintercom.storage.interface import Beat, HostRow, QueuedMail, StoreObserver, Waiter
-from crossintercom.storage.rowcheck import log_left_out
+from crossintercom.storage.rowcheck import host_report, log_left_out
 from crossintercom.storage.tables import HOST_ID_CHARS
 from crossintercom.storage.urls import StoreURL
 
@@ -102,14 +103,16 @@ class SqlHostStore:
 
     # -- hosts ----------------------------------------------------------------------------
 
-    async def claim_host(self, host_id: str, machine: str | None = None) -> int:
+    async def claim_host(
+        self, host_id: str, machine: str | None = None, version: str | None = None
+    ) -> int:
         stmt = q.claim_host(self.dialect)
 
         def write(conn: Connection) -> int:
             generation = int(conn.execute(stmt, {"host_id": host_id}).scalar_one())
-            if machine is not None:
+            if machine is not None or version is not None:
                 params = {"host": host_id, "gen": generation, "machine": machine}
-                conn.execute(q.SET_HOST_MACHINE, params)
+                conn.execute(q.SET_HOST_CLAIM, params | {"version": version})
             return generation
 
         return await self._run(write)
@@ -160,14 +163,29 @@ class SqlHostStore:
             return True
         return bool(conn.execute(q.PG_ARCHIVE_READABLE).scalar())
 
-    async def hosts(self) -> list[HostRow]:
+    async def hosts(self, *, reports: bool = False) -> list[HostRow]:
+        stmt = q.host_reports(self.dialect) if reports else q.LIST_HOSTS
+
         def read(conn: Connection) -> list[HostRow]:
             return [
-                HostRow(host, gen, beat, rev, _age(beat_at, now))
-                for host, gen, beat, rev, beat_at, now in conn.execute(q.LIST_HOSTS)
+                HostRow(
+                    host,
+                    gen,
+                    beat,
+                    rev,
+                    _age(beat_at, now),
+                    host_report(*told, age=partial(_age, now=now)) if reports else None,
+                )
+                for host, gen, beat, rev, beat_at, now, *told in conn.execute(stmt)
             ]
 
         return await self._run(read, single_statement=True)
+
+    async def record_error(self, host_id: str, generation: int, code: str, error: str) -> bool:
+        params = {"host": host_id, "gen": generation, "code": code, "error": error}
+        return await self._run(
+            lambda c: c.execute(q.SET_HOST_ERROR, params).rowcount == 1, single_statement=True
+        )
 
     async def queued_mail(self, host_id: str | None = None) -> list[QueuedMail]:
         stmt = q.queued_mail(host_id is not None)

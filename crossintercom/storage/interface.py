@@ -56,6 +56,23 @@ class HostRow:
     # Seconds since the heartbeat last moved, by the database's clock (``hosts()`` only; None
     # until the trigger first stamped it): for people, never to judge a lease.
     beat_age_s: float | None = None
+    # What the host wrote of itself (``hosts(reports=True)`` only).
+    report: HostReport | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class HostReport:
+    """What a host's relay wrote into its own row: its crossintercom version (at its claim) and
+    its last error (a code, a one-line message, its age by the database's clock). Another
+    host's words: each is None when absent or when it failed its check (storage/rowcheck.py:
+    not text, over its column's bound, not of its form), and ``unreadable`` names those that
+    failed. Shown to people only, through crossintercom/safetext.py."""
+
+    version: str | None = None
+    error_code: str | None = None
+    error: str | None = None
+    error_age_s: float | None = None
+    unreadable: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -282,8 +299,11 @@ class MailboxStore(Protocol):
         may read, a trigger a writer installed); checked at relay start."""
         ...
 
-    async def claim_host(self, host_id: str, machine: str | None = None) -> int:
-        """Take the next generation for ``host_id``, recording ``machine`` as its holder."""
+    async def claim_host(
+        self, host_id: str, machine: str | None = None, version: str | None = None
+    ) -> int:
+        """Take the next generation for ``host_id``, recording ``machine`` as its holder and
+        ``version`` as the crossintercom it runs."""
         ...
 
     async def host_claim(self, host_id: str) -> tuple[str | None, int] | None:
@@ -301,7 +321,14 @@ class MailboxStore(Protocol):
         None when ``generation`` is stale."""
         ...
 
-    async def hosts(self) -> list[HostRow]: ...
+    async def hosts(self, *, reports: bool = False) -> list[HostRow]:
+        """Every host's lease row; with ``reports``, what each wrote of itself too."""
+        ...
+
+    async def record_error(self, host_id: str, generation: int, code: str, error: str) -> bool:
+        """Write the relay's last error into its row (fenced: False when ``generation`` is no
+        longer current). ``error`` is one line of at most ``tables.ERROR_CHARS``."""
+        ...
 
     async def queued_mail(self, host_id: str | None = None) -> list[QueuedMail]:
         """Mail waiting for ``host_id`` (every host when None; one grouped read)."""

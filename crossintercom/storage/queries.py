@@ -46,8 +46,11 @@ from crossintercom.models import PROGRESS, DeliveryState, ReceiptOutcome, State
 from crossintercom.search_model import MARK_END, MARK_START, SearchQuery, search_terms
 from crossintercom.storage.tables import (
     ARCHIVE_FTS_TABLE,
+    ERROR_CHARS,
+    ERROR_CODE_CHARS,
     HOST_ID_CHARS,
     TS_CONFIG,
+    VERSION_CHARS,
     archive_messages,
     archive_recipients,
     archive_settings,
@@ -143,11 +146,27 @@ HOST_CLAIM: Select[str | None, int] = select(hosts.c.machine, hosts.c.heartbeat)
     hosts.c.host_id == bindparam("host_id")
 )
 
-# Recorded with the claim, in its transaction. Params: host, gen, machine.
-SET_HOST_MACHINE: Update = (
+# Recorded with the claim, in its transaction: the machine (kept as it was when none is
+# named) and the relay's version. Params: host, gen, machine, version.
+SET_HOST_CLAIM: Update = (
     update(hosts)
     .where(hosts.c.host_id == bindparam("host"), hosts.c.generation == bindparam("gen"))
-    .values(machine=bindparam("machine"))
+    .values(
+        machine=func.coalesce(bindparam("machine", type_=Text), hosts.c.machine),
+        version=bindparam("version", type_=Text),
+    )
+)
+
+# The relay's last error, written only when it changed, with the database's time; fenced.
+# Params: host, gen, code, error.
+SET_HOST_ERROR: Update = (
+    update(hosts)
+    .where(hosts.c.host_id == bindparam("host"), hosts.c.generation == bindparam("gen"))
+    .values(
+        last_error_code=bindparam("code", type_=Text),
+        last_error=bindparam("error", type_=Text),
+        last_error_at=func.now(),
+    )
 )
 
 # With when each heartbeat last moved and the database's "now", both by the database's clock.
@@ -159,6 +178,28 @@ LIST_HOSTS: Select[str, int, int, int, Any, Any] = select(
     type_coerce(hosts.c.beat_at, Text),  # as stored (SQLite: any text a writer put there)
     func.now(),
 ).order_by(hosts.c.host_id)
+
+
+@cache
+def host_reports(dialect: str) -> Select[Any]:
+    """``LIST_HOSTS`` and what each host wrote of itself (`status --all-hosts`): version, last
+    error code, message and time. Another host's words: each text cut in the statement to one
+    past its column's bound (SQLite keeps any length a writer stored) and, on SQLite, read as
+    its bytes, for storage/rowcheck.py to check."""
+    raw = dialect == "sqlite"
+
+    def cut(c: Any, chars: int) -> Any:
+        short = func.substr(c, 1, chars + 1)
+        return cast(short, LargeBinary) if raw else short
+
+    h = hosts.c
+    return LIST_HOSTS.add_columns(
+        cut(h.version, VERSION_CHARS),
+        cut(h.last_error_code, ERROR_CODE_CHARS),
+        cut(h.last_error, ERROR_CHARS),
+        # PostgreSQL keeps only a time here; SQLite whatever a writer put, at most 64 read.
+        cut(h.last_error_at, 64) if raw else type_coerce(h.last_error_at, Text),
+    )
 
 
 def queued_mail(one_host: bool) -> Select[str, int, Any, Any]:

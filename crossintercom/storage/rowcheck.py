@@ -7,13 +7,19 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any, cast
 
 from crossintercom.models import ReceiptOutcome
 from crossintercom.storage import queries as q
-from crossintercom.storage.interface import InboundRow, ReceiptRow, StoreSettings
-from crossintercom.storage.tables import HOST_ID_CHARS, INTEGER_MAX
+from crossintercom.storage.interface import HostReport, InboundRow, ReceiptRow, StoreSettings
+from crossintercom.storage.tables import (
+    ERROR_CHARS,
+    ERROR_CODE_CHARS,
+    HOST_ID_CHARS,
+    INTEGER_MAX,
+    VERSION_CHARS,
+)
 
 
 def inbound_query(
@@ -173,3 +179,40 @@ def log_left_out(
             per_host,
             extra={"hosts": sorted(over)[:20]},
         )
+
+
+# What a host may write of itself, by form: a version as PEP 440 spells one ("unknown" too), a
+# code as codes.py spells them, an error as one line of text.
+_VERSION = re.compile(rf"[0-9A-Za-z.+!_-]{{1,{VERSION_CHARS}}}")
+_CODE = re.compile(rf"[a-z][a-z0-9_]{{0,{ERROR_CODE_CHARS - 1}}}")
+
+
+def host_report(
+    version: str | bytes | None,
+    code: str | bytes | None,
+    error: str | bytes | None,
+    error_at: Any,
+    *,
+    age: Callable[[Any], float | None],
+) -> HostReport:
+    """What a host wrote of itself (``queries.host_reports``: each text cut to one past its
+    bound, bytes on SQLite), each value kept only if it is text of its form within its bound;
+    ``age``: seconds since a stored time, by the database's clock."""
+    unreadable: list[str] = []
+
+    def checked(name: str, value: str | bytes | None, ok: Callable[[str], bool]) -> str | None:
+        if value is None:
+            return None
+        text = text_of(value)
+        if text is None or not ok(text):
+            unreadable.append(name)
+            return None
+        return text
+
+    got_version = checked("version", version, lambda t: _VERSION.fullmatch(t) is not None)
+    got_code = checked("error_code", code, lambda t: _CODE.fullmatch(t) is not None)
+    got_error = checked("error", error, lambda t: len(t) <= ERROR_CHARS)
+    error_age = age(text_of(error_at) if isinstance(error_at, bytes) else error_at)
+    if error_at is not None and error_age is None:
+        unreadable.append("error_at")
+    return HostReport(got_version, got_code, got_error, error_age, tuple(unreadable))

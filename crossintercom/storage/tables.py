@@ -47,6 +47,10 @@ HOST_ID_CHARS = 255
 HOST_ID = String(HOST_ID_CHARS)
 SESSION_ID = String(64)
 MESSAGE_ID = String(128)
+# A host's version and its relay's last error (hosts), as long as they may be.
+VERSION_CHARS = 64
+ERROR_CODE_CHARS = 64
+ERROR_CHARS = 200
 
 # The CHECK below holds a row to the states the code knows (models.DELIVERY_STATES).
 QUEUED = text("state = 'queued'")
@@ -68,6 +72,13 @@ hosts = Table(
     # When the heartbeat last moved, by the database's clock: set by a trigger (storage/schema),
     # never by a host; read by people (the page's "dead since"), never to judge a lease.
     Column("beat_at", DateTime(timezone=True)),
+    # Written by the host's relay into its own row, read by `status --all-hosts` as another
+    # host's words (checked in storage/rowcheck.py): its version at each claim, and its last
+    # error (a code, a one-line message) when that changes, with the database's time.
+    Column("version", String(VERSION_CHARS)),
+    Column("last_error_code", String(ERROR_CODE_CHARS)),
+    Column("last_error", String(ERROR_CHARS)),
+    Column("last_error_at", DateTime(timezone=True)),
 )
 
 roster = Table(

@@ -1,8 +1,10 @@
 """`crossintercom status --all-hosts [--json]`: every host of the store, read from the store:
-its lease's age, the mail waiting for it and the oldest, the schema and replication."""
+its version, its lease's age, the mail waiting for it and the oldest, its relay's last error,
+the schema and replication."""
 
 from __future__ import annotations
 
+from crossintercom.relay.metrics import package_version
 from tests.relay.conftest import Cluster
 
 
@@ -32,7 +34,13 @@ def test_every_host_with_its_lease_and_waiting_mail(cluster: Cluster) -> None:
             "lease_age_s",
             "queued",
             "oldest_queued_age_s",
+            "version",
+            "last_error",
+            "unreadable",
         }
+        # Each relay wrote its version at its claim; no store operation of theirs failed.
+        assert h["version"] == package_version() and h["unreadable"] == []
+        assert h["last_error"] is None
     if cluster.store_url.startswith("postgresql"):
         assert report["replication"]["mode"]
 

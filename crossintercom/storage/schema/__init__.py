@@ -1,7 +1,8 @@
 """The shared store's schema, written whole once per dialect: ``postgres.sql`` (tables, the
 per-host roles' rights, row-security policies and the owner-rights functions they call) and
-``sqlite.sql`` (the same tables). The baseline revision runs the file of its dialect; later
-changes are ordinary revisions on top of it (docs/storage.md, "Schema").
+``sqlite.sql`` (the same tables). The baseline revision runs the file of its dialect up to the
+first later revision's section; each later revision runs its own section, which closes the
+file under a line ``-- --- revision NNNN: ...`` (docs/storage.md, "Schema").
 
 The codes and outcomes a row may carry are not frozen into the schema: the policies that check
 them name ``@CODES@`` and ``@RECEIPT_OUTCOMES@``, filled in from ``codes.Code`` and
@@ -71,6 +72,24 @@ def source(dialect: str) -> str:
     return resources.files(__name__).joinpath(name).read_text(encoding="utf-8")
 
 
+# A later revision's section starts at its heading line and runs to the next one or the end.
+_SECTION = re.compile(r"^-- --- revision (\d{4}):", re.M)
+BASELINE: Final = "0016"
+
+
+def part(dialect: str, revision: str = BASELINE) -> str:
+    """What ``revision`` runs of the schema file of ``dialect``: the baseline everything
+    before the first section, a later revision its own section (none: an empty text)."""
+    sql = source(dialect)
+    marks = list(_SECTION.finditer(sql))
+    if revision == BASELINE:
+        return sql[: marks[0].start()] if marks else sql
+    for i, m in enumerate(marks):
+        if m.group(1) == revision:
+            return sql[m.start() : marks[i + 1].start() if i + 1 < len(marks) else len(sql)]
+    return ""
+
+
 def _sqlite_statements(sql: str) -> list[str]:
     """``sql`` cut into statements (sqlite3 runs one at a time; a trigger holds ``;``)."""
     statements, current = [], ""
@@ -85,9 +104,9 @@ def _sqlite_statements(sql: str) -> list[str]:
     return statements
 
 
-def create(conn: Connection) -> None:
-    """Make the whole schema in ``conn``'s transaction."""
-    sql = filled(source(conn.dialect.name))
+def create(conn: Connection, revision: str = BASELINE) -> None:
+    """Make the schema as ``revision`` has it (``part``) in ``conn``'s transaction."""
+    sql = filled(part(conn.dialect.name, revision))
     if conn.dialect.name == "postgresql":
         conn.exec_driver_sql(sql)  # one script: the server cuts it into statements
         return

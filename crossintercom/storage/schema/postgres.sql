@@ -22,6 +22,7 @@ CREATE TABLE hosts (
     roster_rev BIGINT DEFAULT '0' NOT NULL,
     -- When the heartbeat last moved, by the database's clock (set by hosts_beat_at only).
     beat_at TIMESTAMP WITH TIME ZONE,
+    -- version, last_error_code, last_error, last_error_at: revision 0017, at the end.
     CONSTRAINT pk_hosts PRIMARY KEY (host_id)
 );
 
@@ -341,3 +342,16 @@ CREATE POLICY reservations_make ON public.reservations FOR INSERT TO crossinterc
                                   WHERE h.host_id = (SELECT public.crossintercom_host())));
 CREATE POLICY reservations_release ON public.reservations FOR DELETE TO crossintercom_hosts
     USING (host_id = (SELECT public.crossintercom_host()));
+
+-- --- revision 0017: each host's crossintercom version and its relay's last error -------------
+-- Written by the host's relay into its own row (its version at each claim, an error only when
+-- it changes); shown by `status --all-hosts`, which reads them as another host's words
+-- (docs/operations.md, "Monitoring"). Bounded here, so a host role writes no more.
+
+ALTER TABLE hosts ADD COLUMN version VARCHAR(64);
+ALTER TABLE hosts ADD COLUMN last_error_code VARCHAR(64);
+ALTER TABLE hosts ADD COLUMN last_error VARCHAR(200);
+ALTER TABLE hosts ADD COLUMN last_error_at TIMESTAMP WITH TIME ZONE;
+-- Its own row only: hosts_bump's USING and WITH CHECK hold every UPDATE to it.
+GRANT UPDATE (version, last_error_code, last_error, last_error_at) ON hosts
+    TO crossintercom_hosts;

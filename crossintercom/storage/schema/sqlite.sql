@@ -3,6 +3,8 @@
 -- (docs/operations.md), and what another writer may have put in a row is checked when it is
 -- read (storage/rowcheck.py). Run by the baseline revision (migrations/versions/0016_baseline.py).
 
+-- hosts: version, last_error_code, last_error, last_error_at come with revision 0017, at the
+-- end (SQLite keeps a CREATE TABLE's text, comments too: the baseline's stays the old head's).
 CREATE TABLE hosts (
     host_id VARCHAR(255) NOT NULL,
     generation BIGINT NOT NULL,
@@ -160,3 +162,10 @@ CREATE TABLE "reservations" (
     CONSTRAINT uq_reservations_project_host_id_session_id_glob UNIQUE (project, host_id, session_id, "glob")
 );
 CREATE INDEX ix_reservations_host_id ON reservations (host_id, session_id);
+
+-- --- revision 0017: each host's crossintercom version and its relay's last error -------------
+
+ALTER TABLE hosts ADD COLUMN version VARCHAR(64);
+ALTER TABLE hosts ADD COLUMN last_error_code VARCHAR(64);
+ALTER TABLE hosts ADD COLUMN last_error VARCHAR(200);
+ALTER TABLE hosts ADD COLUMN last_error_at DATETIME;
