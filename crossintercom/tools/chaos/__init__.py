@@ -30,6 +30,10 @@ host (``faults``; in rounds of every kind once):
 * ``coord_flood``: a session of the host floods its broker with reserves of a hundred globs,
   unreserves and inbound policy changes for a moment (``coordflood``); it meets its quota and
   its rate, and everyone's mail flows on;
+* ``gateway_kill``: host 0 lends its broker through a gateway of the run's, and one of its
+  senders is a remote session sending through it (``gateway``); the gateway is SIGKILLed and
+  restarted on its port a moment later; that sender is told ``unknown`` or ``not_sent``
+  honestly, and what it was told was taken arrives once;
 * ``inbox_readonly`` and ``disk_full`` (root only, ``disk``): the sink's inbox files made
   immutable, or the host's runtime dir (a small tmpfs of the run's) filled up, released a moment
   later; what was acknowledged must wait and arrive after.

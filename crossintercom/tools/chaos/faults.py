@@ -22,7 +22,7 @@ from crossintercom.client import AsyncClient
 from crossintercom.models import new_id
 from crossintercom.tools.chaos import coordflood, disk, failover
 from crossintercom.tools.chaos.rogue import HOSTILE_KINDS, hostile_payload, inject_rows
-from crossintercom.tools.chaos.state import ChaosState
+from crossintercom.tools.chaos.state import GATEWAY_HOST, ChaosState
 from crossintercom.tools.chaos.takeover import resume, take_over
 from crossintercom.tools.common import Store
 
@@ -39,6 +39,7 @@ FAULT_KINDS = (
     "hostile_rows",
     "relay_takeover",
     "coord_flood",
+    "gateway_kill",
     *disk.DISK_KINDS,
 )
 PG_ONLY = frozenset({"pg_terminate", "pg_blackhole", "pg_cut", "pg_restart", "pg_failover"})
@@ -107,6 +108,7 @@ class Injector:
             "hostile_rows": self.hostile_rows,
             "relay_takeover": self.relay_takeover,
             "coord_flood": self.coord_flood,
+            "gateway_kill": self.gateway_kill,
             "inbox_readonly": self.inbox_readonly,
             "disk_full": self.disk_full,
         }
@@ -179,6 +181,8 @@ class Injector:
         state = self.state
         if state.pending[i] or self._relay_up(i) is None:
             return None  # the takeover needs a running relay with nothing else to undo
+        if state.gateway is not None and i == GATEWAY_HOST:
+            return None  # the gateway lends this machine's broker: the host stays on it
         state.pending[i] += 1
         try:
             moved = await asyncio.to_thread(take_over, state, i)
@@ -255,6 +259,14 @@ class Injector:
 
     async def coord_flood(self, i: int) -> dict[str, Any] | None:
         return await coordflood.flood(self.state.hosts[i])
+
+    async def gateway_kill(self, i: int) -> dict[str, Any] | None:
+        gateway = self.state.gateway
+        if gateway is None or not gateway.alive():
+            return None  # still down from the last one
+        await asyncio.to_thread(gateway.kill)
+        after = self._undo_after(GATEWAY_HOST, gateway.restart, UNDO_AFTER_S)
+        return {"host": self.state.hosts[GATEWAY_HOST].host_id, "restart_after_s": after}
 
     # -- the recipient's disk --------------------------------------------------------------------
 

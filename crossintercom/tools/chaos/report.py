@@ -31,6 +31,8 @@ class ChaosReport:
     refused: int = 0
     # The outcomes of the messages sent to another host: what the relays' metrics count.
     cross_host: dict[str, int] = field(default_factory=dict)
+    # The outcomes of the remote session's messages, sent through the gateway (gateway_kill).
+    through_gateway: dict[str, int] = field(default_factory=dict)
     lost: int = 0
     duplicated: int = 0
     duplicated_by_id: int = 0
@@ -100,6 +102,7 @@ def tally(state: ChaosState, report: ChaosReport) -> None:
     report.not_sent = outcomes["not_sent"]
     report.refused = outcomes["refused"]
     report.cross_host = dict(Counter(s.outcome for s in sent if s.sender_host != s.recipient_host))
+    report.through_gateway = dict(Counter(s.outcome for s in sent if s.via_gateway))
     report.codes = dict(Counter(f"{s.outcome}:{s.code}" for s in sent if s.code is not None))
     inboxes = state.inboxes()
     mine = re.compile(rf"^chaos {re.escape(state.token)} ")

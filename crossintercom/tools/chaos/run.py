@@ -16,10 +16,12 @@ from crossintercom.errors import Code, CrossintercomError
 from crossintercom.models import Outcome, new_id
 from crossintercom.tools.chaos import disk
 from crossintercom.tools.chaos.faults import Injector, fault_kinds
+from crossintercom.tools.chaos.gateway import ChaosGateway
 from crossintercom.tools.chaos.report import ChaosReport, tally
 from crossintercom.tools.chaos.rogue import delivery_reasons
 from crossintercom.tools.chaos.state import (
     ACKNOWLEDGED,
+    GATEWAY_HOST,
     SINK,
     ChaosState,
     RunSetup,
@@ -58,12 +60,15 @@ class Chaos(ChaosState):
             seq = self._seq
             msg_id = new_id()
             sender, recipient = self.hosts[src].host_id, self.hosts[dst].host_id
+            # The host's sender on the machine it runs on now (a takeover moves it), or the
+            # remote session through the gateway.
+            client = self._client(src, k)
             record = Sent(seq, msg_id, sender, recipient, "unknown", t=self.now())
+            record.via_gateway = client is self.remote
             self.sent.append(record)
             text = f"chaos {self.token} seq={seq} from={sender}"
             try:
-                # The host's sender on the machine it runs on now (a takeover moves it).
-                r = await self.clients[src].send(f"{SINK}@{recipient}", text, message_id=msg_id)
+                r = await client.send(f"{SINK}@{recipient}", text, message_id=msg_id)
                 record.outcome, record.code = r.outcome.value, r.code
             except CrossintercomError as exc:  # usage-level failures end up here
                 record.outcome, record.code = Outcome.NOT_SENT, exc.code
@@ -75,13 +80,25 @@ class Chaos(ChaosState):
                 NOT_SENT_PAUSE_S if record.outcome == Outcome.NOT_SENT else SEND_PAUSE_S
             )
 
+    def _client(self, src: int, k: int) -> AsyncClient:
+        if self.remote is not None and src == GATEWAY_HOST and k == 1:
+            return self.remote
+        return self.clients[src]
+
     async def run(self) -> float:
         """Returns how long the drain took."""
         self.listeners = [h.listen(SINK) for h in self.hosts]
         self.clients = [AsyncClient(h.settings, h.identity("src", cwd="/")) for h in self.hosts]
+        if "gateway_kill" in self.setup.kinds:
+            self.gateway = ChaosGateway(self.hosts[GATEWAY_HOST])
+            await asyncio.to_thread(self.gateway.grant)
+            await asyncio.to_thread(self.gateway.start)
+            self.remote = self.gateway.client()
         try:
             for c in self.clients:
                 await c.connect()
+            if self.remote is not None:
+                await self.remote.connect()
             await asyncio.to_thread(self._wait_sinks_listed)
             stop = asyncio.Event()
             self.t0 = time.monotonic()
@@ -105,6 +122,10 @@ class Chaos(ChaosState):
         finally:
             for c in [*self.clients, *self.retired_clients]:
                 await c.close()
+            if self.remote is not None:
+                await self.remote.close()
+            if self.gateway is not None:
+                await asyncio.to_thread(self.gateway.stop)
 
     def _wait_sinks_listed(self) -> None:
         """Until every host lists every sink online: the roster has gone round."""

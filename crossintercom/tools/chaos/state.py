@@ -18,6 +18,7 @@ import tenacity
 
 from crossintercom.client import AsyncClient
 from crossintercom.errors import InboxUnavailable
+from crossintercom.tools.chaos.gateway import ChaosGateway
 from crossintercom.tools.common import Store
 from crossintercom.tools.harness import Cluster, ListenerProcess, SimHost
 from crossintercom.tools.pgcluster import ThrowawayPostgres
@@ -25,6 +26,8 @@ from crossintercom.tools.pgreplica import ReplicatedPostgres
 from crossintercom.tools.proxy import TcpProxy
 
 SINK = "sink"
+# The host whose broker a gateway lends (gateway_kill); a takeover leaves it alone.
+GATEWAY_HOST = 0
 ACKNOWLEDGED = ("delivered", "queued")
 
 
@@ -37,6 +40,7 @@ class Sent:
     outcome: str
     code: str | None = None
     t: float = 0.0  # when it was sent, from the start of traffic
+    via_gateway: bool = False  # sent by the remote session, through the gateway
 
 
 # An inbox its listener is still recovering (a journal a killed listener left, which only its
@@ -83,6 +87,9 @@ class ChaosState:
         self.listeners: list[ListenerProcess] = []  # the sink's on each current machine
         self.clients: list[AsyncClient] = []  # the sender's on each current machine
         self.retired_clients: list[AsyncClient] = []  # on machines a takeover left
+        # gateway_kill: host GATEWAY_HOST's gateway and the remote session sending through it.
+        self.gateway: ChaosGateway | None = None
+        self.remote: AsyncClient | None = None
         self.sent: list[Sent] = []
         self.faults: Counter[str] = Counter()
         self.fault_log: list[dict[str, Any]] = []
