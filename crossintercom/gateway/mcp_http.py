@@ -70,20 +70,20 @@ class McpGateway:
             return
         client = scope.get("client") or ("", 0)
         if not self.tls and not is_loopback(str(client[0])):
-            return await _refuse(send, 403, Code.GATEWAY_PLAIN_HTTP, "plain HTTP: loopback only")
+            return await _deny(send, 403, Code.GATEWAY_PLAIN_HTTP, "plain HTTP: loopback only")
         path = scope["path"].rstrip("/")
         if path not in (PATH, WAIT_PATH):
-            return await _refuse(send, 404, Code.NOT_FOUND, f"this gateway serves MCP at {PATH}")
+            return await _deny(send, 404, Code.NOT_FOUND, f"this gateway serves MCP at {PATH}")
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         kind, _, token = headers.get("authorization", "").partition(" ")
         try:
             grant = self.grants.check(token.strip() if kind.lower() == "bearer" else None)
         except RemoteError as exc:
             log.info("MCP request from %s refused: %s", client[0], exc.code)
-            return await _refuse(send, 401, exc.code, exc.message)
+            return await _deny(send, 401, exc.code, exc.message)
         except CrossintercomError as exc:
             log.error("grants file: %s", exc.message)
-            return await _refuse(send, 503, Code.INTERNAL, "the gateway cannot read its grants")
+            return await _deny(send, 503, Code.INTERNAL, "the gateway cannot read its grants")
         held = await self._hold(grant)
         if path == WAIT_PATH:
             return await self._wait(held, scope, receive, send)
@@ -96,11 +96,11 @@ class McpGateway:
         query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
         fmt = query.get("format", ["text"])[0]
         if fmt not in WAIT_FORMATS:
-            return await _refuse(send, 400, Code.INVALID_ARGUMENT, f"format: one of {WAIT_FORMATS}")
+            return await _deny(send, 400, Code.INVALID_ARGUMENT, f"format: one of {WAIT_FORMATS}")
         try:
             timeout = min(max(float(query.get("timeout", ["600"])[0]), 0.0), MAX_WAIT_S)
         except ValueError:
-            return await _refuse(send, 400, Code.INVALID_ARGUMENT, "timeout: seconds")
+            return await _deny(send, 400, Code.INVALID_ARGUMENT, "timeout: seconds")
         said: list[str] = []
 
         def write(entries: list[Entry]) -> list[Entry]:
@@ -199,7 +199,7 @@ async def _close(held: _Held, skip: asyncio.Task[Any] | None = None) -> None:
     await held.session.close()
 
 
-async def _refuse(send: Any, status: int, code: str, message: str) -> None:
+async def _deny(send: Any, status: int, code: str, message: str) -> None:
     body = json.dumps({"error": {"code": code, "message": message}}).encode()
     await send(
         {

@@ -182,7 +182,7 @@ class SqlHostStore:
         return await self._run(read, single_statement=True)
 
     async def record_error(self, host_id: str, generation: int, code: str, error: str) -> bool:
-        params = {"host": host_id, "gen": generation, "code": code, "error": error}
+        params = {"host": host_id, "gen": generation, "code": code, "last_error": error}
         return await self._run(
             lambda c: c.execute(q.SET_HOST_ERROR, params).rowcount == 1, single_statement=True
         )

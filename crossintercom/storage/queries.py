@@ -164,7 +164,7 @@ SET_HOST_ERROR: Update = (
     .where(hosts.c.host_id == bindparam("host"), hosts.c.generation == bindparam("gen"))
     .values(
         last_error_code=bindparam("code", type_=Text),
-        last_error=bindparam("error", type_=Text),
+        last_error=bindparam("last_error", type_=Text),
         last_error_at=func.now(),
     )
 )

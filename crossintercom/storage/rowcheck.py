@@ -211,7 +211,7 @@ def host_report(
 
     got_version = checked("version", version, lambda t: _VERSION.fullmatch(t) is not None)
     got_code = checked("error_code", code, lambda t: _CODE.fullmatch(t) is not None)
-    got_error = checked("error", error, lambda t: len(t) <= ERROR_CHARS)
+    got_error = checked("last_error", error, lambda t: len(t) <= ERROR_CHARS)
     error_age = age(text_of(error_at) if isinstance(error_at, bytes) else error_at)
     if error_at is not None and error_age is None:
         unreadable.append("error_at")

@@ -170,10 +170,10 @@ def test_a_hostile_sqlite_writer_gets_nothing_past_the_read(
         run(store.aclose())
     big_r, blob, bad, esc, fine = (got[h] for h in ("big", "blob", "badutf8", "escapes", "fine"))
     assert big_r is not None and big_r.error is None and big_r.version is None
-    assert set(big_r.unreadable) == {"version", "error_code", "error", "error_at"}
+    assert set(big_r.unreadable) == {"version", "error_code", "last_error", "error_at"}
     assert blob is not None and (blob.error, blob.error_code, blob.version) == (None, None, None)
-    assert set(blob.unreadable) == {"version", "error_code", "error", "error_at"}
-    assert bad is not None and set(bad.unreadable) == {"version", "error"}
+    assert set(blob.unreadable) == {"version", "error_code", "last_error", "error_at"}
+    assert bad is not None and set(bad.unreadable) == {"version", "last_error"}
     # Text of its bound, but not of its form: the version and code are refused; the message is
     # any one line and is kept, to be neutralised where it is shown.
     assert esc is not None and esc.version is None and esc.error_code is None

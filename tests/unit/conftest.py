@@ -35,7 +35,15 @@ class TierGuard:
         return refused
 
     def install(self, mp: pytest.MonkeyPatch) -> None:
-        mp.setattr(subprocess, "Popen", self.refuse("start a process (subprocess)"))
+        refused_popen = self.refuse("start a process (subprocess)")
+
+        class RefusedPopen(subprocess.Popen[bytes]):
+            # A class, not a function: modules imported during a test subscript it in their
+            # annotations (``subprocess.Popen[bytes]``).
+            def __init__(self, *args: Any, **kwargs: Any) -> None:
+                refused_popen(*args, **kwargs)
+
+        mp.setattr(subprocess, "Popen", RefusedPopen)
         mp.setattr(os, "fork", self.refuse("fork"))
         mp.setattr(os, "posix_spawn", self.refuse("start a process (posix_spawn)"))
         mp.setattr(asyncio, "create_subprocess_exec", self.refuse("start a process (asyncio)"))
