@@ -3,8 +3,9 @@
 Counters and the store's latency histogram are prometheus-client's own, in a registry of the
 relay's; the relay's state (lease, generation, the LISTEN connection, the broker link, the
 other hosts' leases, the mail waiting for this host) is read at scrape time from what the
-relay already holds, so a scrape runs no statement. The mail waiting is read from the store
-every ``QUEUE_READ_S`` by the relay's heartbeat loop, only while the metrics are served.
+relay already holds, so a scrape runs no statement. The mail waiting and this host's
+reservations are read from the store every ``QUEUE_READ_S`` (a grouped statement each) by the
+relay's heartbeat loop, only while the metrics are served.
 Labels take bounded values only: an outcome, a code, a store operation's name (from the
 code), a host id; never a message id, a session or free text. Served by prometheus-client's
 own HTTP server on a thread of its own, so a scrape never waits on the relay's event loop.
@@ -25,6 +26,7 @@ from prometheus_client.registry import Collector
 
 from crossintercom.errors import Code, ConfigError, CrossintercomError
 from crossintercom.models import Outcome, Receipt
+from crossintercom.reservations import MODES
 from crossintercom.storage import Ack, QueuedMail
 
 if TYPE_CHECKING:
@@ -105,6 +107,8 @@ class RelayState:
     peers: Callable[[], dict[str, bool]] = dict
     queued: QueuedMail | None = None
     queued_read_at: float = -QUEUE_READ_S
+    # This host's live reservations by mode, read with the queued mail (None before).
+    reserved: dict[str, int] | None = None
 
 
 class _StateCollector(Collector):
@@ -180,6 +184,16 @@ class _StateCollector(Collector):
                 "Age of the oldest delivery waiting in the store for this host (0 when none)",
                 value=age if age is not None else float("nan"),
             )
+        if st.reserved is not None:
+            reserved = GaugeMetricFamily(
+                "crossintercom_reservations",
+                "Live path reservations this host's sessions hold, by mode (read from the store "
+                f"every {QUEUE_READ_S:g} s)",
+                labels=["mode"],
+            )
+            for mode in MODES:
+                reserved.add_metric([mode], st.reserved.get(mode, 0))
+            yield reserved
 
 
 class RelayMetrics:
@@ -275,6 +289,9 @@ class RelayMetrics:
 
     def queue_due(self) -> bool:
         return self.serving and time.monotonic() - self.state.queued_read_at >= QUEUE_READ_S
+
+    def reserved(self, by_mode: dict[str, int]) -> None:
+        self.state.reserved = by_mode
 
     def queued(self, found: Sequence[QueuedMail]) -> None:
         st = self.state

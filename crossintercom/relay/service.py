@@ -426,6 +426,8 @@ class Relay(RelayCore):
                 self.metrics.state.beat_at = time.monotonic()
                 if self.metrics.queue_due():
                     self.metrics.queued(await self.store.queued_mail(self.host))
+                    gen = self.generation
+                    self.metrics.reserved(await self.store.reservation_counts(self.host, gen))
                 self.report_store(await self.stuck.check())
                 if self._published is None or self.local_sessions != self._published:
                     await self._publish_roster()

@@ -199,6 +199,14 @@ class SqlHostStore:
 
         return await self._run(read, single_statement=True)
 
+    async def reservation_counts(self, host_id: str, generation: int) -> dict[str, int]:
+        params = {"host": host_id, "gen": generation, "now": datetime.now(UTC)}
+
+        def read(conn: Connection) -> dict[str, int]:
+            return {str(mode): int(n) for mode, n in conn.execute(q.RESERVATION_COUNTS, params)}
+
+        return await self._run(read, single_statement=True)
+
     @staticmethod
     def _is_current(conn: Connection, host_id: str, generation: int) -> bool:
         return conn.execute(q.CURRENT_GENERATION, {"host_id": host_id}).scalar() == generation

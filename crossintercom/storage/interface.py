@@ -325,6 +325,11 @@ class MailboxStore(Protocol):
         """Every host's lease row; with ``reports``, what each wrote of itself too."""
         ...
 
+    async def reservation_counts(self, host_id: str, generation: int) -> dict[str, int]:
+        """The host's live reservations at ``generation``, by mode (one grouped read; a mode
+        with none is absent)."""
+        ...
+
     async def record_error(self, host_id: str, generation: int, code: str, error: str) -> bool:
         """Write the relay's last error into its row (fenced: False when ``generation`` is no
         longer current). ``error`` is one line of at most ``tables.ERROR_CHARS``."""

@@ -220,6 +220,19 @@ def queued_mail(one_host: bool) -> Select[str, int, Any, Any]:
     return stmt.where(deliveries.c.recipient_host == bindparam("host")) if one_host else stmt
 
 
+# The host's live reservations at its generation, by mode (the relay's reservation gauges,
+# every QUEUE_READ_S while metrics are served): one grouped read. Params: host, gen, now.
+RESERVATION_COUNTS: Select[str, int] = (
+    select(reservations.c.mode, func.count())
+    .where(
+        reservations.c.host_id == bindparam("host"),
+        reservations.c.generation == bindparam("gen"),
+        reservations.c.expires_at > bindparam("now"),
+    )
+    .group_by(reservations.c.mode)
+)
+
+
 # A roster change of the host, fenced: the UPDATE's row lock makes a concurrent claim_host
 # wait, as the share lock of CURRENT_GENERATION does. Params: host, gen.
 BUMP_ROSTER_REV: Update = (

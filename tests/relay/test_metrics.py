@@ -116,6 +116,36 @@ def test_mail_waiting_for_a_host_shows_in_its_gauges(cluster: Cluster) -> None:
     )
 
 
+def test_this_hosts_reservations_show_in_its_gauges(cluster: Cluster) -> None:
+    """Read with the queued mail (one grouped statement every few seconds), by mode; another
+    host's reservations are that host's to count."""
+    (a, b), (port_a, port_b) = _up_with_metrics(cluster, "A", "B")
+    a.cli_json("reserve", "--as", "alice", "--project", "p", "src/**", "lib/**")
+    a.cli_json("reserve", "--as", "ann", "--project", "p", "--shared", "docs/**")
+    b.cli_json("reserve", "--as", "bob", "--project", "p", "tests/**")
+    got = wait_for(
+        lambda: (
+            s
+            if value(s := scrape(port_a), "crossintercom_reservations", mode="exclusive") == 2
+            else None
+        ),
+        30,
+        "A's relay to count its reservations",
+    )
+    assert value(got, "crossintercom_reservations", mode="shared") == 1
+    wait_for(
+        lambda: value(scrape(port_b), "crossintercom_reservations", mode="exclusive") == 1,
+        30,
+        "B's relay to count its own",
+    )
+    a.cli_json("unreserve", "--as", "alice", "--project", "p", "src/**")
+    wait_for(
+        lambda: value(scrape(port_a), "crossintercom_reservations", mode="exclusive") == 1,
+        30,
+        "the gauge to fall once a reservation is released",
+    )
+
+
 def test_metrics_address_forms() -> None:
     assert parse_address("127.0.0.1:9464") == ("127.0.0.1", 9464)
     assert parse_address(":9464") == ("127.0.0.1", 9464)
