@@ -14,6 +14,7 @@ from crossintercom.codes import Code
 # models, which may not import this module).
 __all__ = [
     "AuthorityError",
+    "BrokerStateTooNew",
     "BrokerUnavailable",
     "Code",
     "ConfigError",
@@ -78,6 +79,13 @@ class RuntimeDirError(CrossintercomError):
     """The runtime directory cannot be used."""
 
     code = Code.RUNTIME_DIR
+
+
+class BrokerStateTooNew(RuntimeDirError):
+    """The runtime dir's broker.sqlite was written by a newer crossintercom; nothing was
+    changed in it (local_broker/schema.py)."""
+
+    code = Code.SCHEMA_TOO_NEW
 
 
 class ProtocolError(CrossintercomError):

@@ -15,26 +15,11 @@ from crossintercom import protocol as p
 from crossintercom.local_broker.state import BrokerState
 from crossintercom.models import Outcome, Receipt
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS ack_waits (
-    message_id TEXT PRIMARY KEY,
-    sender TEXT NOT NULL,           -- the sending session of this host
-    recipient TEXT NOT NULL,        -- the target as the sender wrote it
-    sent REAL NOT NULL,
-    ack_by TEXT,                    -- ISO deadline, or NULL for none
-    acked REAL,
-    acked_by TEXT,
-    note TEXT
-);
-CREATE INDEX IF NOT EXISTS ack_waits_by_sender ON ack_waits (sender, sent);
-"""
-
 
 class AckBook:
     def __init__(self, state: BrokerState, retention_s: float) -> None:
         self.db = state.db
         self.retention_s = retention_s
-        self.db.executescript(_SCHEMA)
 
     def expect(self, sender_id: str, body: p.OutgoingBody) -> None:
         self.db.execute(

@@ -19,27 +19,6 @@ from crossintercom import protocol as p
 from crossintercom.local_broker.state import BrokerState
 from crossintercom.models import Outcome, Receipt, SendResult
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS sent_queued (
-    message_id TEXT PRIMARY KEY,
-    sender TEXT NOT NULL,
-    body TEXT NOT NULL,             -- the OutgoingBody as sent, JSON
-    sent REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS dead_letters (
-    message_id TEXT NOT NULL,
-    recipient TEXT NOT NULL,        -- a session id, or the target as written
-    sender TEXT NOT NULL,
-    body TEXT NOT NULL,
-    outcome TEXT NOT NULL,
-    code TEXT,
-    reason TEXT,
-    at REAL NOT NULL,
-    resent_as TEXT,
-    PRIMARY KEY (message_id, recipient)
-);
-CREATE INDEX IF NOT EXISTS dead_letters_by_sender ON dead_letters (sender, at);
-"""
 # What never reached its recipient: at once (refused, not sent) or later (receipts).
 _DEAD_NOW = frozenset({Outcome.REFUSED, Outcome.NOT_SENT})
 _DEAD_LATER = frozenset({Outcome.EXPIRED, Outcome.REFUSED})
@@ -50,7 +29,6 @@ class DeadLetterBook:
     def __init__(self, state: BrokerState, retention_s: float) -> None:
         self.db = state.db
         self.retention_s = retention_s
-        self.db.executescript(_SCHEMA)
 
     def sent(self, sender_id: str, body: p.OutgoingBody, result: SendResult) -> None:
         """A send's result: its dead letters now, or its body kept while it may still fail."""

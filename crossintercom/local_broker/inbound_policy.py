@@ -28,23 +28,6 @@ from crossintercom.models import REFUSAL_ADVICE, Message, Outcome, Peer, Receipt
 Action = Literal["accept", "hold", "refuse"]
 ACTIONS: tuple[Action, ...] = ("accept", "hold", "refuse")
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS inbound_rules (
-    session TEXT NOT NULL,
-    pattern TEXT NOT NULL,
-    action TEXT NOT NULL,
-    PRIMARY KEY (session, pattern)
-);
-CREATE TABLE IF NOT EXISTS held_mail (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,
-    session TEXT NOT NULL,
-    message_id TEXT NOT NULL,
-    body TEXT NOT NULL,
-    held REAL NOT NULL,
-    UNIQUE (session, message_id)
-);
-"""
-
 
 def valid_pattern(pattern: str) -> bool:
     if pattern == "*":
@@ -75,7 +58,6 @@ class InboundPolicy:
     def __init__(self, state: BrokerState, registry: Registry) -> None:
         self.db = state.db
         self.registry = registry
-        self.db.executescript(_SCHEMA)
         # Each session's rules as last read: every message handed over asks for them, and
         # only ``set`` changes them (docs/perf-log/2026-12.md, "The hand-over's Python per
         # message").

@@ -17,64 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from crossintercom.config import synchronous_pragma
+from crossintercom.local_broker import schema
 from crossintercom.runtime import WAL_MAX_BYTES, bound_wal, truncate_wal
 from crossintercom.runtime_sqlite import connect_claimed
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS known_sessions (
-    id TEXT PRIMARY KEY,
-    name TEXT,
-    groups TEXT NOT NULL,
-    updated REAL NOT NULL,
-    wake TEXT                       -- the wake policy; NULL is 'every'
-);
-CREATE TABLE IF NOT EXISTS queue (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,
-    recipient TEXT NOT NULL,
-    kind TEXT NOT NULL,             -- 'message' or 'receipt'
-    item_id TEXT NOT NULL,
-    body TEXT NOT NULL,
-    enqueued REAL NOT NULL,
-    expires REAL NOT NULL,
-    UNIQUE (recipient, kind, item_id)
-);
-CREATE INDEX IF NOT EXISTS queue_by_recipient ON queue (recipient, seq);
-CREATE INDEX IF NOT EXISTS queue_by_expiry ON queue (expires);
-CREATE TABLE IF NOT EXISTS pending_replies (
-    ask_id TEXT NOT NULL,
-    replier TEXT NOT NULL,
-    asker_id TEXT NOT NULL,
-    asker_host TEXT NOT NULL,
-    body TEXT NOT NULL,
-    created REAL NOT NULL,
-    state TEXT NOT NULL,            -- 'open' or 'replied'
-    PRIMARY KEY (ask_id, replier)
-);
-CREATE INDEX IF NOT EXISTS pending_open ON pending_replies (replier, state, created);
-CREATE TABLE IF NOT EXISTS relay_outbox (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,
-    frame TEXT NOT NULL,            -- a broker -> relay frame, as JSON
-    expires REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS asks_sent (
-    ask_id TEXT PRIMARY KEY,
-    asker_id TEXT NOT NULL,
-    created REAL NOT NULL
-);
--- Who an ask went to: only that session may answer it (a forged reply_to answers nothing).
-CREATE TABLE IF NOT EXISTS ask_recipients (
-    ask_id TEXT PRIMARY KEY,
-    recipient_id TEXT NOT NULL,
-    created REAL NOT NULL
-);
--- The reply that answered an ask of a session of this host: a second one is already_replied,
--- from another host as from this one (the replier's host may not be the one that tells).
-CREATE TABLE IF NOT EXISTS asks_answered (
-    ask_id TEXT PRIMARY KEY,
-    reply_id TEXT NOT NULL,
-    created REAL NOT NULL
-);
-"""
 
 # Replied entries and sent asks are kept this long, so a second reply is told `already_replied`
 # and a late reply still finds its asker.
@@ -142,15 +87,17 @@ class BrokerState:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute(synchronous_pragma(synchronous))
         bound_wal(self._db, wal_max_bytes)
-        self._db.executescript(_SCHEMA)
-        columns = {r[1] for r in self._db.execute("PRAGMA table_info(known_sessions)")}
-        if "wake" not in columns:  # a file written before wake policies existed
-            self._db.execute("ALTER TABLE known_sessions ADD COLUMN wake TEXT")
+        try:
+            schema.upgrade(self._db, path)
+        except BaseException:
+            self._db.close()
+            raise
 
     @property
     def db(self) -> sqlite3.Connection:
-        """The file's connection, for the rooms that keep tables of their own in it
-        (``acks``); autocommit, one statement per change."""
+        """The file's connection, for the rooms that keep tables of their own in it (``acks``,
+        ``deadletters``, ``inbound_policy``; every table is ``schema``'s); autocommit, one
+        statement per change."""
         return self._db
 
     def checkpoint(self) -> None:
