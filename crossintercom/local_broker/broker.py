@@ -3,7 +3,8 @@
 Rooms: ``registry`` (sessions), ``registration`` (register), ``resolve`` (targets, pure),
 ``outcomes`` (rules, pure), ``delivery`` (push, ack, queue, backlog, receipts), ``handover``
 (messages from other hosts), ``relay_link`` (the relay). The handlers of the query frames
-(``queries``) and of the coordination frames (``coord``) are merged into its table. It knows
+(``queries.Queries``) and of the coordination frames (``coord.Coordination``) work on the rooms
+it gives them, and join its table. It knows
 nothing about SQL or other hosts: the relay carries messages for remote targets and hands in
 messages from them (docs/architecture.md).
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import sqlite3
 import time
@@ -21,17 +23,19 @@ from typing import Any
 from crossintercom import protocol as p
 from crossintercom.config import Settings
 from crossintercom.errors import Code, ProtocolError
-from crossintercom.local_broker import coord, outcomes, queries
+from crossintercom.local_broker import outcomes
 from crossintercom.local_broker.acks import AckBook
 from crossintercom.local_broker.aftercare import Aftercare
 from crossintercom.local_broker.authority import AuthorityUnavailable, DedupAuthority
-from crossintercom.local_broker.conn import Conn
+from crossintercom.local_broker.conn import Conn, Handler
+from crossintercom.local_broker.coord import Coordination
 from crossintercom.local_broker.deadletters import DeadLetterBook
 from crossintercom.local_broker.delivery import Delivery
 from crossintercom.local_broker.handover import Handover
 from crossintercom.local_broker.health import Health
 from crossintercom.local_broker.inbound_policy import InboundPolicy
 from crossintercom.local_broker.outcomes import Refusal
+from crossintercom.local_broker.queries import Queries
 from crossintercom.local_broker.registration import Registration
 from crossintercom.local_broker.registry import Registry
 from crossintercom.local_broker.relay_link import RelayLink
@@ -53,7 +57,7 @@ from crossintercom.safetext import is_one_line
 
 log = logging.getLogger(__name__)
 
-Handler = Callable[["Broker", Conn, Any], Coroutine[Any, Any, None]]
+Method = Callable[["Broker", Conn, Any], Coroutine[Any, Any, None]]
 
 
 class Broker:
@@ -81,10 +85,35 @@ class Broker:
         self.delivery.screen = self.inbound.screen
         self.relay.traffic = self.delivery.traffic = self.traffic
         self.traffic.archive_copy = self.relay.archive
+        self.queries = Queries(
+            self.host,
+            authority,
+            state,
+            self.registry,
+            self.relay,
+            self.health,
+            self.delivery,
+            self.inbound,
+        )
+        self.coord = Coordination(
+            self.registry,
+            self.aftercare,
+            self.acks,
+            self.dead,
+            self.inbound,
+            self.delivery,
+            self.reservations,
+            send=self._send,
+            spawn=self.spawn,
+        )
+        self._table: dict[type, Handler] = {
+            **{t: functools.partial(m, self) for t, m in self._methods.items()},
+            **self.queries.handlers,
+            **self.coord.handlers,
+        }
         self._tasks: set[asyncio.Task[Any]] = set()
         self._stop = asyncio.Event()
         self.idle_since: float | None = time.monotonic()
-        self.started = time.time()
 
     # --- connections ----------------------------------------------------------------------------
 
@@ -123,7 +152,7 @@ class Broker:
         ftype = type(frame).__struct_config__.tag
         assert isinstance(ftype, str)
         self.gate(conn, ftype)
-        await self._handlers[type(frame)](self, conn, frame)
+        await self._table[type(frame)](conn, frame)
 
     def gate(self, conn: Conn, ftype: str) -> None:
         if conn.session_id is None and ftype not in p.ANONYMOUS_TYPES:
@@ -196,10 +225,14 @@ class Broker:
     # --- sending ---------------------------------------------------------------------------
 
     async def _on_send(self, conn: Conn, f: p.Send) -> None:
-        self.ops.commits.busy += 1  # counted from its arrival: see GroupCommit
         if f.wait_s is not None and f.message.expects_reply:
             self.traffic.wait(f.message.id, f.wait_s)
-        self.spawn(self._answer(conn, f.request_id, f.message, self.ops.send(conn, f.message)))
+        self._send(conn, f.request_id, f.message)
+
+    def _send(self, conn: Conn, request_id: int, body: p.OutgoingBody) -> None:
+        """A send (or a resend) taken on: answered when its work is done."""
+        self.ops.commits.busy += 1  # counted from its arrival: see GroupCommit
+        self.spawn(self._answer(conn, request_id, body, self.ops.send(conn, body)))
 
     async def _on_reply(self, conn: Conn, f: p.Reply) -> None:
         self.ops.commits.busy += 1
@@ -356,7 +389,7 @@ class Broker:
     async def wait_stopped(self) -> None:
         await self._stop.wait()
 
-    _handlers: dict[type, Handler] = {
+    _methods: dict[type, Method] = {
         p.Register: _on_register,
         p.Send: _on_send,
         p.Reply: _on_reply,
@@ -384,5 +417,3 @@ class Broker:
 _WENT_NOWHERE = frozenset({Outcome.REFUSED, Outcome.NOT_SENT, Outcome.UNKNOWN})
 # Outcomes after which an acknowledgement may come.
 _ARRIVING = frozenset({Outcome.DELIVERED, Outcome.QUEUED, Outcome.SHOWN})
-Broker._handlers.update(queries.HANDLERS)
-Broker._handlers.update(coord.HANDLERS)

@@ -6,7 +6,7 @@ import asyncio
 import itertools
 import logging
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, Final
 
 from crossintercom import protocol as p
@@ -125,3 +125,7 @@ class Conn:
         if due:
             at = max(due[0][0], now + timeout / SWEEPS_PER_TIMEOUT)
             self._sweep_at = loop.call_at(at, self._sweep, timeout)
+
+
+# A frame's handler, given the connection it came on and the frame (the broker's table).
+Handler = Callable[[Conn, Any], Coroutine[Any, Any, None]]
