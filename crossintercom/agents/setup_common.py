@@ -110,24 +110,36 @@ class Agent:
 
     def curl_wait(self, fmt: str, timeout: int) -> str:
         """The wake hook as a ``curl`` long poll of the gateway's ``/wait``: the token from
-        ``$CROSSINTERCOM_TOKEN`` goes in on stdin (``-H @-``), never in an argument. For
-        Claude Code the hand-over goes to stderr and exits 2, as ``wait --format claude-hook``
-        does; nothing, or a gateway not reached, exits 0. The closing comment lets setup find
-        its own hook again."""
+        ``$CROSSINTERCOM_TOKEN`` goes in on stdin (``-H @-``), never in an argument. The
+        answer's first line is a key: only if the hook's parent (the harness, ``$PPID``) is
+        still alive and still its parent does it confirm with ``POST /wait/shown?key=KEY``,
+        which marks the mail shown; a curl that outlived its harness confirms nothing and the
+        mail stays unseen.
+        For Claude Code the hand-over goes to stderr and exits 2, as ``wait --format
+        claude-hook`` does; nothing, or a gateway not reached, exits 0. The closing comment
+        lets setup find its own hook again."""
         assert self.gateway is not None
-        url = f"{self.gateway.rstrip('/')}/wait?format={fmt}&timeout={timeout}"
+        base = self.gateway.rstrip("/")
         ca = f" --cacert {shlex.quote(self.gateway_ca)}" if self.gateway_ca else ""
-        fetch = (
-            "printf 'Authorization: Bearer %s\\n' \"$CROSSINTERCOM_TOKEN\" | curl -sS --fail "
-            f"--max-time {timeout + 60}{ca} -H @- {shlex.quote(url)}"
+        auth = "printf 'Authorization: Bearer %s\\n' \"$CROSSINTERCOM_TOKEN\" | curl -sS --fail"
+        fetch = f"{auth} --max-time {timeout + 60}{ca} -H @- " + shlex.quote(
+            f"{base}/wait?format={fmt}&timeout={timeout}"
         )
+        confirm = f"{auth} --max-time 30{ca} -H @- -X POST " + shlex.quote(
+            f"{base}/wait/shown?key="
+        )
+        shown = ">&2; exit 2" if fmt == "claude-hook" else "; exit 0"
         marker = f" # crossintercom wait --format {fmt}"
-        if fmt == "claude-hook":
-            return (
-                f'out=$({fetch}) || exit 0; [ -n "$out" ] || exit 0; '
-                f"printf '%s\\n' \"$out\" >&2; exit 2" + marker
-            )
-        return f"{fetch} || exit 0" + marker
+        return (
+            f'out=$({fetch}) || exit 0; [ -n "$out" ] || exit 0; '
+            "key=$(printf '%s\\n' \"$out\" | head -n 1); "
+            'case "$key" in ""|*[!A-Za-z0-9_-]*) exit 0;; esac; '
+            'kill -0 "$PPID" 2>/dev/null || exit 0; '
+            # Linux: reparented (the harness gone, even as a zombie or its pid reused).
+            '[ ! -r /proc/$$/stat ] || [ "$(cut -d" " -f4 /proc/$$/stat)" = "$PPID" ] || exit 0; '
+            f'{confirm}"$key" >/dev/null || :; '
+            f"printf '%s\\n' \"$out\" | tail -n +2 {shown}" + marker
+        )
 
 
 def script_source(template: str, agent: Agent, wait_s: int) -> str:

@@ -16,6 +16,8 @@ import asyncio
 import contextlib
 import json
 import logging
+import secrets
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs
@@ -37,6 +39,11 @@ log = logging.getLogger(__name__)
 
 PATH = "/mcp"
 WAIT_PATH = "/wait"
+# A hook confirms here that its harness read what a poll handed it (docs/agents.md#mcp-over-http).
+SHOWN_PATH = "/wait/shown"
+# Hand-overs awaiting their confirmation, per session: older ones are forgotten (their mail
+# stays unseen, handed again by the next poll).
+MAX_HANDED = 64
 WAIT_FORMATS = ("text", "claude-hook", "codex-hook")
 # A wake hook's long poll lasts at most this long (Claude Code's hook runs an hour).
 MAX_WAIT_S = 3600.0
@@ -52,6 +59,8 @@ class _Held:
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     # Set when the grant ends: a long poll under way returns with nothing shown.
     stop: asyncio.Event = field(default_factory=asyncio.Event)
+    # Confirmation key -> the inbox seqs a poll handed over, not marked shown until confirmed.
+    handed: OrderedDict[str, frozenset[int]] = field(default_factory=OrderedDict)
 
 
 class McpGateway:
@@ -72,7 +81,7 @@ class McpGateway:
         if not self.tls and not is_loopback(str(client[0])):
             return await _deny(send, 403, Code.GATEWAY_PLAIN_HTTP, "plain HTTP: loopback only")
         path = scope["path"].rstrip("/")
-        if path not in (PATH, WAIT_PATH):
+        if path not in (PATH, WAIT_PATH, SHOWN_PATH):
             return await _deny(send, 404, Code.NOT_FOUND, f"this gateway serves MCP at {PATH}")
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         kind, _, token = headers.get("authorization", "").partition(" ")
@@ -87,12 +96,16 @@ class McpGateway:
         held = await self._hold(grant)
         if path == WAIT_PATH:
             return await self._wait(held, scope, receive, send)
+        if path == SHOWN_PATH:
+            return await _confirm(held, scope, send)
         await held.server.session_manager.handle_request(scope, receive, send)
 
     async def _wait(self, held: _Held, scope: Scope, receive: Any, send: Any) -> None:
-        """``GET /wait?format=F&timeout=S``: a wake hook's long poll (``curl``). Returns the
-        hand-over (200, and it is shown) once mail the session's wake policy wakes for is
-        unseen, or 204 after ``timeout`` seconds with nothing shown."""
+        """``GET /wait?format=F&timeout=S``: a wake hook's long poll (``curl``). Returns 200
+        once mail the session's wake policy wakes for is unseen: a confirmation key on the
+        first line, then the hand-over; or 204 after ``timeout`` seconds. Nothing is marked
+        shown here: only ``POST /wait/shown?key=KEY`` does, sent by a hook that checked its
+        harness is still there to read it (a curl outliving its harness must not lose mail)."""
         query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
         fmt = query.get("format", ["text"])[0]
         if fmt not in WAIT_FORMATS:
@@ -102,11 +115,13 @@ class McpGateway:
         except ValueError:
             return await _deny(send, 400, Code.INVALID_ARGUMENT, "timeout: seconds")
         said: list[str] = []
+        handed: list[Entry] = []
 
         def write(entries: list[Entry]) -> list[Entry]:
             text, shown = hand_over(fmt, entries, held.grant.name)
             said.append(text)
-            return shown
+            handed.extend(shown)
+            return []  # marked once the hook confirms
 
         # Nothing is shown to a poll that is gone: its client hung up, or the grant ended.
         stop = asyncio.Event()
@@ -115,17 +130,21 @@ class McpGateway:
             asyncio.create_task(_relay(held.stop, stop)),
         ]
         try:
-            got = await wait_on(held.session, write, timeout=timeout, stop=stop)
+            await wait_on(held.session, write, timeout=timeout, stop=stop)
         finally:
             for task in watchers:
                 task.cancel()
-        if stop.is_set() and not got:
+        if stop.is_set() and not handed:
             return
-        if not got:
+        if not handed:
             await send({"type": "http.response.start", "status": 204, "headers": []})
             await send({"type": "http.response.body", "body": b""})
             return
-        body = (said[0] + "\n").encode()
+        key = secrets.token_urlsafe(16)
+        held.handed[key] = frozenset(e.seq for e in handed)
+        while len(held.handed) > MAX_HANDED:
+            held.handed.popitem(last=False)
+        body = f"{key}\n{said[0]}\n".encode()
         kind = b"application/json" if fmt == "codex-hook" else b"text/plain; charset=utf-8"
         await send(
             {"type": "http.response.start", "status": 200, "headers": [(b"content-type", kind)]}
@@ -169,6 +188,25 @@ class McpGateway:
         for held in list(self.held.values()):
             await _close(held)
         self.held.clear()
+
+
+async def _confirm(held: _Held, scope: Scope, send: Any) -> None:
+    """``POST /wait/shown?key=KEY``: mark shown what the poll that answered KEY handed over
+    (what is still unseen of it: the ``inbox`` tool may have shown some meanwhile); 204."""
+    if scope["method"] != "POST":
+        return await _deny(send, 405, Code.INVALID_ARGUMENT, f"POST {SHOWN_PATH}?key=KEY")
+    query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+    seqs = held.handed.pop(query.get("key", [""])[0], None)
+    if seqs is None:
+        # Unknown or already used (or the gateway restarted since): its mail stays unseen.
+        return await _deny(send, 404, Code.NOT_FOUND, "no hand-over awaits this key")
+    try:
+        held.session.show(lambda entries: [e for e in entries if e.seq in seqs])
+    except CrossintercomError as exc:
+        held.handed[query["key"][0]] = seqs  # not marked: the hook may confirm again
+        return await _deny(send, 503, exc.code, exc.message)
+    await send({"type": "http.response.start", "status": 204, "headers": []})
+    await send({"type": "http.response.body", "body": b""})
 
 
 async def _until_gone(receive: Any, stop: asyncio.Event) -> None:

@@ -100,17 +100,28 @@ async def _refusals(gw: Gateway, token: str, a: Host) -> None:
     assert answer.json()["error"]["code"] == "gateway_token_revoked"
 
 
+def _setup_curl_hook(gw: Gateway, project: Path) -> dict[str, Any]:
+    """`setup claude-code --gateway` for worker in ``project`` (twice: the same files, one
+    hook); the Stop hook it wrote."""
+    args = ("setup", "claude-code", "--as", "worker", "--dir", str(project))
+    url = f"https://localhost:{gw.mcp_port}"
+    for _ in range(2):
+        out = run_cli(clean_env(), *args, "--gateway", url, "--gateway-ca", str(gw.certs.ca))
+        assert out.returncode == 0, out.stderr
+    settings = json.loads((project / ".claude" / "settings.local.json").read_text())
+    (group,) = settings["hooks"]["Stop"]
+    (hook,) = group["hooks"]
+    return dict(hook)
+
+
 def test_setup_writes_the_http_entry_and_a_curl_hook_that_wakes(
     gateway: tuple[Gateway, Host, Host],
 ) -> None:
     gw, a, b = gateway
     token = Path(gw.grant("worker")).read_text().strip()
     project = gw.root / "project"
-    args = ("setup", "claude-code", "--as", "worker", "--dir", str(project))
     url = f"https://localhost:{gw.mcp_port}"
-    for _ in range(2):  # again: the same files, one hook
-        out = run_cli(clean_env(), *args, "--gateway", url, "--gateway-ca", str(gw.certs.ca))
-        assert out.returncode == 0, out.stderr
+    _setup_curl_hook(gw, project)
     entry = json.loads((project / ".mcp.json").read_text())["mcpServers"]["crossintercom"]
     assert entry == {
         "type": "http",
@@ -145,6 +156,74 @@ def test_setup_writes_the_http_entry_and_a_curl_hook_that_wakes(
     assert waiting.returncode == 2, err
     assert f"id={sent['id']}" in err and "wake over curl" in err, err
     assert token not in err
+    # Its harness (here: the test) read it, so the hook confirmed: it was marked shown.
+    assert _poll(gw, token, 1).communicate(timeout=90)[0] == ""
+
+
+def _poll(gw: Gateway, token: str, timeout: int, path: str = "") -> subprocess.Popen[str]:
+    """``curl`` of the gateway's /wait (or, with ``path``, that path), the token on stdin."""
+    url = f"https://localhost:{gw.mcp_port}" + (path or f"/wait?format=text&timeout={timeout}")
+    method = ["-X", "POST"] if path else []
+    proc = subprocess.Popen(
+        ["curl", "-sS", "--fail", "--cacert", str(gw.certs.ca), *method, "-H", "@-", url],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdin is not None
+    proc.stdin.write(f"Authorization: Bearer {token}\n")
+    proc.stdin.close()
+    proc.stdin = None
+    return proc
+
+
+def _running(pid: int) -> bool:
+    """Not exited (a zombie counts as exited: whoever reaps it, it runs no more)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def test_a_curl_hook_outliving_its_harness_marks_nothing_shown(
+    gateway: tuple[Gateway, Host, Host],
+) -> None:
+    """The harness ends while its wake hook's curl waits; mail then comes and is handed to the
+    curl. The hook finds its harness gone and confirms nothing: the mail stays unseen, handed
+    to the next poll, and is marked shown only once that poll's key is confirmed."""
+    gw, a, b = gateway
+    token = Path(gw.grant("worker")).read_text().strip()
+    hook = _setup_curl_hook(gw, gw.root / "project")
+    err = gw.root / "hook.err"
+    # The "harness": a process that starts the hook through a shell, as Claude Code does.
+    harness = subprocess.Popen(
+        ["sh", "-c", 'sh -c "$HOOK" >/dev/null 2>"$ERR" </dev/null & echo $!; exec sleep 600'],
+        env=clean_env(CROSSINTERCOM_TOKEN=token, HOOK=hook["command"], ERR=str(err)),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert harness.stdout is not None
+    hook_pid = int(harness.stdout.readline())
+    wait_for(lambda: _online(a, "worker"), 30, "the gateway to hold worker for the hook")
+    harness.kill()  # it ends; its hook's curl waits on
+    harness.communicate()
+    assert _running(hook_pid)
+    sent = b.cli_json("send", "--as", "lead", "--to", "worker@A", "after the harness ended")
+    wait_for(lambda: not _running(hook_pid), 120, "the hook to be handed the mail and exit")
+    assert err.read_text() == ""  # it handed nothing on, to no one
+    out, _ = _poll(gw, token, 60).communicate(timeout=90)
+    key, text = out.split("\n", 1)
+    assert f"id={sent['id']}" in text and "after the harness ended" in text, out
+    # Confirmed, it is shown: the next poll waits its timeout out with nothing.
+    confirm = f"/wait/shown?key={key}"
+    done = _poll(gw, token, 0, confirm).communicate(timeout=60)
+    assert done == ("", ""), done
+    assert _poll(gw, token, 1).communicate(timeout=90)[0] == ""
+    again = _poll(gw, token, 0, confirm)
+    again.communicate(timeout=60)
+    assert again.returncode == 22  # curl --fail: 404, the key was used
 
 
 def test_a_poll_whose_client_is_gone_shows_nothing(gateway: tuple[Gateway, Host, Host]) -> None:
@@ -152,19 +231,7 @@ def test_a_poll_whose_client_is_gone_shows_nothing(gateway: tuple[Gateway, Host,
     token = Path(gw.grant("worker")).read_text().strip()
 
     def poll(timeout: int) -> subprocess.Popen[str]:
-        url = f"https://localhost:{gw.mcp_port}/wait?format=text&timeout={timeout}"
-        proc = subprocess.Popen(
-            ["curl", "-sS", "--fail", "--cacert", str(gw.certs.ca), "-H", "@-", url],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        assert proc.stdin is not None
-        proc.stdin.write(f"Authorization: Bearer {token}\n")
-        proc.stdin.close()
-        proc.stdin = None
-        return proc
+        return _poll(gw, token, timeout)
 
     gone = poll(600)
     wait_for(lambda: _online(a, "worker"), 30, "the gateway to hold worker for the poll")
