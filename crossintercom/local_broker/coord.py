@@ -5,6 +5,7 @@ docs/agents.md#inbound-policy, #path-reservations); the broker's dispatch table 
 from __future__ import annotations
 
 from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -26,31 +27,22 @@ from crossintercom.local_broker.registry import Registry
 from crossintercom.local_broker.reservations import ReservationDesk
 
 
+@dataclass(eq=False)
 class Coordination:
     """The coordination frames' handlers over the rooms they use. ``send`` is how the broker
     sends a message for a connection and answers it (a resend is a send)."""
 
-    def __init__(
-        self,
-        registry: Registry,
-        aftercare: Aftercare,
-        acks: AckBook,
-        dead: DeadLetterBook,
-        inbound: InboundPolicy,
-        delivery: Delivery,
-        reservations: ReservationDesk,
-        send: Callable[[Conn, int, p.OutgoingBody], None],
-        spawn: Callable[[Coroutine[Any, Any, Any]], None],
-    ) -> None:
-        self.registry = registry
-        self.aftercare = aftercare
-        self.acks = acks
-        self.dead = dead
-        self.inbound = inbound
-        self.delivery = delivery
-        self.reservations = reservations
-        self.send = send
-        self.spawn = spawn
+    registry: Registry
+    aftercare: Aftercare
+    acks: AckBook
+    dead: DeadLetterBook
+    inbound: InboundPolicy
+    delivery: Delivery
+    reservations: ReservationDesk
+    send: Callable[[Conn, int, p.OutgoingBody], None]
+    spawn: Callable[[Coroutine[Any, Any, Any]], None]
+
+    def __post_init__(self) -> None:
         self.handlers: dict[type, Handler] = {
             p.Acknowledge: self._on_acknowledge,
             p.AckWaits: self._on_ack_waits,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import dataclass, field
 
 from crossintercom import protocol as p
 from crossintercom.local_broker.authority import DedupAuthority
@@ -19,29 +20,21 @@ from crossintercom.local_broker.state import BrokerState
 from crossintercom.models import Message
 
 
+@dataclass(eq=False)
 class Queries:
     """The query frames' handlers over the rooms they read."""
 
-    def __init__(
-        self,
-        host: str,
-        authority: DedupAuthority,
-        state: BrokerState,
-        registry: Registry,
-        relay: RelayLink,
-        health: Health,
-        delivery: Delivery,
-        inbound: InboundPolicy,
-    ) -> None:
-        self.host = host
-        self.authority = authority
-        self.state = state
-        self.registry = registry
-        self.relay = relay
-        self.health = health
-        self.delivery = delivery
-        self.inbound = inbound
-        self.started = time.time()
+    host: str
+    authority: DedupAuthority
+    state: BrokerState
+    registry: Registry
+    relay: RelayLink
+    health: Health
+    delivery: Delivery
+    inbound: InboundPolicy
+    started: float = field(default_factory=time.time)
+
+    def __post_init__(self) -> None:
         self.handlers: dict[type, Handler] = {
             p.Ping: self._on_ping,
             p.ListSessions: self._on_list,
