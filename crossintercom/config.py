@@ -110,11 +110,13 @@ class Settings:
     retire_idle_s: float = 0.0
     remote_ack_wait_s: float = 5.0
     lease_s: float = 15.0
-    # How often the relay bumps its heartbeat (its one idle commit); a lease under three of
-    # these is taken as three (docs/storage.md). Every host of a store should use the same.
-    heartbeat_s: float = 1.5
+    # How often the relay bumps its heartbeat (its one idle commit: lease_s / 3, so at most 0.2
+    # commits per second); a lease under three of these is taken as three (docs/storage.md).
+    # Every host of a store should use the same.
+    heartbeat_s: float = 5.0
     # How often the relay looks for other sessions holding up the store (PostgreSQL: idle in a
-    # transaction, or holding a lock relays wait behind; relay/stuck.py, docs/operations.md).
+    # transaction, or holding a lock relays wait behind; relay/stuck.py, docs/operations.md),
+    # inside the next heartbeat's transaction; housekeeping_s likewise.
     stuck_check_s: float = 15.0
     max_in_flight: int = 1000
     # Bounds on files that would otherwise only grow (docs/operations.md, "Bounded files").

@@ -5,14 +5,14 @@ overseer page; read-only, and never on a delivery's path.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from typing import Literal
 
 from crossintercom.config import Settings
 from crossintercom.inbox_search import search_inboxes
 from crossintercom.search_model import SearchHit, SearchQuery
-from crossintercom.storage import ArchiveStore, open_archive
-from crossintercom.storage.connection import connection_url
+from crossintercom.storage import ArchiveStore, MailboxStore
 
 Source = Literal["archive", "inbox"]
 
@@ -23,24 +23,19 @@ class SearchResult:
     hits: list[SearchHit]
 
 
-def open_history(settings: Settings) -> ArchiveStore | None:
-    """The archive when this host has a store (schema checked) and the archive is on."""
-    url = connection_url(settings)
-    if url is None:
+async def history_archive(store: MailboxStore | None) -> ArchiveStore | None:
+    """The store's archive when there is a store (its schema checked when it was opened) and
+    the archive is on."""
+    if store is None or not (await store.archive.archive_settings()).enabled:
         return None
-    archive = open_archive(url)
-    try:
-        archive.check_schema()
-        if archive.archive_settings().enabled:
-            return archive
-    except BaseException:
-        archive.close()
-        raise
-    archive.close()
-    return None
+    return store.archive
 
 
-def search(settings: Settings, query: SearchQuery, archive: ArchiveStore | None) -> SearchResult:
+async def search(
+    settings: Settings, query: SearchQuery, archive: ArchiveStore | None
+) -> SearchResult:
     if archive is not None:
-        return SearchResult("archive", archive.search(query))
-    return SearchResult("inbox", search_inboxes(settings.inbox_dir, settings.host_id, query))
+        return SearchResult("archive", await archive.search(query))
+    # The inboxes are files of this host: read off the loop.
+    hits = await asyncio.to_thread(search_inboxes, settings.inbox_dir, settings.host_id, query)
+    return SearchResult("inbox", hits)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+from typing import TYPE_CHECKING
+
 import click
 
 from crossintercom.cli.common import json_option, settings
@@ -11,6 +14,11 @@ from crossintercom.errors import UsageError
 from crossintercom.safetext import for_terminal, terminal_line
 from crossintercom.search_model import SearchHit, SearchQuery, search_terms
 from crossintercom.timeparse import parse_age, parse_since
+
+if TYPE_CHECKING:
+    from crossintercom import history
+    from crossintercom.config import Settings
+    from crossintercom.storage import ArchiveSettings
 
 
 @click.command()
@@ -34,8 +42,6 @@ def search(
 ) -> None:
     """Full-text search of the archive (every host's messages, when the store keeps one),
     otherwise of this host's inboxes; best matches first, with snippets."""
-    from crossintercom import history
-
     if not search_terms(query):
         raise UsageError("the query has no words to search for")
     try:
@@ -44,12 +50,7 @@ def search(
         raise UsageError(str(exc)) from None
     cfg = settings()
     q = SearchQuery(query, sender, recipient, host, thread, when, limit)
-    archive = history.open_history(cfg)
-    try:
-        result = history.search(cfg, q, archive)
-    finally:
-        if archive is not None:
-            archive.close()
+    result = asyncio.run(_search(cfg, q))
     if as_json:
         emit_json([h.to_json() for h in result.hits])
         return
@@ -60,6 +61,23 @@ def search(
     click.echo(f"{len(result.hits)} match(es) in {where}, best first:")
     for hit in result.hits:
         click.echo(_format_hit(hit))
+
+
+async def _search(cfg: Settings, q: SearchQuery) -> history.SearchResult:
+    """The archive through the store (one connection, schema checked on opening it) when this
+    host has a store and the archive is on; else this host's inboxes."""
+    from crossintercom import history
+    from crossintercom.storage import open_store
+    from crossintercom.storage.connection import connection_url
+
+    url = connection_url(cfg)
+    if url is None:
+        return await history.search(cfg, q, None)
+    store = await open_store(url)
+    try:
+        return await history.search(cfg, q, await history.history_archive(store))
+    finally:
+        await store.aclose()
 
 
 def _format_hit(hit: SearchHit) -> str:
@@ -91,7 +109,6 @@ def archive(action: str, retention: str | None, store_url: str | None, as_json: 
     """
     from dataclasses import replace
 
-    from crossintercom.storage import open_archive
     from crossintercom.storage.connection import connection_url
 
     cfg = settings()
@@ -99,22 +116,28 @@ def archive(action: str, retention: str | None, store_url: str | None, as_json: 
     if not url:
         raise UsageError("no store given: pass --store URL or set CROSSINTERCOM_STORE")
     keep = _retention_s(retention) if retention is not None else None
-    store = open_archive(url)
-    try:
-        store.check_schema()  # with its own clear message
-        if action == "status":
-            if keep is not None:
-                raise UsageError("--retention goes with 'on' or 'off'")
-            state = store.archive_settings()
-        else:
-            state = store.set_archive(enabled=action == "on", retention_s=keep)
-    finally:
-        store.close()
+    if action == "status" and keep is not None:
+        raise UsageError("--retention goes with 'on' or 'off'")
+    state = asyncio.run(_archive_state(url, None if action == "status" else action == "on", keep))
     if as_json:
         emit_json({"enabled": state.enabled, "retention_s": state.retention_s})
         return
     days = state.retention_s / 86400
     click.echo(f"archive is {'on' if state.enabled else 'off'} (retention {days:g} days)")
+
+
+async def _archive_state(url: str, enabled: bool | None, keep: int | None) -> ArchiveSettings:
+    """The archive setting, set first unless ``enabled`` is None; through the store, whose
+    opening checks the schema with its own clear message."""
+    from crossintercom.storage import open_store
+
+    store = await open_store(url)
+    try:
+        if enabled is None:
+            return await store.archive.archive_settings()
+        return await store.archive.set_archive(enabled=enabled, retention_s=keep)
+    finally:
+        await store.aclose()
 
 
 # The store keeps the retention in a 32-bit column (PostgreSQL's integer): about 68 years.

@@ -141,6 +141,14 @@ def demo(as_json: bool) -> None:
     "hosts on the one database (6 with --quick).",
 )
 @click.option(
+    "--hosts",
+    type=click.IntRange(2, 1000),
+    metavar="N",
+    help="With --scale on PostgreSQL: only N hosts on the one server, once (their idle commits, "
+    "connections, memory, and every host delivering), bounded by N; e.g. --hosts 100 "
+    "--own-postgres, a server at its defaults (docs/operations.md, Sizing).",
+)
+@click.option(
     "--chart",
     "chart",
     type=click.Path(dir_okay=False, writable=True, path_type=Path),
@@ -168,6 +176,7 @@ def bench(
     own_postgres: bool,
     polling: bool,
     as_json: bool,
+    hosts: int | None = None,
 ) -> None:
     """Latency and throughput of every path, beside raw baselines measured in the same run."""
     import json
@@ -176,8 +185,15 @@ def bench(
 
     if own_postgres and store_url is not None:
         raise click.UsageError("--own-postgres starts its own store; leave out --store")
+    if hosts is not None and not scale:
+        raise click.UsageError("--hosts goes with --scale")
     report = run_bench(
-        store_url, quick=quick, scale=scale, own_postgres=own_postgres, polling=polling
+        store_url,
+        quick=quick,
+        scale=scale,
+        own_postgres=own_postgres,
+        polling=polling,
+        hosts=hosts,
     )
     if chart is not None:
         write_chart(report, chart)

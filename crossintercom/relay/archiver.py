@@ -1,11 +1,12 @@
 """The relay's archive writer: copies off the delivery path, in batches (docs/archive.md).
 
 Copies arrive from the broker (``archive`` frames) after their senders had their outcomes. They
-wait in a bounded in-memory queue and are written in batches by one thread of the archiver's
-own, over the archive's own database connection, so neither a slow nor a failing archive can
-take a thread, a connection or a moment from a delivery. When the queue is full, or a batch
-fails, copies are dropped and counted in the log: the archive is a record kept for people,
-never a part of the delivery contract.
+wait in a bounded in-memory queue and are written in batches by a task of the archiver's own,
+on the store's driver (``store.archive``): nothing waits for that task, and a batch holds the
+relay's statement connection no longer than the archive's statement and lock timeouts
+(docs/archive.md), so a failing archive fails its batch alone and a slow one is cut short.
+When the queue is full, or a batch fails, copies are dropped and counted in the log: the
+archive is a record kept for people, never a part of the delivery contract.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Final
 
 from crossintercom import protocol as p
@@ -40,8 +40,6 @@ class Archiver:
         self.dropped = 0
         self.written = 0
         self._queue: asyncio.Queue[ArchiveEntry | ReceiptUpdate] = asyncio.Queue(QUEUE_LIMIT)
-        # One thread of its own: a hung archive statement blocks only this thread.
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="relay-archive")
         self._sessions: dict[str, SessionInfo] = {}
 
     def know(self, sessions: list[SessionInfo]) -> None:
@@ -83,9 +81,7 @@ class Archiver:
     async def refresh(self) -> bool:
         """Re-read the store-wide setting; True when it changed."""
         try:
-            settings = await asyncio.get_running_loop().run_in_executor(
-                self._pool, self.archive.archive_settings
-            )
+            settings = await self.archive.archive_settings()
         except StoreError as exc:
             log.warning("archive settings unreadable", extra={"error": exc.message})
             return False
@@ -99,7 +95,6 @@ class Archiver:
 
     async def loop(self, on_change: Callable[[bool], None]) -> None:
         """Write batches until cancelled; re-read the setting and purge now and then."""
-        loop = asyncio.get_running_loop()
         next_settings = 0.0
         next_purge = time.monotonic() + PURGE_EVERY_S
         while True:
@@ -109,17 +104,15 @@ class Archiver:
                 next_settings = float("inf")
                 if await self.refresh():
                     on_change(self.enabled)
-                await self._release_if_off()
             if now >= next_purge:  # also while off: old copies still go at their time
                 next_purge = now + PURGE_EVERY_S
                 with contextlib.suppress(StoreError):
-                    await loop.run_in_executor(self._pool, self.archive.purge_archive)
-                await self._release_if_off()
+                    await self.archive.purge_archive()
             batch = await self._take(timeout=max(0.05, min(next_purge - time.monotonic(), 5.0)))
             if not batch:
                 continue
             try:
-                await loop.run_in_executor(self._pool, self.archive.archive, batch)
+                await self.archive.archive(batch)
                 self.written += len(batch)
             except StoreError as exc:
                 self.dropped += len(batch)
@@ -130,13 +123,6 @@ class Archiver:
             except Exception:
                 self.dropped += len(batch)
                 log.exception("archive write failed; copies dropped")
-
-    async def _release_if_off(self) -> None:
-        """While the archive is off its connection is closed between the rare reads (a host
-        keeps to three database connections: docs/performance.md); it opens again on use."""
-        if not self.enabled:
-            with contextlib.suppress(Exception):
-                await asyncio.get_running_loop().run_in_executor(self._pool, self.archive.release)
 
     async def _take(self, timeout: float) -> list[ArchiveEntry | ReceiptUpdate]:
         try:
@@ -154,12 +140,6 @@ class Archiver:
             except TimeoutError:
                 break
         return batch
-
-    def close(self) -> None:
-        # A write stuck on a dead archive must not hold the relay's exit.
-        self._pool.shutdown(wait=False, cancel_futures=True)
-        with contextlib.suppress(Exception):
-            self.archive.close()
 
 
 def _name(info: SessionInfo | None) -> str | None:

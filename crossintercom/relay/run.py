@@ -21,7 +21,7 @@ from crossintercom.relay import lockguard, syncguard
 from crossintercom.relay.service import Relay, RelayError, RelayInUse
 from crossintercom.relay.systemd import Notifier
 from crossintercom.runtime import LockHeld, ensure_runtime_dir, hold_pid_lock
-from crossintercom.storage import MailboxStore, mask_url, open_archive, open_store, parse_store_url
+from crossintercom.storage import MailboxStore, mask_url, open_store, parse_store_url
 from crossintercom.storage.connection import connection_url, tls_refused
 from crossintercom.storage.lockcheck import LockBeacon
 from crossintercom.storage.poolers import require_own_session
@@ -237,8 +237,7 @@ async def _relay(
     guards: list[asyncio.Task[None]] = []
     relay: Relay | None = None
     try:
-        archive = open_archive(url, host_id=settings.host_id)
-        relay = Relay(settings, store, archive)
+        relay = Relay(settings, store, store.archive)
         relay.notifier = notifier
         if settings.metrics:
             host, port = relay.metrics.serve(settings.metrics)

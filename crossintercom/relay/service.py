@@ -25,6 +25,7 @@ from crossintercom.errors import Code, CrossintercomError, StoreError
 from crossintercom.machine import machine_identity
 from crossintercom.models import SessionInfo, new_id, rightful_claims
 from crossintercom.relay.archiver import Archiver
+from crossintercom.relay.chores import Chores
 from crossintercom.relay.core import RelayCore
 from crossintercom.relay.inbound import POLL_BACKSTOP_S, Inbound
 from crossintercom.relay.late import LateReceipts
@@ -42,6 +43,7 @@ from crossintercom.storage import (
     Wake,
 )
 from crossintercom.storage.driver import loop_blocked
+from crossintercom.storage.interface import Chore
 from crossintercom.storage.liveness import effective_lease
 from crossintercom.testhooks import stop_at
 
@@ -137,7 +139,6 @@ class Relay(RelayCore):
             self.outbound.loop(),
             self.inbound.loop(),
             self.late_receipts.loop(),
-            self._housekeeping_loop(),
             self.record_errors(),
         ]
         if self.archiver is not None:
@@ -161,8 +162,6 @@ class Relay(RelayCore):
             await self._say_goodbye()
             await self.client.close()
             waiter_thread.join(POLL_BACKSTOP_S + 1)
-            if self.archiver is not None:
-                self.archiver.close()
         if self.failure is not None:
             raise self.failure
 
@@ -366,7 +365,7 @@ class Relay(RelayCore):
         )
         self.stop()
 
-    async def _watched_heartbeat(self) -> Beat | None:
+    async def _watched_heartbeat(self, chores: Sequence[Chore] = ()) -> Beat | None:
         """The heartbeat, reported in `status` while it hangs: a writer stuck holding the SQLite
         file's lock (or a database that stopped answering) shows within STALL_REPORT_S rather
         than only after every busy timeout and retry has run out."""
@@ -375,7 +374,7 @@ class Relay(RelayCore):
         async def consume_then_beat() -> Beat | None:
             # Handled receipts go first, so the beat's probe sees only receipts not handled.
             await self.inbound.receipts.consume()
-            return await self.store.beat(self.host, self.generation, local_ids)
+            return await self.store.beat(self.host, self.generation, local_ids, chores)
 
         beat = asyncio.ensure_future(consume_then_beat())
         due = asyncio.get_running_loop().time() + STALL_REPORT_S
@@ -397,7 +396,7 @@ class Relay(RelayCore):
             with contextlib.suppress(TimeoutError):
                 # Whose transaction it waits behind, where the store can say (PostgreSQL);
                 # the check logs a session it names itself.
-                named = await asyncio.wait_for(self.stuck.check(1.0, now=True), STALL_REPORT_S)
+                named = await asyncio.wait_for(self.stuck.check(1.0), STALL_REPORT_S)
             if named is None:
                 log.warning("%s", why)
             self.report_store(named or why)
@@ -415,11 +414,13 @@ class Relay(RelayCore):
                 log.warning("roster import failed: %s", exc.message)
 
     async def _heartbeat_loop(self) -> None:
-        # One statement per heartbeat_s when idle: the heartbeat, whose answer carries the
-        # leases, the roster revisions and the poll backstop's probe (docs/storage.md).
+        # One transaction per heartbeat_s when idle: the heartbeat, whose answer carries the
+        # leases, the roster revisions and the poll backstop's probe, with the periodic chores
+        # in it when they are due (docs/storage.md, "Idle load").
+        chores = Chores(self, self.stuck, self._watched_heartbeat)
         while not self.stopping.is_set():
             try:
-                beat = await self._watched_heartbeat()
+                beat = await chores.beat()
                 if beat is None:
                     self.fenced()
                     return
@@ -428,7 +429,7 @@ class Relay(RelayCore):
                     self.metrics.queued(await self.store.queued_mail(self.host))
                     gen = self.generation
                     self.metrics.reserved(await self.store.reservation_counts(self.host, gen))
-                self.report_store(await self.stuck.check())
+                self.report_store(self.stuck.warning)
                 if self._published is None or self.local_sessions != self._published:
                     await self._publish_roster()
                 await self._import_roster(beat.hosts)
@@ -442,21 +443,3 @@ class Relay(RelayCore):
             await asyncio.sleep(self.settings.heartbeat_s)
             # The fault tests block the loop here (testhooks.py) to see the watchdog's pings stop.
             stop_at("relay_heartbeat")
-
-    async def _housekeeping_loop(self) -> None:
-        # Finished rows go ``purge_after_s`` after they finished (docs/operations.md): past the
-        # end of any sender's retry of the same id, and long before the queued-mail retention.
-        keep = self.settings.purge_after_s
-        while not self.stopping.is_set():
-            await asyncio.sleep(self.settings.housekeeping_s)
-            try:
-                # Expiry and purge are not per host; a relay fenced out (frozen past a takeover)
-                # must not run them either, so it proves it is current first.
-                if not await self.store.heartbeat(self.host, self.generation):
-                    self.fenced()
-                    return
-                await self.store.expire()
-                await self.store.purge(older_than_s=keep)
-                await self.reservations.sweep()
-            except StoreError as exc:
-                log.warning("housekeeping failed: %s", exc.message, extra={"error": exc.message})

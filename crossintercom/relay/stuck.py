@@ -57,18 +57,27 @@ class StuckWatch:
         self._pids: set[int] = set()
         self.warning: str | None = None
 
-    async def check(self, idle_s: float = STUCK_IDLE_S, *, now: bool = False) -> str | None:
-        """The current warning (None: none), looked up at most every ``stuck_check_s`` unless
-        ``now``."""
+    def due(self) -> bool:
+        """Whether the next heartbeat should look (every ``stuck_check_s``, in its own
+        transaction: ``store.stuck_chore``); counted as looked from now."""
         t = time.monotonic()
-        if not now and t - self._checked < self.relay.settings.stuck_check_s:
-            return self.warning
+        if t - self._checked < self.relay.settings.stuck_check_s:
+            return False
         self._checked = t
-        relay = self.relay
+        return True
+
+    async def check(self, idle_s: float = STUCK_IDLE_S) -> str | None:
+        """Look now, on a connection of its own (the heartbeat stalled: the relay's may wait
+        behind the very lock this names); the current warning (None: none)."""
+        self._checked = time.monotonic()
         try:
-            stuck = await relay.store.stuck_transactions(idle_s)
+            stuck = await self.relay.store.stuck_transactions(idle_s)
         except StoreError:
             return self.warning  # the heartbeat reports the outage itself
+        return self.seen(stuck)
+
+    def seen(self, stuck: list[StuckTransaction]) -> str | None:
+        """What a look found: the current warning (None: none), logged once per session."""
         warning = describe(stuck)
         pids = {s.pid for s in stuck}
         if warning is not None and pids != self._pids:  # logged once per stuck session

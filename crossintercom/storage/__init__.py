@@ -83,15 +83,6 @@ async def open_store(
     return store
 
 
-def open_archive(url: str, *, host_id: str | None = None) -> ArchiveStore:
-    """The shared archive of the store at ``url`` (docs/archive.md): its own connection, so it
-    never holds one the mailbox needs. Open the store first where the schema must be checked.
-    ``host_id``: the relay's host, named in the connection's ``application_name``."""
-    from crossintercom.storage.archive import open_archive as open_sql_archive
-
-    return open_sql_archive(url, host_id)
-
-
 __all__ = [
     "Ack",
     "AckOutcome",
@@ -125,7 +116,6 @@ __all__ = [
     "Waiter",
     "Wake",
     "mask_url",
-    "open_archive",
     "open_store",
     "parse_store_url",
 ]

@@ -1,8 +1,10 @@
 """The shared archive (``ArchiveStore``) over either backend (docs/archive.md).
 
-It has an engine of its own with one pooled connection, so an archive write that is slow or
-failing (a locked table, a full disk, a missing index) can hold nothing the mailbox needs:
-deliveries run on the mailbox store's pool, never behind an archive batch.
+It runs on the store's own driver (``store.archive``): the same connection, the same retry,
+deadline and error translation, no connection of its own (docs/storage.md, "Connections").
+A write is bounded on PostgreSQL by its statement and lock timeouts (``queries``), so a slow
+or locked archive holds the relay's connection no longer than that, and a failing one fails
+its batch alone: the relay's archiver drops the copies and the deliveries go on.
 """
 
 from __future__ import annotations
@@ -11,15 +13,13 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Engine
+from sqlalchemy import Connection
 
 # The archive keeps the furthest outcome any host reported, so a copy that arrives late never
 # takes a receipt back (docs/archive.md): the one order of models.PROGRESS, which the store's
 # upsert applies too.
 from crossintercom.models import Message, further
 from crossintercom.search_model import SearchHit, SearchQuery, search_terms
-from crossintercom.storage import engine as db
-from crossintercom.storage import migrate
 from crossintercom.storage import queries as q
 from crossintercom.storage.archive_types import (
     ArchivedMessage,
@@ -30,8 +30,7 @@ from crossintercom.storage.archive_types import (
     ReceiptUpdate,
     ThreadSummary,
 )
-from crossintercom.storage.driver import BlockingRunner
-from crossintercom.storage.urls import StoreURL, parse_store_url
+from crossintercom.storage.driver import Driver
 from crossintercom.timeparse import parse_sent_at
 
 MAX_SEARCH_RESULTS = 200
@@ -39,47 +38,38 @@ RECEIPTS_CHUNK = 500
 
 
 class SqlArchive:
-    def __init__(self, parsed: StoreURL, engine: Engine) -> None:
-        self.parsed = parsed
-        self.url_masked = parsed.masked
-        self.dialect = engine.dialect.name
-        self.engine = engine
-        self._run = BlockingRunner(parsed, engine)
+    """The archive half of a store: its operations on the store's driver."""
 
-    def close(self) -> None:
-        self.engine.dispose()
-
-    def check_schema(self) -> None:
-        """The store's schema revision checked on this archive's own connection, as an opened
-        store checks it (``migrate.check_revision``): no store is opened for it."""
-        migrate.check_revision(self._run(migrate.read_revision, retry=False), self.url_masked)
-
-    def release(self) -> None:
-        self.engine.dispose()  # the engine opens a new pool on its next use
+    def __init__(self, driver: Driver, dialect: str) -> None:
+        self.url_masked = driver.parsed.masked
+        self.dialect = dialect
+        self._run = driver.run
 
     # -- settings -------------------------------------------------------------------------
 
-    def archive_settings(self) -> ArchiveSettings:
+    async def archive_settings(self) -> ArchiveSettings:
         def read(conn: Connection) -> ArchiveSettings:
             row = conn.execute(q.READ_ARCHIVE_SETTINGS).one_or_none()
             return ArchiveSettings() if row is None else ArchiveSettings(bool(row[0]), int(row[1]))
 
-        return self._run(read, single_statement=True)
+        return await self._run(read, single_statement=True)
 
-    def set_archive(self, *, enabled: bool, retention_s: int | None = None) -> ArchiveSettings:
+    async def set_archive(
+        self, *, enabled: bool, retention_s: int | None = None
+    ) -> ArchiveSettings:
         """Turn the store-wide archive on or off (an operator action); retention kept unless
         given."""
-        current = self.archive_settings()
+        current = await self.archive_settings()
         wanted = ArchiveSettings(
             enabled, current.retention_s if retention_s is None else retention_s
         )
         params = {"enabled": wanted.enabled, "retention_s": wanted.retention_s}
-        self._run(lambda c: c.execute(q.upsert_archive_settings(self.dialect), params))
+        await self._run(lambda c: c.execute(q.upsert_archive_settings(self.dialect), params))
         return wanted
 
     # -- writing --------------------------------------------------------------------------
 
-    def archive(self, entries: Sequence[ArchiveEntry | ReceiptUpdate]) -> int:
+    async def archive(self, entries: Sequence[ArchiveEntry | ReceiptUpdate]) -> int:
         """Copy a batch in one transaction; returns how many messages it held."""
         if not entries:
             return 0
@@ -124,12 +114,12 @@ class SqlArchive:
             if updates:
                 conn.execute(q.ARCHIVE_RECEIPT_UPDATE, list(updates.values()))
 
-        self._run(write)
+        await self._run(write)
         return len(rows)
 
-    def purge_archive(self, *, batch: int = 1000) -> int:
+    async def purge_archive(self, *, batch: int = 1000) -> int:
         """Delete what is older than the retention, in bounded transactions."""
-        keep = self.archive_settings().retention_s
+        keep = (await self.archive_settings()).retention_s
         total = 0
         while True:
             try:
@@ -145,14 +135,14 @@ class SqlArchive:
                     conn.execute(q.ARCHIVE_DELETE_MESSAGES, {"message_ids": ids})
                 return len(ids)
 
-            done = self._run(one_batch)
+            done = await self._run(one_batch)
             total += done
             if done < batch:
                 return total
 
     # -- reading --------------------------------------------------------------------------
 
-    def search(self, query: SearchQuery) -> list[SearchHit]:
+    async def search(self, query: SearchQuery) -> list[SearchHit]:
         if not search_terms(query.text):
             return []
         limited = query if query.limit <= MAX_SEARCH_RESULTS else _capped(query)
@@ -164,30 +154,32 @@ class SqlArchive:
                 for _seq, payload, score, snippet in conn.execute(stmt, params)
             ]
 
-        return self._run(read, single_statement=True)
+        return await self._run(read, single_statement=True)
 
-    def feed(self, after_seq: int, *, limit: int = 200) -> list[ArchivedMessage]:
-        return self._archived(q.ARCHIVE_FEED, {"after": after_seq, "limit": limit})
+    async def feed(self, after_seq: int, *, limit: int = 200) -> list[ArchivedMessage]:
+        return await self._archived(q.ARCHIVE_FEED, {"after": after_seq, "limit": limit})
 
-    def thread(self, thread_id: str, *, limit: int = 500) -> list[ArchivedMessage]:
-        return self._archived(q.ARCHIVE_THREAD, {"thread_id": thread_id, "limit": limit})
+    async def thread(self, thread_id: str, *, limit: int = 500) -> list[ArchivedMessage]:
+        return await self._archived(q.ARCHIVE_THREAD, {"thread_id": thread_id, "limit": limit})
 
-    def threads(self, *, limit: int = 50) -> list[ThreadSummary]:
+    async def threads(self, *, limit: int = 50) -> list[ThreadSummary]:
         def read(conn: Connection) -> list[ThreadSummary]:
             return [
                 ThreadSummary(t, s, int(n), int(last))
                 for t, s, n, last in conn.execute(q.ARCHIVE_THREADS, {"limit": limit})
             ]
 
-        return self._run(read, single_statement=True)
+        return await self._run(read, single_statement=True)
 
-    def flow(self) -> list[FlowEdge]:
+    async def flow(self) -> list[FlowEdge]:
         def read(conn: Connection) -> list[FlowEdge]:
             return [FlowEdge(s, r, int(n)) for s, r, n in conn.execute(q.ARCHIVE_FLOW)]
 
-        return self._run(read, single_statement=True)
+        return await self._run(read, single_statement=True)
 
-    def receipts_of(self, message_ids: Sequence[str]) -> dict[str, tuple[ArchiveRecipient, ...]]:
+    async def receipts_of(
+        self, message_ids: Sequence[str]
+    ) -> dict[str, tuple[ArchiveRecipient, ...]]:
         ids = list(message_ids)
 
         def read(conn: Connection) -> dict[str, tuple[ArchiveRecipient, ...]]:
@@ -196,9 +188,9 @@ class SqlArchive:
                 out.update(_recipients(conn, ids[i : i + RECEIPTS_CHUNK]))
             return out
 
-        return self._run(read) if ids else {}
+        return await self._run(read) if ids else {}
 
-    def _archived(self, stmt: Any, params: dict[str, Any]) -> list[ArchivedMessage]:
+    async def _archived(self, stmt: Any, params: dict[str, Any]) -> list[ArchivedMessage]:
         def read(conn: Connection) -> list[ArchivedMessage]:
             rows = conn.execute(stmt, params).all()
             ids = [Message.from_dict(payload).id for _seq, payload in rows]
@@ -217,7 +209,7 @@ class SqlArchive:
                 )
             return out
 
-        return self._run(read)
+        return await self._run(read)
 
 
 def _recipients(conn: Connection, ids: list[str]) -> dict[str, tuple[ArchiveRecipient, ...]]:
@@ -265,11 +257,3 @@ def _message_row(msg: Message, now: datetime, wait_s: float | None = None) -> di
         "archived_at": now,
         "payload": payload,
     }
-
-
-def open_archive(url: str, host_id: str | None = None) -> SqlArchive:
-    """The archive of the store at ``url`` (whose schema ``open_store`` checks); one pooled
-    connection of its own, named after ``host_id`` (the relay's) when given."""
-    parsed = parse_store_url(url)
-    app_name = db.application_name("archive", host_id) if host_id is not None else None
-    return SqlArchive(parsed, db.store_engine(parsed, pool_size=1, app_name=app_name))

@@ -26,12 +26,6 @@ from typing import Any, Generic, TypeVar
 from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from sqlalchemy.util.concurrency import await_, in_greenlet
-from tenacity import (
-    Retrying,
-    retry_if_exception_type,
-    stop_after_attempt,
-    wait_exponential,
-)
 
 from crossintercom.errors import (
     CrossintercomError,
@@ -65,17 +59,6 @@ def operation_name(fn: Callable[..., Any]) -> str:
     return outer.rsplit(".", 1)[-1].lstrip("_") or "operation"
 
 
-def _retry_policy() -> dict[str, Any]:
-    """Short, bounded reconnect, only while nothing committed (StoreUnavailable); the
-    blocking callers' (``Driver.run`` loops the same way without tenacity)."""
-    return {
-        "retry": retry_if_exception_type(StoreUnavailable),
-        "stop": stop_after_attempt(ATTEMPTS),
-        "wait": wait_exponential(multiplier=BACKOFF_S, max=BACKOFF_MAX_S),
-        "reraise": True,
-    }
-
-
 @dataclass(frozen=True, slots=True)
 class Op(Generic[T]):
     """One operation as a driver runs it: its body, what to do once it committed (SQLite's
@@ -98,6 +81,10 @@ def in_transaction(conn: Connection, parsed: StoreURL, op: Op[T]) -> T:
         conn = db.autocommit(conn)
     try:
         trans = conn.begin()
+        if not op.single_statement and (due := conn.connection.info.pop(db.PLANS_DUE_KEY, None)):
+            # A plan refresh due on this connection (pgdriver.async_engine), in this
+            # transaction: no commit of its own.
+            conn.exec_driver_sql(due)
         result = op.fn(conn)
     except CrossintercomError:
         # The body's own refusal (a lock held too long, a quota): the transaction ends here,
@@ -217,9 +204,9 @@ class Driver:
     async def _attempts(self, op: Op[T], retry: bool) -> T:
         if not retry:
             return await self._once(op)
-        # The policy of ``_retry_policy`` as a plain loop: a tenacity AsyncRetrying set up for
-        # every operation cost about 40 us of CPU each, on every statement of the delivery
-        # path (docs/perf-log/2026-12-07-peer-and-regression.md).
+        # A plain loop: a tenacity AsyncRetrying set up for every operation cost about 40 us
+        # of CPU each, on every statement of the delivery path
+        # (docs/perf-log/2026-12-07-peer-and-regression.md).
         for attempt in range(1, ATTEMPTS + 1):
             try:
                 return await self._once(op)
@@ -257,42 +244,24 @@ class SqliteDriver(Driver):
     def __init__(self, parsed: StoreURL, engine: Engine) -> None:
         super().__init__(parsed)
         self.engine = engine
-        self._runner = BlockingRunner(parsed, engine)
 
     async def _once(self, op: Op[T]) -> T:
-        return await asyncio.to_thread(self._runner.once, op)
+        return await asyncio.to_thread(self._in_thread, op)
 
-    async def aclose(self) -> None:
-        await asyncio.to_thread(self.engine.dispose)
-
-
-class BlockingRunner:
-    """``Driver.run`` for the blocking callers outside the mailbox (the archive, `db
-    grant-host`): the same transaction (``in_transaction``) and bounded retry, on the calling
-    thread. The archive keeps its own connection and no deadline (docs/archive.md)."""
-
-    def __init__(self, parsed: StoreURL, engine: Engine) -> None:
-        self.parsed = parsed
-        self.engine = engine
-        self._retry = Retrying(**_retry_policy())
-
-    def __call__(self, fn: Body[T], *, retry: bool = True, single_statement: bool = False) -> T:
-        op = Op(fn, single_statement=single_statement)
-        if not retry:
-            return self.once(op)
-        result: T = self._retry(self.once, op)
-        return result
-
-    def once(self, op: Op[T]) -> T:
+    def _in_thread(self, op: Op[T]) -> T:
         """One attempt: connect, ``in_transaction``, give the connection back, ``op.after``."""
-        if self.parsed.path is not None and (why := lockcheck.refusal(self.parsed.path)):
+        parsed = self.parsed
+        if parsed.path is not None and (why := lockcheck.refusal(parsed.path)):
             raise StoreLocksUnsafe(why)  # no transaction at all: two writers damage the file
         try:
             conn = self.engine.connect()
         except SQLAlchemyError as exc:
-            raise db.unavailable(self.parsed, exc) from exc
+            raise db.unavailable(parsed, exc) from exc
         with conn:
-            result = in_transaction(conn, self.parsed, op)
+            result = in_transaction(conn, parsed, op)
         if op.after is not None:
             op.after()
         return result
+
+    async def aclose(self) -> None:
+        await asyncio.to_thread(self.engine.dispose)

@@ -35,9 +35,12 @@ from crossintercom.storage import sqlitetrust
 from crossintercom.storage.plans import PlanRefresh
 from crossintercom.storage.urls import StoreURL
 
-# Two pooled connections per engine (plus the listener a Postgres waiter opens): at most three
-# database connections per store object, the relay's included (docs/storage.md).
+# Two pooled connections per SQLite engine (each transaction in a worker thread; the file's
+# lock serialises writers anyway). A PostgreSQL store holds one statement connection, its
+# archive's operations included, plus the listener a waiter opens: at most two database
+# connections per relay (docs/storage.md, "Connections").
 POOL_SIZE = 2
+PG_POOL_SIZE = 1
 
 PG_CONNECT_TIMEOUT_S = 5
 PG_IDLE_IN_TXN_MS = 30_000
@@ -61,6 +64,8 @@ PG_KEEPALIVES: dict[str, Any] = {
 # A backend's application_name is cut by the server past NAMEDATALEN - 1 bytes.
 PG_APP_NAME_BYTES = 63
 PLANS_KEY = "crossintercom_plans"  # a pooled connection's PlanRefresh, in its record's info
+# A refresh due on a pooled connection, for the next transaction on it to run first.
+PLANS_DUE_KEY = "crossintercom_plans_due"
 
 SQLITE_BUSY_TIMEOUT_S = 30
 # Execution option: run each statement in its own (implicit) transaction, no BEGIN IMMEDIATE.

@@ -27,9 +27,18 @@ from crossintercom.models import (
 from crossintercom.protocol.client_frames import SessionId
 from crossintercom.storage import migrate
 from crossintercom.storage import queries as q
+from crossintercom.storage.archive import SqlArchive
+from crossintercom.storage.archive_types import ArchiveStore
 from crossintercom.storage.driver import Driver
 from crossintercom.storage.engine import lock_timed_out
-from crossintercom.storage.interface import Beat, HostRow, QueuedMail, StoreObserver, Waiter
+from crossintercom.storage.interface import (
+    Beat,
+    Chore,
+    HostRow,
+    QueuedMail,
+    StoreObserver,
+    Waiter,
+)
 from crossintercom.storage.rowcheck import host_report, log_left_out
 from crossintercom.storage.tables import HOST_ID_CHARS
 from crossintercom.storage.urls import StoreURL
@@ -72,6 +81,8 @@ class SqlHostStore:
         self.driver = driver
         # Every operation below is one call of this: one transaction, bounded reconnect.
         self._run = driver.run
+        # The archive on this same driver: no connection of its own (docs/storage.md).
+        self.archive: ArchiveStore = SqlArchive(driver, self.dialect)
         # Whether the heartbeat may carry the archive setting (see beat): asked once.
         self._archive_readable: bool | None = None
 
@@ -137,7 +148,13 @@ class SqlHostStore:
             lambda c: c.execute(q.HEARTBEAT, params).rowcount == 1, single_statement=True
         )
 
-    async def beat(self, host_id: str, generation: int, session_ids: Sequence[str]) -> Beat | None:
+    async def beat(
+        self,
+        host_id: str,
+        generation: int,
+        session_ids: Sequence[str],
+        chores: Sequence[Chore] = (),
+    ) -> Beat | None:
         params = {"host": host_id, "gen": generation, **q.sessions_param(list(session_ids))}
         if self._archive_readable is None:
             self._archive_readable = await self._run(self._can_read_archive, retry=False)
@@ -152,11 +169,22 @@ class SqlHostStore:
             hosts = tuple(HostRow(*row[:4]) for row in rows)
             # No row: off. Not readable (a per-host role): not known, so None.
             archive = bool(rows[0][6]) if self._archive_readable else None
-            return Beat(hosts, bool(rows[0][4]), bool(rows[0][5]), archive)
+            done = tuple(chore.fn(conn) for chore in chores)
+            return Beat(hosts, bool(rows[0][4]), bool(rows[0][5]), archive, done)
+
+        afters = [c.after for c in chores if c.after is not None]
+
+        def after() -> None:
+            for a in afters:
+                a()
 
         # PostgreSQL: one statement, the bump inside it (harmless to repeat after a lost
-        # connection); SQLite: bump and read in one transaction.
-        return await self._run(one, single_statement=self.dialect == "postgresql")
+        # connection); SQLite, or with chores: bump, read and chores in one transaction.
+        single = self.dialect == "postgresql" and not chores
+        return await self._run(one, single_statement=single, after=after if afters else None)
+
+    def stuck_chore(self, idle_s: float) -> Chore:
+        return Chore(lambda _conn: [])  # SQLite: a held file lock shows as busy timeouts
 
     def _can_read_archive(self, conn: Connection) -> bool:
         if self.dialect != "postgresql":

@@ -21,6 +21,7 @@ from crossintercom.models import (
     SessionInfo,
 )
 from crossintercom.reservations import DEFAULT_QUOTAS, PER_HOST, READ_LIMIT, Held, Mode, Quotas
+from crossintercom.storage.archive_types import ArchiveStore
 
 # A delivery row's state, what a recipient's relay may acknowledge one as, what a receipt
 # carries (the state its delivery finished in, or a later outcome its recipient's host wrote)
@@ -250,6 +251,19 @@ class Beat:
     # The store-wide archive setting (docs/archive.md), so the archiver need not poll it;
     # None where the role may not read it (a per-host role).
     archive_enabled: bool | None = None
+    # What each chore given to the beat returned, in order (``Chore``).
+    chores: tuple[Any, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Chore:
+    """Periodic work run inside a heartbeat's own transaction, so an idle relay commits once
+    per beat whatever else it looks after (docs/storage.md, "Idle load"): ``fn``, a body of the
+    store's (a function of its SQLAlchemy connection), and ``after``, what to do once it
+    committed (SQLite's doorbells)."""
+
+    fn: Callable[[Any], Any]
+    after: Callable[[], None] | None = None
 
 
 class Waiter(Protocol):
@@ -285,6 +299,8 @@ class MailboxStore(Protocol):
     """
 
     url_masked: str
+    # The store's archive (docs/archive.md), on this store's driver and connection.
+    archive: ArchiveStore
 
     async def aclose(self) -> None: ...
 
@@ -316,9 +332,32 @@ class MailboxStore(Protocol):
 
     async def heartbeat(self, host_id: str, generation: int) -> bool: ...
 
-    async def beat(self, host_id: str, generation: int, session_ids: Sequence[str]) -> Beat | None:
+    async def beat(
+        self,
+        host_id: str,
+        generation: int,
+        session_ids: Sequence[str],
+        chores: Sequence[Chore] = (),
+    ) -> Beat | None:
         """The heartbeat, answering with ``Beat`` (``session_ids``: whose queued rows count);
-        None when ``generation`` is stale."""
+        None when ``generation`` is stale. ``chores`` run in the same transaction once the
+        beat found the generation current; their results are ``Beat.chores``."""
+        ...
+
+    def stuck_chore(self, idle_s: float) -> Chore:
+        """``stuck_transactions`` as a chore: a list of ``StuckTransaction``."""
+        ...
+
+    def expire_chore(self) -> Chore:
+        """One batch of ``expire`` as a chore: how many rows expired (a full batch: more)."""
+        ...
+
+    def purge_chore(self, older_than_s: float, batch: int = 1000) -> Chore:
+        """One batch of ``purge`` as a chore: (deliveries, receipts) deleted."""
+        ...
+
+    def sweep_chore(self, host_id: str, generation: int) -> Chore:
+        """``sweep_reservations`` as a chore: how many went."""
         ...
 
     async def hosts(self, *, reports: bool = False) -> list[HostRow]:

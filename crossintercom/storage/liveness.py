@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from crossintercom.storage.interface import HostRow
 
 DEFAULT_LEASE_S = 15.0
-# A relay bumps its counter every ``heartbeat_s`` (settings; its one idle commit:
-# docs/performance.md). Rosters do not wait for it: a roster hint wakes every relay when one
-# changes.
-DEFAULT_HEARTBEAT_S = 1.5
+# A relay bumps its counter every ``heartbeat_s`` (settings; its one idle commit, a third of
+# the default lease: docs/operations.md, "Sizing"). Rosters do not wait for it: a roster hint
+# wakes every relay when one changes.
+DEFAULT_HEARTBEAT_S = 5.0
 # A lease shorter than a few heartbeats would call a live host lapsed whenever one beat is late
 # or an observer's read falls between two beats; shorter settings are raised to this many.
 MIN_LEASE_BEATS = 3

@@ -73,11 +73,6 @@ def alive(conn: psycopg.AsyncConnection[Any]) -> bool:
     return False
 
 
-async def _refresh(conn: psycopg.AsyncConnection[Any], statement: str) -> None:
-    await conn.execute(statement)
-    await conn.commit()
-
-
 def async_engine(
     parsed: StoreURL, *, pool_size: int, app_name: str | None, pooled: bool = True
 ) -> AsyncEngine:
@@ -98,13 +93,11 @@ def async_engine(
         if not alive(dbapi_conn.driver_connection):
             raise DisconnectionError("the server ended the pooled connection")  # a new one
         # Plans made on the tables as they are now (storage/plans.py), on the connection's
-        # own schedule; a transaction of its own, so the caller's begins clean.
+        # own schedule: run inside the next operation's own transaction (``in_transaction``),
+        # so a refresh is never a commit of its own (an idle relay commits once a beat).
         refresh = record.info.setdefault(db.PLANS_KEY, PlanRefresh()).statement()
         if refresh is not None:
-            try:
-                dbapi_conn.run_async(lambda conn: _refresh(conn, refresh))
-            except psycopg.Error as exc:  # lost while pooled: take a new one
-                raise DisconnectionError(str(exc)) from exc
+            record.info[db.PLANS_DUE_KEY] = refresh
 
     return engine
 
@@ -114,7 +107,7 @@ class PgDriver(Driver):
         self,
         parsed: StoreURL,
         *,
-        pool_size: int = db.POOL_SIZE,
+        pool_size: int = db.PG_POOL_SIZE,
         app_name: str | None = None,
         deadline_s: float = db.PG_OPERATION_DEADLINE_S,
     ) -> None:

@@ -25,6 +25,7 @@ from crossintercom.storage.batches import (
 from crossintercom.storage.interface import (
     MIGRATION_LOCK,
     Ack,
+    Chore,
     EnqueueResult,
     LateReceipt,
     OutboundItem,
@@ -70,7 +71,7 @@ class PostgresStore(SqlMailboxStore):
     driver: PgDriver
 
     def __init__(
-        self, parsed: StoreURL, *, pool_size: int = db.POOL_SIZE, host_id: str | None = None
+        self, parsed: StoreURL, *, pool_size: int = db.PG_POOL_SIZE, host_id: str | None = None
     ) -> None:
         # Named after the relay's host in pg_stat_activity (docs/operations.md).
         self.app_name = db.application_name("relay", host_id) if host_id is not None else None
@@ -92,9 +93,14 @@ class PostgresStore(SqlMailboxStore):
     async def stuck_transactions(self, idle_s: float) -> list[StuckTransaction]:
         # The relay's heartbeat may hold a pooled connection, waiting behind the very lock
         # this names: asked on a connection of its own.
+        rows: list[StuckTransaction] = await self.driver.aside(self.stuck_chore(idle_s).fn)
+        return rows
+
+    def stuck_chore(self, idle_s: float) -> Chore:
         params = stuck_params(idle_s)
-        rows = await self.driver.aside(lambda c: c.execute(q.PG_STUCK_TRANSACTIONS, params).all())
-        return [stuck_transaction(row) for row in rows]
+        return Chore(
+            lambda c: [stuck_transaction(r) for r in c.execute(q.PG_STUCK_TRANSACTIONS, params)]
+        )
 
     async def private_hints(self) -> bool:
         """Whether the store has per-host roles: then hints carry no rows, and a hint that

@@ -42,7 +42,7 @@ from crossintercom.storage import queries as q
 from crossintercom.storage.driver import off_loop
 from crossintercom.storage.engine import lock_timed_out
 from crossintercom.storage.hosts import SqlHostStore
-from crossintercom.storage.interface import Reserved
+from crossintercom.storage.interface import Chore, Reserved
 from crossintercom.storage.rowcheck import log_left_out
 from crossintercom.storage.tables import HOST_ID_CHARS
 
@@ -316,14 +316,17 @@ class SqlReservations(SqlHostStore):
     async def sweep_reservations(self, host_id: str, generation: int) -> int:
         """Delete the host's reservations that no longer count (past their TTL, of an older
         generation, of a session off its roster), fenced; how many went."""
-        params = {"host_id": host_id, "generation": generation, "now": datetime.now(UTC)}
+        count: int = await self._run(self.sweep_chore(host_id, generation).fn)
+        return count
 
+    def sweep_chore(self, host_id: str, generation: int) -> Chore:
         def write(conn: Connection) -> int:
             if not self._is_current(conn, host_id, generation):
                 return 0
+            params = {"host_id": host_id, "generation": generation, "now": datetime.now(UTC)}
             return int(conn.execute(q.SWEEP_RESERVATIONS, params).rowcount)
 
-        return await self._run(write)
+        return Chore(write)
 
 
 def _check_quotas(

@@ -10,16 +10,19 @@ gets a second role (and password). docs/operations.md, "Per-host roles on Postgr
 from __future__ import annotations
 
 import hashlib
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import psycopg
 from sqlalchemy import Connection
 
 from crossintercom.errors import StoreError
-from crossintercom.storage import engine as db
 from crossintercom.storage import queries as q
-from crossintercom.storage.driver import BlockingRunner
+from crossintercom.storage.blocking import run
+from crossintercom.storage.driver import Body
+from crossintercom.storage.pgdriver import PgDriver
 from crossintercom.storage.urls import StoreURL, parse_store_url
+
+T = TypeVar("T")
 
 
 def _key(text: str, n: int) -> str:
@@ -57,6 +60,20 @@ def _lock(conn: Connection, role: str | None) -> str:
     return f"database {database!r}: {LOCKED}"
 
 
+def _once(parsed: StoreURL, fn: Body[T]) -> T:
+    """``fn`` as one transaction through the store's driver (one connection, closed after),
+    on the blocking callers' loop: an operator's command, run once."""
+
+    async def go() -> T:
+        driver = PgDriver(parsed, pool_size=1)
+        try:
+            return await driver.run(fn, retry=False)
+        finally:
+            await driver.aclose()
+
+    return run(go())
+
+
 def _postgres(url: str, what: str) -> StoreURL:
     parsed = parse_store_url(url)
     if parsed.kind != "postgres":
@@ -73,17 +90,13 @@ def lock_database(url: str) -> str | None:
     parsed = parse_store_url(url)
     if parsed.kind != "postgres":
         return None
-    engine = db.store_engine(parsed)
 
     def write(conn: Connection) -> str | None:
         if not conn.execute(q.PG_PRIVATE_HINTS).scalar():
             return None
         return _lock(conn, None)
 
-    try:
-        return BlockingRunner(parsed, engine)(write, retry=False)
-    finally:
-        engine.dispose()
+    return _once(parsed, write)
 
 
 def grant_host(url: str, host_id: str, password: str | None = None) -> tuple[str, str]:
@@ -91,7 +104,6 @@ def grant_host(url: str, host_id: str, password: str | None = None) -> tuple[str
     the host id; returns the role name and the line ``_lock`` gives. ``password`` None keeps
     the role's current one."""
     parsed = _postgres(url, "per-host roles")
-    engine = db.store_engine(parsed)
 
     def write(conn: Connection) -> tuple[str, str]:
         role = role_name(host_id, conn.execute(q.PG_CURRENT_DATABASE).scalar_one())
@@ -100,7 +112,8 @@ def grant_host(url: str, host_id: str, password: str | None = None) -> tuple[str
         if password is not None:
             # Hashed here, as psql's \password does: a statement the server refuses is shown
             # (in a -v traceback, in the server's log) with the hash, never the password.
-            pgconn = cast(psycopg.Connection[Any], conn.connection.dbapi_connection).pgconn
+            raw = conn.connection.driver_connection
+            pgconn = cast(psycopg.AsyncConnection[Any], raw).pgconn
             hashed = pgconn.encrypt_password(password.encode(), role.encode()).decode()
             stmt = conn.execute(q.PG_ROLE_PASSWORD, {"role": role, "pw": hashed}).scalar_one()
             conn.exec_driver_sql(stmt)
@@ -109,7 +122,4 @@ def grant_host(url: str, host_id: str, password: str | None = None) -> tuple[str
         conn.execute(q.INSERT_HOST_ROLE, {"host_id": host_id, "role": role})
         return role, _lock(conn, role)
 
-    try:
-        return BlockingRunner(parsed, engine)(write, retry=False)
-    finally:
-        engine.dispose()
+    return _once(parsed, write)

@@ -20,6 +20,7 @@ from crossintercom.storage.driver import Driver
 from crossintercom.storage.interface import (
     DEFAULT_MAX_PAYLOAD_CHARS,
     Ack,
+    Chore,
     EnqueueResult,
     InboundRow,
     LateReceipt,
@@ -273,6 +274,11 @@ class SqlMailboxStore(SqlReservations):
                 return total
 
     async def _expire_batch(self) -> int:
+        chore = self.expire_chore()
+        count: int = await self._run(chore.fn, after=chore.after)
+        return count
+
+    def expire_chore(self) -> Chore:
         woken: set[str] = set()
 
         def write(conn: Connection) -> int:
@@ -284,7 +290,7 @@ class SqlMailboxStore(SqlReservations):
                 self._write_receipts(conn, keys, now, woken)
             return len(keys)
 
-        return await self._run(write, after=lambda: self._after_commit(woken, RECEIPTS))
+        return Chore(write, lambda: self._after_commit(woken, RECEIPTS))
 
     async def purge(self, *, batch: int = 1000, older_than_s: float | None = None) -> int:
         """Delete finished deliveries (and then-orphaned messages) in bounded transactions.
@@ -295,21 +301,24 @@ class SqlMailboxStore(SqlReservations):
         keep = (await self.settings()).retention_s if older_than_s is None else older_than_s
         total = 0
         while True:
-            params = {"cutoff": utcnow() - timedelta(seconds=keep), "limit": batch}
-
-            def one_batch(conn: Connection, params: dict[str, Any] = params) -> tuple[int, int]:
-                ids = conn.execute(q.purge_deliveries(self.dialect), params).scalars().all()
-                # SQLite: as bytes (a writer's message id that is not UTF-8 failed every
-                # purge); such a row's message is left, a row its writer can delete.
-                texts = {t for t in map(text_of, ids) if t is not None}
-                if texts:
-                    conn.execute(q.PURGE_ORPHAN_MESSAGES, {"message_ids": list(texts)})
-                return len(ids), conn.execute(q.PURGE_RECEIPTS, params).rowcount
-
-            done, receipts = await self._run(one_batch)
+            found: tuple[int, int] = await self._run(self.purge_chore(keep, batch).fn)
+            done, receipts = found
             total += done + receipts
             if done < batch and receipts < batch:
                 return total
+
+    def purge_chore(self, older_than_s: float, batch: int = 1000) -> Chore:
+        def one_batch(conn: Connection) -> tuple[int, int]:
+            params = {"cutoff": utcnow() - timedelta(seconds=older_than_s), "limit": batch}
+            ids = conn.execute(q.purge_deliveries(self.dialect), params).scalars().all()
+            # SQLite: as bytes (a writer's message id that is not UTF-8 failed every
+            # purge); such a row's message is left, a row its writer can delete.
+            texts = {t for t in map(text_of, ids) if t is not None}
+            if texts:
+                conn.execute(q.PURGE_ORPHAN_MESSAGES, {"message_ids": list(texts)})
+            return len(ids), int(conn.execute(q.PURGE_RECEIPTS, params).rowcount)
+
+        return Chore(one_batch)
 
     # -- settings -------------------------------------------------------------------------
 

@@ -38,10 +38,11 @@ from crossintercom.storage.interface import CATCH_UP, ReceiptRow, Wake
 log = logging.getLogger(__name__)
 
 POLL_INTERVAL_S = 0.5
-# A quiet listener proves its connection with a query this often (a commit each), not on
-# every timeout: a dropped connection also shows as an error on the wait, keepalives cover a
-# silent network, and a hint missed meanwhile is found by the heartbeat's probe.
-HEALTH_EVERY_S = 60.0
+# A quiet listener proves its connection with a query this often (a commit each, so rarely:
+# an idle relay's load is its heartbeat, docs/operations.md "Sizing"): a dropped connection
+# also shows as an error on the wait, keepalives cover a silent network, and a hint missed
+# meanwhile is found by the heartbeat's probe.
+HEALTH_EVERY_S = 600.0
 
 # What a hint names (the NOTIFY payload's first character, the doorbell file's suffix).
 DELIVERIES: Final = "d"

@@ -41,7 +41,6 @@ from crossintercom.storage import (
     ArchivedMessage,
     ArchiveStore,
     MailboxStore,
-    open_archive,
     open_store,
 )
 from crossintercom.storage.connection import connection_url
@@ -107,7 +106,7 @@ class Overseer:
             # The feed's statements are prepared on the server: a shared session loses them.
             await asyncio.to_thread(require_own_session, url)
             self.store = await open_store(url)
-            self.archive = open_archive(url)
+            self.archive = self.store.archive
         await self._refresh_archive_state()
         await self._poll_feed()
         await self._refresh_roster()
@@ -122,8 +121,6 @@ class Overseer:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
         await self.client.close()
-        if self.archive is not None:
-            self.archive.close()
         if self.store is not None:
             await self.store.aclose()
 
@@ -201,7 +198,7 @@ class Overseer:
         if self.archive is None:
             return
         try:
-            state = await asyncio.to_thread(self.archive.archive_settings)
+            state = await self.archive.archive_settings()
         except StoreError as exc:
             log.warning("archive unreadable: %s", exc.message)
             return
@@ -218,7 +215,8 @@ class Overseer:
         self._merge(sources.from_traffic(log_.events))
         # An ask's wait: its client's (this host's sessions), or as the archive has it.
         waits = {e.id: e.wait_s for e in log_.events if e.wait_s is not None}
-        items, archived = await asyncio.to_thread(self._read_new)
+        items = await asyncio.to_thread(self._inboxes.read)  # files of this host
+        archived = await self._read_archive()
         waits.update((r.message.id, r.wait_s) for r in archived if r.wait_s is not None)
         for mid, wait_s in waits.items():
             self.ask_timeouts.setdefault(mid, wait_s)
@@ -226,14 +224,14 @@ class Overseer:
             del self.ask_timeouts[next(iter(self.ask_timeouts))]
         self._merge(items + sources.from_archive(archived))
 
-    def _read_new(self) -> tuple[list[Item], list[ArchivedMessage]]:
-        items = self._inboxes.read()
+    async def _read_archive(self) -> list[ArchivedMessage]:
         rows: list[ArchivedMessage] = []
         if self.archive is not None and self.archive_on:
-            rows = self.archive.feed(max(0, self._cursor - FEED_OVERLAP), limit=ARCHIVE_BATCH)
+            after = max(0, self._cursor - FEED_OVERLAP)
+            rows = await self.archive.feed(after, limit=ARCHIVE_BATCH)
             if rows:
                 self._cursor = max(self._cursor, rows[-1].seq)
-        return items, rows
+        return rows
 
     async def _refresh_receipts(self) -> None:
         """Receipts the archive learnt after the page read their messages (``shown`` from a
@@ -244,7 +242,7 @@ class Overseer:
         if not ids:
             return
         try:
-            found = await asyncio.to_thread(self.archive.receipts_of, ids)
+            found = await self.archive.receipts_of(ids)
         except StoreError as exc:
             log.warning("archive unreadable: %s", exc.message)
             return
@@ -322,17 +320,17 @@ class Overseer:
         """The thread from the archive, with what the page saw that is not archived yet (mail
         for the human session arrives before its copy is written)."""
         if self.archive is not None and self.archive_on:
-            rows = await asyncio.to_thread(self.archive.thread, thread_id)
+            rows = await self.archive.thread(thread_id)
             self._merge(sources.from_archive(rows))
         return [self.feed.view(m) for m in self.feed.thread(thread_id)]
 
     async def search(self, query: SearchQuery) -> dict[str, Any]:
         """The archive when it is on, and this host's inboxes always: mail received before the
         archive was turned on is found too."""
-        inbox = await asyncio.to_thread(history.search, self.settings, query, None)
+        inbox = await history.search(self.settings, query, None)
         if not self.archive_on or self.archive is None:
             return {"source": "inbox", "hits": [h.to_json() for h in inbox.hits]}
-        archived = await asyncio.to_thread(history.search, self.settings, query, self.archive)
+        archived = await history.search(self.settings, query, self.archive)
         hits = {h.message.id: h for h in inbox.hits} | {h.message.id: h for h in archived.hits}
         ranked = sorted(hits.values(), key=lambda h: -h.score)[: query.limit]
         return {"source": "archive", "hits": [h.to_json() for h in ranked]}

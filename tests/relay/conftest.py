@@ -52,11 +52,24 @@ from tests.procs import clean_env  # noqa: E402
 __all__ = ["CLI", "Listener", "wait_for"]
 
 
+# The tests' heartbeat, shorter than the product's (lease_s / 3, 5 s): the tests that shorten
+# lease_s on one host (takeovers, lapsed leases) need every host beating well inside it. A
+# test of the product's own pace gives heartbeat_s itself (tests/relay/test_pg_connections.py).
+TEST_TUNABLES: dict[str, float] = {"heartbeat_s": 1.5}
+
+
 class Host(harness.SimHost):
     """One simulated machine (``harness.SimHost``), with CLI runs and printed output to check."""
 
     # Teardown need not wait for a graceful broker exit: nothing of it is checked afterwards.
     broker_stop_signal = signal.SIGKILL
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.configure()
+
+    def configure(self, **tunables: float) -> None:
+        super().configure(**{**TEST_TUNABLES, **tunables})
 
     def listen(self, name: str, *extra: str, wait: bool = True) -> Listener:
         """`crossintercom listen --as NAME --json` here, by default until it is online."""

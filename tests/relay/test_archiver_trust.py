@@ -20,7 +20,7 @@ class Recorder:
     def __init__(self) -> None:
         self.batches: list[list[ArchiveEntry | ReceiptUpdate]] = []
 
-    def archive(self, entries: Sequence[ArchiveEntry | ReceiptUpdate]) -> int:
+    async def archive(self, entries: Sequence[ArchiveEntry | ReceiptUpdate]) -> int:
         self.batches.append(list(entries))
         return len(entries)
 
@@ -35,7 +35,6 @@ def written(frames: list[p.ArchiveCopy | p.ArchiveReceipts]) -> list[ArchiveEntr
         out: list[ArchiveEntry | ReceiptUpdate] = []
         while len(out) < len(frames):
             out += await archiver._take(timeout=1.0)
-        archiver.close()
         return out
 
     return run(go())  # a loop of its own: another test's may be running in this thread

@@ -1,8 +1,8 @@
 """Every PostgreSQL connection a relay opens names its host in ``application_name``
-(``crossintercom relay|listen|archive HOST``), so ``pg_stat_activity`` (the bench's connections
-per host, `status`'s stuck-transaction report) tells whose each backend is. A name the user put
-in the store URL wins; an odd or long host id still gives a printable name of at most 63
-bytes."""
+(``crossintercom relay|listen HOST``; the archive runs on the relay's own connection), so
+``pg_stat_activity`` (the bench's connections per host, `status`'s stuck-transaction report)
+tells whose each backend is. A name the user put in the store URL wins; an odd or long host id
+still gives a printable name of at most 63 bytes."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import psycopg
 import pytest
 from sqlalchemy.engine import make_url
 
-from crossintercom.storage import open_archive, open_store
+from crossintercom.storage import open_store
 from crossintercom.storage.blocking import run
 from crossintercom.storage.engine import application_name
 from crossintercom.storage.urls import parse_store_url
@@ -30,7 +30,7 @@ def backend_names(url: str) -> list[str]:
 
 
 def test_a_relays_backends_carry_its_host_id(pg_url: str) -> None:
-    names = {application_name(role, "host-a") for role in ("relay", "listen", "archive")}
+    names = {application_name(role, "host-a") for role in ("relay", "listen")}
     with Cluster(pg_url) as cluster:
         a = cluster.host("host-a")
         a.listen("sink")
@@ -50,17 +50,16 @@ def test_a_relays_backends_carry_its_host_id(pg_url: str) -> None:
 
 
 def names_of_a_store(url: str, host_id: str) -> list[str]:
-    """The backends' names while a store, its archive and its waiter are open for a host."""
+    """The backends' names while a store (its archive used too) and its waiter are open for a
+    host."""
     store = run(open_store(url, host_id=host_id))
-    archive = open_archive(url, host_id=host_id)
     try:
         run(store.heartbeat(host_id, 1))
-        archive.archive_settings()
+        run(store.archive.archive_settings())
         with store.waiter(host_id):
             return backend_names(url)
     finally:
         run(store.aclose())
-        archive.close()
 
 
 def test_the_urls_own_name_wins_and_odd_host_ids_are_capped(pg_url: str) -> None:
@@ -68,8 +67,8 @@ def test_the_urls_own_name_wins_and_odd_host_ids_are_capped(pg_url: str) -> None
     name = application_name("relay", host)
     assert name.startswith("crossintercom relay h\\xf4te\\n")
     assert len(name.encode()) == 63 and name.isprintable()
-    expected = [name, application_name("archive", host), application_name("listen", host)]
+    expected = [name, application_name("listen", host)]
     assert names_of_a_store(pg_url, host) == sorted(expected)
 
     mine = make_url(pg_url).update_query_dict({"application_name": "mine"})
-    assert names_of_a_store(mine.render_as_string(hide_password=False), host) == ["mine"] * 3
+    assert names_of_a_store(mine.render_as_string(hide_password=False), host) == ["mine"] * 2

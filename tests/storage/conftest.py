@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 
-from crossintercom.storage import ArchiveStore, MailboxStore, migrate, open_archive, open_store
+from crossintercom.storage import MailboxStore, migrate, open_store
 from crossintercom.storage.blocking import run
+from tests.archive_sync import SyncArchive
 
 REPO = Path(__file__).resolve().parents[2]
 # Plain `pytest` (not `python -m pytest`) does not put the checkout on sys.path.
@@ -71,8 +72,8 @@ def store_url(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
-def archive(store_url: str) -> Iterator[ArchiveStore]:
-    a = open_archive(store_url)
+def archive(store_url: str) -> Iterator[SyncArchive]:
+    a = SyncArchive(store_url)
     try:
         yield a
     finally:

@@ -11,9 +11,9 @@ from crossintercom.models import Message, Peer
 from crossintercom.storage import (
     ArchiveEntry,
     ArchiveRecipient,
-    ArchiveStore,
     ReceiptUpdate,
 )
+from tests.archive_sync import SyncArchive
 
 
 def msg(mid: str, host: str = "hostB", *, ask: bool = False) -> Message:
@@ -24,12 +24,12 @@ def carol(outcome: str, code: str | None = None) -> tuple[ArchiveRecipient, ...]
     return (ArchiveRecipient("sid-carol", "hostC", outcome, "carol", code),)
 
 
-def outcome(archive: ArchiveStore, mid: str, sid: str = "sid-carol") -> str:
-    return {r.session_id: r.outcome for r in archive.receipts_of([mid])[mid]}[sid]
+def outcome(archive: SyncArchive, mid: str, sid: str = "sid-carol") -> str:
+    return str({r.session_id: r.outcome for r in archive.receipts_of([mid])[mid]}[sid])
 
 
 def test_an_outcome_never_goes_back_whatever_order_the_copies_arrive_in(
-    archive: ArchiveStore,
+    archive: SyncArchive,
 ) -> None:
     # The recipient's host said delivered; the sender's host's queued comes later.
     archive.archive([ArchiveEntry(msg("m1"), carol("delivered"))])
@@ -55,7 +55,7 @@ def test_an_outcome_never_goes_back_whatever_order_the_copies_arrive_in(
 
 
 def test_a_later_receipt_moves_only_its_own_hosts_recipients_forward(
-    archive: ArchiveStore,
+    archive: SyncArchive,
 ) -> None:
     to_both = (*carol("delivered"), ArchiveRecipient("sid-dan", "hostD", "delivered", "dan"))
     archive.archive([ArchiveEntry(msg("m1"), to_both)])
@@ -91,7 +91,7 @@ def test_a_later_receipt_moves_only_its_own_hosts_recipients_forward(
 
 
 def test_an_asks_wait_from_its_senders_host_survives_a_recipients_copy(
-    archive: ArchiveStore,
+    archive: SyncArchive,
 ) -> None:
     # The recipient's host is often first: its copy has no wait.
     archive.archive([ArchiveEntry(msg("ask", ask=True), carol("delivered"))])
@@ -108,7 +108,7 @@ def test_an_asks_wait_from_its_senders_host_survives_a_recipients_copy(
     assert (in_thread.wait_s, in_thread.message) == (90.0, row.message)
 
 
-def test_receipts_of_many_messages_are_read_in_bounded_lists(archive: ArchiveStore) -> None:
+def test_receipts_of_many_messages_are_read_in_bounded_lists(archive: SyncArchive) -> None:
     ids = [f"many{i}" for i in range(1200)]
     archive.archive([ArchiveEntry(msg(mid), carol("delivered")) for mid in ids])
     found = archive.receipts_of([*ids, "absent"])

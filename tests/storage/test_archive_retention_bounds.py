@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from crossintercom.storage import ArchiveStore
+from tests.archive_sync import SyncArchive
 from tests.conftest import run_cli
 
 
@@ -26,9 +26,7 @@ def test_archive_on_refuses_a_retention_no_store_can_hold(
 
 
 def test_a_retention_beyond_year_one_purges_nothing(sqlite_url: str) -> None:
-    from crossintercom.storage import open_archive
-
-    archive: ArchiveStore = open_archive(sqlite_url)
+    archive = SyncArchive(sqlite_url)
     try:
         archive.set_archive(enabled=True, retention_s=3_650_000 * 86400)
         assert archive.purge_archive() == 0

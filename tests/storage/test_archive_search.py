@@ -12,9 +12,10 @@ from sqlalchemy import text
 
 from crossintercom.models import Message, Peer
 from crossintercom.search_model import MARK_END, MARK_START, SearchQuery
-from crossintercom.storage import ArchiveEntry, ArchiveRecipient, ArchiveStore
+from crossintercom.storage import ArchiveEntry, ArchiveRecipient
 from crossintercom.storage import engine as db
 from crossintercom.storage.urls import parse_store_url
+from tests.archive_sync import SyncArchive
 
 FILLER = [
     "lunch menu for friday",
@@ -49,14 +50,14 @@ def to(name: str, host: str, outcome: str = "delivered") -> tuple[ArchiveRecipie
     return (ArchiveRecipient(f"sid-{name}", host, outcome, name),)
 
 
-def fill(archive: ArchiveStore) -> None:
+def fill(archive: SyncArchive) -> None:
     archive.archive(
         [ArchiveEntry(msg(f"f{i}", t), to("bob", "hostB")) for i, t in enumerate(FILLER)]
     )
 
 
 def test_the_archive_is_off_until_turned_on_and_keeps_its_retention(
-    archive: ArchiveStore,
+    archive: SyncArchive,
 ) -> None:
     assert not archive.archive_settings().enabled
     on = archive.set_archive(enabled=True, retention_s=3600)
@@ -67,7 +68,7 @@ def test_the_archive_is_off_until_turned_on_and_keeps_its_retention(
 
 
 def test_ranking_puts_the_better_match_first_and_snippets_mark_the_words(
-    archive: ArchiveStore,
+    archive: SyncArchive,
 ) -> None:
     fill(archive)
     archive.archive(
@@ -105,7 +106,7 @@ def test_ranking_puts_the_better_match_first_and_snippets_mark_the_words(
     ],
 )
 def test_queries_full_of_sql_and_full_text_syntax_are_only_words(
-    archive: ArchiveStore, store_url: str, query: str
+    archive: SyncArchive, store_url: str, query: str
 ) -> None:
     fill(archive)
     archive.archive([ArchiveEntry(msg("odd", query + " marker"), to("bob", "hostB"))])
@@ -120,12 +121,12 @@ def test_queries_full_of_sql_and_full_text_syntax_are_only_words(
         engine.dispose()
 
 
-def test_only_punctuation_finds_nothing(archive: ArchiveStore) -> None:
+def test_only_punctuation_finds_nothing(archive: SyncArchive) -> None:
     fill(archive)
     assert archive.search(SearchQuery("'\"*()-:")) == []
 
 
-def test_filters_sender_recipient_host_thread_and_since(archive: ArchiveStore) -> None:
+def test_filters_sender_recipient_host_thread_and_since(archive: SyncArchive) -> None:
     old = (datetime.now(UTC) - timedelta(days=10)).isoformat().replace("+00:00", "Z")
     archive.archive(
         [
@@ -158,7 +159,7 @@ def test_filters_sender_recipient_host_thread_and_since(archive: ArchiveStore) -
 
 
 def test_copies_from_both_hosts_keep_one_message_and_the_best_receipt(
-    archive: ArchiveStore,
+    archive: SyncArchive,
 ) -> None:
     m = msg("m1", "hello across hosts", subject="greeting")
     # The sender's host saw it queued; the recipient's host then delivered it; a late copy of
@@ -174,7 +175,7 @@ def test_copies_from_both_hosts_keep_one_message_and_the_best_receipt(
     assert len(archive.search(SearchQuery("hello"))) == 1
 
 
-def test_threads_feed_and_flow(archive: ArchiveStore) -> None:
+def test_threads_feed_and_flow(archive: SyncArchive) -> None:
     archive.archive(
         [
             ArchiveEntry(msg("root", "shall we ship?", subject="ship it"), to("bob", "hostB")),
@@ -197,7 +198,7 @@ def test_threads_feed_and_flow(archive: ArchiveStore) -> None:
 
 
 def test_retention_purges_old_copies_and_their_index_entries(
-    archive: ArchiveStore, store_url: str
+    archive: SyncArchive, store_url: str
 ) -> None:
     archive.set_archive(enabled=True, retention_s=3600)
     archive.archive([ArchiveEntry(msg("old", "ancient history"), to("bob", "hostB"))])

@@ -25,11 +25,11 @@ from crossintercom.storage import (
     MailboxStore,
     OutboundItem,
     ReceiptUpdate,
-    open_archive,
     open_store,
 )
 from crossintercom.storage.blocking import run
 from crossintercom.storage.roles import role_name
+from tests.archive_sync import SyncArchive
 from tests.hostroles import drop_host_roles
 from tests.pgharness import PgServer
 from tests.storage.conftest import run_python
@@ -231,7 +231,7 @@ def test_a_host_roles_heartbeat_answers_without_the_archive(hosts: dict[str, Hos
 def test_a_host_role_can_write_no_archive_receipt(hosts: dict[str, HostRole], pg_url: str) -> None:
     """The archive is the admin's (docs/archive.md): a host role may not move a receipt of its
     own recipients either, through the archive's writer or in plain SQL, nor read one."""
-    admin = open_archive(pg_url)
+    admin = SyncArchive(pg_url)
     try:
         msg = Message("archived", Peer("sid-b", "bob", hosts["B"].host), "carol", "hi")
         recipient = ArchiveRecipient("sid-c", hosts["C"].host, "delivered", "carol")
@@ -239,7 +239,7 @@ def test_a_host_role_can_write_no_archive_receipt(hosts: dict[str, HostRole], pg
     finally:
         admin.close()
     c = hosts["C"]
-    as_c = open_archive(c.url)
+    as_c = SyncArchive(c.url)
     try:
         with pytest.raises(StoreError):
             as_c.archive([ReceiptUpdate("archived", "sid-c", c.host, "shown")])
@@ -253,7 +253,7 @@ def test_a_host_role_can_write_no_archive_receipt(hosts: dict[str, HostRole], pg
         ):
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
                 conn.execute(stmt)
-    check = open_archive(pg_url)
+    check = SyncArchive(pg_url)
     try:
         assert [r.outcome for r in check.receipts_of(["archived"])["archived"]] == ["delivered"]
     finally:

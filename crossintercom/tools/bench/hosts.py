@@ -10,10 +10,14 @@ latency figure is each many-host p50 beside the two-host ones just before and af
 
 Counted by the server while the many hosts are up: idle commits per second per relay (the
 ``pg_stat_database.xact_commit`` delta over a quiet window, less the bench's own reads, over
-relays and seconds; target at most 1) and database connections per host (each host's backends
+relays and seconds; target at most 0.2) and database connections per host (each host's backends
 in ``pg_stat_activity``, told apart by the ``application_name`` its relay gives every connection:
 ``storage.engine.application_name``), sampled idle and during the sends; the most on any host is
-the figure (target at most 3). See docs/perf-log/2026-12.md, "Scale: 20 hosts on one PostgreSQL".
+the figure (target at most 2), beside the server's ``max_connections``. Then every host sends one
+message to the next one's session (a ring): each must come back ``delivered``. And the memory of
+a host: its relay's and its broker's resident set (``VmRSS``), median and most. ``rounds=1``
+(``bench --scale --hosts N``): one crowd, between two runs of the two alone. See
+docs/operations.md, "Sizing".
 """
 
 from __future__ import annotations
@@ -40,9 +44,9 @@ LATENCY_TARGET = 1.2
 # The runs of sends, in order: 2 hosts alone, then all, then 2 alone, all again, 2 alone.
 TWOS = ["two", "two_again", "two_last"]
 MANYS = ["many", "many_again"]
-IDLE_COMMITS_CEILING = 1.0  # commits/s per idle relay
-CONNECTIONS_CEILING = 3  # database connections per host
-ROLES = ("relay", "listen", "archive")
+IDLE_COMMITS_CEILING = 0.2  # commits/s per idle relay: one heartbeat per lease_s / 3
+CONNECTIONS_CEILING = 2  # database connections per host: statements and LISTEN
+ROLES = ("relay", "listen")
 # Backends per application_name on the store's database, now.
 BACKENDS = (
     "SELECT application_name, count(*) FROM pg_stat_activity "
@@ -121,9 +125,11 @@ class HostsBench:
         quiet_s: float,
         token: str,
         step: Callable[[str], None],
+        rounds: int = len(MANYS),
     ) -> None:
         self.store_url, self.conninfo = store_url, conninfo
         self.n, self.sends, self.quiet_s, self.step = hosts, sends, quiet_s, step
+        self.manys, self.twos = MANYS[:rounds], TWOS[: rounds + 1]
         self.ids = [f"bench-h{k:02d}-{token}" for k in range(hosts)]
         self.cluster = Cluster(root, store_url, SimHost)
         self.out: dict[str, Any] = {"hosts": hosts, "sends": sends, "quiet_s": quiet_s}
@@ -154,9 +160,9 @@ class HostsBench:
         try:
             await sender.connect()
             await paths.sequential(sender, b, "sink0", 10)  # warm-up
-            await self._p50(sender, b, TWOS[0])
+            await self._p50(sender, b, self.twos[0])
             self.step("scale: 2 hosts measured")
-            for r, (many, two) in enumerate(zip(MANYS, TWOS[1:], strict=True)):
+            for r, (many, two) in enumerate(zip(self.manys, self.twos[1:], strict=True)):
                 # New hosts each time (their dirs and ids): a stopped host is not started again.
                 ids = [f"{i}-{r}" for i in self.ids[2:]] if r else self.ids[2:]
                 await self._with_crowd(a, ids, sender, b, many, idle=r == 0)
@@ -191,7 +197,9 @@ class HostsBench:
             self.step(f"scale: {self.n} hosts up")
             if idle:
                 await self._idle()
-                self.step(f"scale: {self.n} hosts idle counted")
+                self.out["memory"] = _memory([a, b, *more])
+                await self._ring([a, b, *more], crowd)
+                self.step(f"scale: {self.n} hosts idle counted, every host delivered")
             await self._p50(sender, b, key)
             self.step(f"scale: {self.n} hosts measured")
         finally:
@@ -224,7 +232,10 @@ class HostsBench:
         ran = {q: n - calls0.get(q, 0) for q, n in calls1.items() if n > calls0.get(q, 0)}
         top = sorted(ran.items(), key=lambda qn: -qn[1])[:_TOP_STATEMENTS]
         backends = await asyncio.to_thread(Backends(self.conninfo, self.ids).once)
+        server = await asyncio.to_thread(_server_connections, self.conninfo)
         self.out["idle"] = {
+            "server_max_connections": server[0],
+            "server_backends": server[1],
             "relays": self.n,
             "seconds": round(seconds, 2),
             "commits": commits,
@@ -239,6 +250,40 @@ class HostsBench:
             ],
             "connections": backends.most,
             "connections_by_role": backends.roles,
+        }
+
+    async def _ring(self, hosts: list[SimHost], crowd: list[AsyncClient]) -> None:
+        """Every host sends one message to the next host's session (host 0's sender and host
+        1's sink included): how many came back delivered, and the slowest."""
+        # Who each host has: host 0 the sender, host 1 the sink, the others an idle session.
+        targets = ["scale-sender", "sink0", *("scale-idle" for _ in hosts[2:])]
+        senders: list[AsyncClient | None] = [None, None, *crowd]  # 0 and 1: made here
+
+        async def one(k: int) -> tuple[str, float]:
+            host, nxt = hosts[k], hosts[(k + 1) % len(hosts)]
+            client = senders[k]
+            own = client is None
+            if client is None:
+                client = AsyncClient(host.settings, host.identity(f"ring-{k}", cwd="/"))
+                await client.connect()
+            try:
+                t0 = time.perf_counter()
+                r = await client.send(f"{targets[(k + 1) % len(hosts)]}@{nxt.host_id}", "ring")
+                said = r.outcome.value + (f" ({r.code})" if r.code else "")
+                return said, time.perf_counter() - t0
+            finally:
+                if own:
+                    await client.close()
+
+        got = await asyncio.gather(*(one(k) for k in range(len(hosts))))
+        outcomes: dict[str, int] = {}
+        for outcome, _ in got:
+            outcomes[outcome] = outcomes.get(outcome, 0) + 1
+        self.out["ring"] = {
+            "hosts": len(hosts),
+            "outcomes": outcomes,
+            "delivered": outcomes.get("delivered", 0),
+            "slowest_ms": round(max(s for _, s in got) * 1000, 1),
         }
 
     def _start(self, host_ids: list[str]) -> list[SimHost]:
@@ -261,11 +306,12 @@ class HostsBench:
         """The many-hosts figures and their raw numbers (``details.scale.hosts``)."""
         out = self.run()
         hosts, sends = self.n, self.sends
-        manys = [out[k]["delivered_p50_ms"] for k in MANYS]
-        twos = [out[k]["delivered_p50_ms"] for k in TWOS]
+        manys = [out[k]["delivered_p50_ms"] for k in self.manys]
+        twos = [out[k]["delivered_p50_ms"] for k in self.twos]
         # Each many-host run beside the two-host runs just before and just after it.
         ratios = [m / t for k, m in enumerate(manys) for t in twos[k : k + 2] if t > 0]
-        seen = [out["idle"]["connections"]] + [out[k]["busy_connections"] for k in TWOS + MANYS]
+        seen = [out["idle"]["connections"]]
+        seen += [out[k]["busy_connections"] for k in self.twos + self.manys]
         busiest = max(n for per_host in seen for n in per_host.values())
         out["connections_per_host_max"] = busiest
         path = f"scale {hosts} hosts"
@@ -285,11 +331,23 @@ class HostsBench:
             ),
             Figure(
                 path,
+                "hosts delivered (ring)",
+                "hosts",
+                out["ring"]["delivered"],
+                hosts,
+                "every host: each sends one message to the next host's session, all at once",
+                True,
+                1.0,
+                pairing="ceiling",
+            ),
+            Figure(
+                path,
                 "idle commits/s per relay",
                 "commits/s",
                 out["idle"]["commits_per_s_per_relay"],
                 IDLE_COMMITS_CEILING,
-                "issue 9's ceiling: 1 commit/s per idle relay (pg_stat_database.xact_commit)",
+                "the ceiling: 0.2 commits/s per idle relay, one heartbeat per lease_s / 3 "
+                "(pg_stat_database.xact_commit)",
                 False,
                 1.0,
                 pairing="ceiling",
@@ -300,11 +358,47 @@ class HostsBench:
                 "connections",
                 busiest,
                 CONNECTIONS_CEILING,
-                "issue 9's ceiling: 3 database connections per host, the most on any host idle "
-                "or busy (pg_stat_activity by application_name)",
+                "the ceiling: 2 database connections per host, the most on any host idle or busy "
+                "(pg_stat_activity by application_name)",
                 False,
                 1.0,
                 pairing="ceiling",
             ),
         ]
         return figures, out
+
+
+def _rss_kib(pid: int | None) -> int | None:
+    """A process's resident set (``VmRSS``), KiB; None when it is gone."""
+    if pid is None:
+        return None
+    try:
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except OSError:
+        return None
+    return next((int(line.split()[1]) for line in lines if line.startswith("VmRSS:")), None)
+
+
+def _memory(hosts: list[SimHost]) -> dict[str, Any]:
+    """Each host's relay and broker resident sets: median and most, MiB."""
+    out: dict[str, Any] = {}
+    for what, pids in (
+        ("relay", [h.relay.pid if h.relay is not None else None for h in hosts]),
+        ("broker", [h.broker_pid() for h in hosts]),
+    ):
+        kib = [k for k in map(_rss_kib, pids) if k is not None]
+        if kib:
+            out[f"{what}_rss_mib_median"] = round(statistics.median(kib) / 1024, 1)
+            out[f"{what}_rss_mib_max"] = round(max(kib) / 1024, 1)
+    return out
+
+
+def _server_connections(conninfo: str) -> tuple[int, int]:
+    """The server's ``max_connections`` and its client backends now, every database's."""
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT current_setting('max_connections')::int, "
+            "(SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend')"
+        ).fetchone()
+    assert row is not None
+    return int(row[0]), int(row[1])

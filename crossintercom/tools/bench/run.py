@@ -319,6 +319,7 @@ def run_bench(
     scale: bool = False,
     own_postgres: bool = False,
     polling: bool = False,
+    hosts: int | None = None,
 ) -> BenchReport:
     """Every figure; with ``scale`` also one broker with many sessions (``bench.scale``) and,
     on PostgreSQL, many hosts on the one database (``bench.hosts``); with ``polling`` the
@@ -326,7 +327,10 @@ def run_bench(
 
     ``own_postgres``: the PostgreSQL store is a throwaway cluster started for this run, with
     ``pg_stat_statements`` loaded so statements per message are counted by the server, and
-    fsync on like a real server's (docs/performance.md)."""
+    fsync on like a real server's (docs/performance.md).
+
+    ``hosts``: only the many hosts on one PostgreSQL server, that many of them, once
+    (``bench --scale --hosts N``; docs/operations.md, "Sizing")."""
     if own_postgres:
         if store_url is not None:
             raise ValueError("--own-postgres starts its own store; leave out --store")
@@ -335,13 +339,20 @@ def run_bench(
         settings = {"shared_preload_libraries": "pg_stat_statements"}
         with ThrowawayPostgres(fsync=True, server_settings=settings) as server:
             report = run_bench(
-                server.url, quick=quick, progress=progress, scale=scale, polling=polling
+                server.url,
+                quick=quick,
+                progress=progress,
+                scale=scale,
+                polling=polling,
+                hosts=hosts,
             )
         report.machine["postgres_throwaway"] = True
         return report
     counts = Counts.for_run(quick)
     started = time.perf_counter()
     token = secrets.token_hex(2)
+    if hosts is not None:
+        return _fleet(store_url, hosts, counts, progress, started, token)
     with scratch_dir("ci-bench-") as root:
         stores: list[Store] = []
         if store_url is not None and store_url.startswith("postgresql"):
@@ -432,6 +443,47 @@ def run_bench(
                     ).figures()
                     report.figures += figures
             details["mcp_tools_list_bytes"] = _tools_list_bytes(root)
+        report.details = details
+    report.elapsed_s = round(time.perf_counter() - started, 1)
+    return report
+
+
+def _fleet(
+    store_url: str | None, hosts: int, counts: Counts, progress: bool, started: float, token: str
+) -> BenchReport:
+    """``bench --scale --hosts N``: N hosts on one PostgreSQL server and nothing else."""
+    from crossintercom.tools.bench.hosts import HostsBench
+
+    if store_url is None or not store_url.startswith("postgresql"):
+        raise ValueError(
+            "--hosts needs PostgreSQL: give --store postgresql://... or --own-postgres"
+        )
+    with scratch_dir("ci-bench-") as root:
+        store = prepare_store(store_url, root)
+        conninfo = store.parsed.libpq_conninfo()
+        report = BenchReport(
+            backend=store.kind,
+            store=store.label,
+            quick=False,
+            date=utc_now(),
+            counts={"hosts": hosts, "sends": counts.latency},
+            machine=_machine(conninfo),
+            backends=[store.kind],
+        )
+        details: dict[str, Any] = {"step_s": {}}
+        (root / "hosts").mkdir()
+        with _progress(progress, HOSTS_STEPS, details["step_s"]) as step:
+            report.figures, details["hosts"] = HostsBench(
+                root / "hosts",
+                store.url,
+                conninfo,
+                hosts=hosts,
+                sends=counts.latency,
+                quiet_s=counts.scale_quiet_s,
+                token=token,
+                step=step,
+                rounds=1,
+            ).figures()
         report.details = details
     report.elapsed_s = round(time.perf_counter() - started, 1)
     return report
