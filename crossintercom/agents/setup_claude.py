@@ -12,6 +12,7 @@ from typing import Any
 
 from crossintercom.agents.setup_common import (
     SERVER_KEY,
+    TOKEN_ENV,
     Agent,
     Change,
     array,
@@ -34,7 +35,7 @@ def claude_code(agent: Agent, project: Path) -> list[Change]:
             table(data, "mcpServers")[SERVER_KEY] = {
                 "type": "http",
                 "url": f"{agent.gateway.rstrip('/')}/mcp",
-                "headers": {"Authorization": "Bearer ${CROSSINTERCOM_TOKEN}"},
+                "headers": {"Authorization": f"Bearer ${{{TOKEN_ENV}}}"},
             }
             return
         table(data, "mcpServers")[SERVER_KEY] = {

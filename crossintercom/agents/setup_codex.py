@@ -12,6 +12,7 @@ import tomlkit
 from crossintercom.agents.setup_common import (
     CARRIED_ENV,
     SERVER_KEY,
+    TOKEN_ENV,
     Agent,
     Change,
     json_change,
@@ -42,15 +43,20 @@ def codex(agent: Agent, codex_home: Path) -> list[Change]:
     elif not isinstance(servers, dict):
         raise UsageError(f"{config}: mcp_servers is not a table; setup leaves it alone")
     entry = tomlkit.table()
-    entry["command"] = agent.command[0]
-    entry["args"] = [*agent.command[1:], *agent.mcp_args()]
-    if agent.env:
-        entry["env"] = agent.env
-    # Codex gives an MCP server a short allow-list of its own environment: the settings not
-    # fixed above are passed through by name, so a later `export` still reaches the server.
-    passed = [k for k in CARRIED_ENV if k not in agent.env]
-    if passed:
-        entry["env_vars"] = passed
+    if agent.gateway:
+        # The gateway's MCP over streamable HTTP; the token from the environment, by name.
+        entry["url"] = f"{agent.gateway.rstrip('/')}/mcp"
+        entry["bearer_token_env_var"] = TOKEN_ENV
+    else:
+        entry["command"] = agent.command[0]
+        entry["args"] = [*agent.command[1:], *agent.mcp_args()]
+        if agent.env:
+            entry["env"] = agent.env
+        # Codex gives an MCP server a short allow-list of its own environment: the settings
+        # not fixed above are passed through by name, so a later `export` still reaches it.
+        passed = [k for k in CARRIED_ENV if k not in agent.env]
+        if passed:
+            entry["env_vars"] = passed
     # Codex waits for a required server before the first turn (it otherwise starts without
     # its tools about one run in five) and fails loudly when it cannot start.
     entry["required"] = True
@@ -61,7 +67,9 @@ def codex(agent: Agent, codex_home: Path) -> list[Change]:
     def hooks(data: dict[str, Any]) -> None:
         hook = {
             "type": "command",
-            "command": agent.wait_command("codex-hook", CODEX_WAIT_S),
+            "command": agent.curl_wait("codex-hook", CODEX_WAIT_S)
+            if agent.gateway
+            else agent.wait_command("codex-hook", CODEX_WAIT_S),
             "timeout": CODEX_WAIT_S + 60,
             "statusMessage": "waiting for crossintercom mail (Esc to stop)",
         }

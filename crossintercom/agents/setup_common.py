@@ -32,6 +32,8 @@ from crossintercom.config import (
 from crossintercom.errors import UsageError
 
 SERVER_KEY = "crossintercom"
+# The environment variable a harness reads the gateway's token from (docs/agents.md).
+TOKEN_ENV = "CROSSINTERCOM_TOKEN"
 GATEWAY_ENV = (ENV_GATEWAY, ENV_GATEWAY_TOKEN_FILE, ENV_GATEWAY_CA)
 # Only settings that are safe to inherit travel into harness configs; never the store URL,
 # which may hold a password and is needed by relays only. A gateway's settings name its URL and

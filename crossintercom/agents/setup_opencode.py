@@ -10,6 +10,7 @@ from typing import Any
 
 from crossintercom.agents.setup_common import (
     SERVER_KEY,
+    TOKEN_ENV,
     Agent,
     Change,
     json_change,
@@ -36,6 +37,16 @@ def opencode(agent: Agent, project: Path) -> list[Change]:
 
     def config(data: dict[str, Any]) -> None:
         data.setdefault("$schema", "https://opencode.ai/config.json")
+        if agent.gateway:
+            # The gateway's MCP over streamable HTTP; the token from the environment.
+            table(data, "mcp")[SERVER_KEY] = {
+                "type": "remote",
+                "url": f"{agent.gateway.rstrip('/')}/mcp",
+                "enabled": True,
+                "oauth": False,
+                "headers": {"Authorization": f"Bearer {{env:{TOKEN_ENV}}}"},
+            }
+            return
         table(data, "mcp")[SERVER_KEY] = {
             "type": "local",
             "command": [*agent.command, *agent.mcp_args()],
@@ -43,6 +54,9 @@ def opencode(agent: Agent, project: Path) -> list[Change]:
             "environment": agent.env,
         }
 
+    if agent.gateway:
+        # The wake plugin runs `crossintercom wait`, which is not installed here.
+        return [json_change(project / "opencode.json", config)]
     plugin = project / ".opencode" / "plugins" / "crossintercom.js"
     return [
         json_change(project / "opencode.json", config),

@@ -241,3 +241,64 @@ def test_a_poll_whose_client_is_gone_shows_nothing(gateway: tuple[Gateway, Host,
     # The dead poll showed nothing: the next one is handed the message.
     out, err = poll(60).communicate(timeout=90)
     assert f"id={sent['id']}" in out and "after the poll was gone" in out, (out, err)
+
+
+def test_setup_writes_codex_and_opencode_remote_servers_their_binaries_take(
+    gateway: tuple[Gateway, Host, Host],
+) -> None:
+    """`setup codex|opencode --gateway`: Codex's streamable HTTP server and curl Stop hook,
+    OpenCode's remote server; each real binary reads the entry as a remote server (OpenCode
+    connects to it through the gateway with the token)."""
+    from tests.harnesses import install
+    from tests.harnesses.isolation import require_harness
+
+    gw, _a, _b = gateway
+    token = Path(gw.grant("worker")).read_text().strip()
+    url = f"https://localhost:{gw.mcp_port}"
+    home = gw.root / "harness-home"
+    home.mkdir()
+    codex_home, project = home / ".codex", home / "project"
+    for harness, where in (("codex", codex_home), ("opencode", project)):
+        args = ("setup", harness, "--as", "worker", "--dir", str(where), "--gateway", url)
+        out = run_cli(clean_env(), *args, "--gateway-ca", str(gw.certs.ca))
+        assert out.returncode == 0, out.stderr
+    refused = run_cli(clean_env(), "setup", "pi", "--as", "worker", "--gateway", url)
+    assert refused.returncode == 2 and "--gateway" in refused.stderr, refused.stderr
+    hooks = json.loads((codex_home / "hooks.json").read_text())
+    assert "curl" in json.dumps(hooks) and "codex-hook" in json.dumps(hooks)
+    assert not (project / ".opencode").exists()  # no plugin: it would need crossintercom
+    for written in (
+        codex_home / "config.toml",
+        codex_home / "hooks.json",
+        project / "opencode.json",
+    ):
+        assert token not in written.read_text()
+    env = install.with_node22(
+        clean_env(
+            HOME=str(home),
+            CODEX_HOME=str(codex_home),
+            CROSSINTERCOM_TOKEN=token,
+            NODE_EXTRA_CA_CERTS=str(gw.certs.ca),
+            OPENCODE_DISABLE_AUTOUPDATE="1",
+            OPENCODE_DISABLE_MODELS_FETCH="1",
+            OPENCODE_DISABLE_DEFAULT_PLUGINS="1",
+        )
+    )
+
+    def mcp_list(harness: str, *extra: str, cwd: Path) -> tuple[str, str]:
+        argv = [*require_harness(harness), "mcp", "list", *extra]
+        kw: dict[str, Any] = {"capture_output": True, "text": True, "timeout": 180}
+        done = subprocess.run(argv, env=env, cwd=cwd, check=False, **kw)
+        assert done.returncode == 0, (done.stdout, done.stderr)
+        return done.stdout, done.stderr
+
+    (server,) = json.loads(mcp_list("codex", "--json", cwd=home)[0])
+    assert server["name"] == "crossintercom" and server["enabled"], server
+    assert server["transport"] == {
+        **server["transport"],
+        "type": "streamable_http",
+        "url": f"{url}/mcp",
+        "bearer_token_env_var": "CROSSINTERCOM_TOKEN",
+    }
+    said = "".join(mcp_list("opencode", cwd=project))
+    assert "✓ crossintercom" in said and "connected" in said, said  # reached through the gateway
