@@ -180,14 +180,25 @@ def test_a_host_rewrites_no_column_its_operations_do_not_change(
             for column, value in columns.items():
                 with pytest.raises(psycopg.errors.InsufficientPrivilege):
                     conn.execute(f"UPDATE {table} SET {column} = {value}")
-        # the columns its operations change, on its own rows
-        for stmt in (
-            "UPDATE deliveries SET state = 'delivered', reason = 'queued', "
-            "finished_at = now() WHERE message_id = 'to-a'",
+        # the columns its operations change, on its own rows (a finish with its receipt, as
+        # its ack writes them)
+        with conn.transaction():
+            finish = (
+                "UPDATE deliveries SET state = 'delivered', reason = 'queued', "
+                "finished_at = now() WHERE message_id = 'to-a'"
+            )
+            assert conn.execute(finish).rowcount == 1
+            conn.execute(
+                "INSERT INTO receipts (sender_host, message_id, recipient_session, "
+                "recipient_host, outcome, code, created) VALUES (%s, 'to-a', 'sa', %s, "
+                "'delivered', 'queued', now())",
+                (hosts["B"].host, a.host),
+            )
+        beat = (
             f"UPDATE hosts SET generation = generation, heartbeat = heartbeat + 1, "
-            f"machine = 'm', roster_rev = roster_rev + 1 WHERE host_id = '{a.host}'",
-        ):
-            assert conn.execute(stmt).rowcount == 1, stmt
+            f"machine = 'm', roster_rev = roster_rev + 1 WHERE host_id = '{a.host}'"
+        )
+        assert conn.execute(beat).rowcount == 1
         # a reason is a code, never free text (it becomes the sender's receipt)
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             conn.execute("UPDATE deliveries SET reason = 'call 555-0100' WHERE message_id = 'to-a'")
@@ -399,28 +410,40 @@ def test_every_operation_of_a_relay_runs_under_its_host_role(
     assert row.message_id == "to-a"
 
 
-def test_what_deleting_a_queued_delivery_takes(hosts: dict[str, Host]) -> None:
+def test_a_queued_delivery_is_not_erased_unheard(hosts: dict[str, Host]) -> None:
     """docs/operations.md, "Deleting": no host role deletes a delivery while it is queued, nor
-    finishes or deletes another host's; the recipient's host may finish its own (as its ack
-    does) and then delete it, in one transaction, and the sender hears nothing of it. That is
-    the documented limit, pinned here: a change to the policies must change the docs too."""
+    finishes or deletes another host's; and the recipient's host that finishes its own and
+    deletes it (in one transaction, or after planting a receipt dated past the retention and
+    deleting that) is refused: the sender's host always gets the receipt (revision 0018)."""
     a, b, c = hosts["A"], hosts["B"], hosts["C"]
     count = "SELECT count(*) FROM deliveries WHERE message_id = 'to-a'"
+    finish = (
+        "UPDATE deliveries SET state = 'delivered', reason = 'queued', finished_at = now() "
+        "WHERE message_id = 'to-a'"
+    )
     for host in (a, b, c):  # the recipient's, the sender's, a third host's
         with host.connect() as conn:
             assert conn.execute("DELETE FROM deliveries WHERE message_id = 'to-a'").rowcount == 0
     with c.connect() as conn:
-        finish = "UPDATE deliveries SET state = 'delivered', reason = 'queued', finished_at = now()"
-        assert conn.execute(f"{finish} WHERE message_id = 'to-a'").rowcount == 0
-    with b.connect() as conn:
-        assert conn.execute(count).fetchone() == (1,)
-    with a.connect() as conn, conn.transaction():  # one BEGIN ... COMMIT
-        updated = conn.execute(
-            "UPDATE deliveries SET state = 'delivered', reason = 'queued', "
-            "finished_at = now() WHERE message_id = 'to-a'"
-        )
-        assert updated.rowcount == 1
+        assert conn.execute(finish).rowcount == 0
+    # Finished and deleted in one transaction, with no receipt: refused at its commit.
+    raised = pytest.raises(psycopg.errors.InsufficientPrivilege)
+    with a.connect() as conn, raised, conn.transaction():
+        assert conn.execute(finish).rowcount == 1
         assert conn.execute("DELETE FROM deliveries WHERE message_id = 'to-a'").rowcount == 1
     with b.connect() as conn:
-        assert conn.execute(count).fetchone() == (0,)
-    assert run(b.store.receipts(b.host, b.gen)) == []
+        assert conn.execute(count).fetchone() == (1,)
+    # With a receipt dated long ago, to delete it at once as the recipient's purge may: the
+    # receipt is dated now (the database's clock), so it stays, and the sender reads it.
+    plant = (
+        "INSERT INTO receipts (sender_host, message_id, recipient_session, recipient_host, "
+        "outcome, code, created) VALUES (%s, 'to-a', 'sa', %s, 'delivered', 'queued', "
+        "'2000-01-01')"
+    )
+    with a.connect() as conn, conn.transaction():
+        conn.execute(finish)
+        conn.execute(plant, (b.host, a.host))
+        conn.execute("DELETE FROM receipts WHERE message_id = 'to-a'")
+        assert conn.execute("DELETE FROM deliveries WHERE message_id = 'to-a'").rowcount == 1
+    told = run(b.store.receipts(b.host, b.gen))
+    assert [(r.message_id, r.outcome) for r in told] == [("to-a", "delivered")]

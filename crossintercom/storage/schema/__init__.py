@@ -38,6 +38,8 @@ TABLES: Final = (
     "hosts",
 )
 _PG_FUNCTIONS: Final = (
+    "public.crossintercom_finish_told()",
+    "public.crossintercom_receipt_created()",
     "public.crossintercom_host_beat_at()",
     "public.crossintercom_addressed(text)",
     "public.crossintercom_received(text, text, text)",

@@ -355,3 +355,49 @@ ALTER TABLE hosts ADD COLUMN last_error_at TIMESTAMP WITH TIME ZONE;
 -- Its own row only: hosts_bump's USING and WITH CHECK hold every UPDATE to it.
 GRANT UPDATE (version, last_error_code, last_error, last_error_at) ON hosts
     TO crossintercom_hosts;
+
+-- --- revision 0018: a delivery a host role finishes leaves its sender a receipt ------------
+-- No host role finishes a delivery without the receipt its sender's host reads: a queued
+-- delivery that a host role sets to delivered, refused or expired must have, when its
+-- transaction commits, a receipt of that outcome for that message and session (every relay's
+-- ack, expiry and `forget` writes it in the same statement or transaction). And a host role's
+-- receipt is dated by the database's clock, so the recipient's host cannot date one past the
+-- retention and delete it at once (receipts_consume). So the recipient's host can no longer
+-- finish a queued delivery and delete it unheard (docs/operations.md, "Deleting"). A host
+-- role is a member of crossintercom_hosts, asked of the catalog (not crossintercom_host(): a
+-- call per row would count against the policies' few per message); the shared role and the
+-- admin are trusted with every row.
+CREATE FUNCTION public.crossintercom_finish_told() RETURNS trigger LANGUAGE plpgsql
+    SECURITY DEFINER SET search_path = pg_catalog, public, pg_temp AS $$
+BEGIN
+    -- By the sender's host: the receipts index (sender_host, id) holds the few it has not read.
+    IF pg_catalog.pg_has_role(session_user, 'crossintercom_hosts', 'MEMBER') AND NOT EXISTS (
+        SELECT 1 FROM public.receipts AS r JOIN public.messages AS m
+            ON m.sender_host::text OPERATOR(pg_catalog.=) r.sender_host::text
+        WHERE m.message_id::text OPERATOR(pg_catalog.=) NEW.message_id::text
+          AND r.message_id::text OPERATOR(pg_catalog.=) NEW.message_id::text
+          AND r.recipient_session::text OPERATOR(pg_catalog.=) NEW.recipient_session::text
+          AND r.outcome::text OPERATOR(pg_catalog.=) NEW.state::text) THEN
+        -- A fixed text: the file runs through the driver, which reads a percent sign as a parameter.
+        RAISE EXCEPTION 'a delivery finished without its receipt to its sender''s host'
+            USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    RETURN NULL;
+END $$;
+-- Checked at commit: the relay's statements finish the row before they write its receipt.
+CREATE CONSTRAINT TRIGGER deliveries_finish_told AFTER UPDATE OF state ON deliveries
+    DEFERRABLE INITIALLY DEFERRED FOR EACH ROW
+    WHEN (OLD.state = 'queued' AND NEW.state <> 'queued')
+    EXECUTE FUNCTION public.crossintercom_finish_told();
+CREATE FUNCTION public.crossintercom_receipt_created() RETURNS trigger LANGUAGE plpgsql
+    SECURITY DEFINER SET search_path = pg_catalog, public, pg_temp AS $$
+BEGIN
+    IF pg_catalog.pg_has_role(session_user, 'crossintercom_hosts', 'MEMBER') THEN
+        NEW.created := pg_catalog.now();
+    END IF;
+    RETURN NEW;
+END $$;
+CREATE TRIGGER receipts_created BEFORE INSERT ON receipts
+    FOR EACH ROW EXECUTE FUNCTION public.crossintercom_receipt_created();
+REVOKE ALL ON FUNCTION public.crossintercom_finish_told(),
+    public.crossintercom_receipt_created() FROM PUBLIC;

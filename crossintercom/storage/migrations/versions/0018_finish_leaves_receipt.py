@@ -1,0 +1,37 @@
+"""a delivery a host role finishes leaves its sender a receipt (PostgreSQL)
+
+The triggers and their functions are the section "revision 0018" of storage/schema/postgres.sql,
+run as written there; SQLite has no roles, and nothing changes in its file.
+
+Revision ID: 0018
+Revises: 0017
+Create Date: 2026-12-07
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from alembic import op
+
+from crossintercom.storage import schema
+
+revision: str = "0018"
+down_revision: str | None = "0017"
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
+
+
+def upgrade() -> None:
+    schema.create(op.get_bind(), revision)
+
+
+def downgrade() -> None:
+    conn = op.get_bind()
+    if conn.dialect.name != "postgresql":
+        return
+    conn.exec_driver_sql("DROP TRIGGER deliveries_finish_told ON deliveries")
+    conn.exec_driver_sql("DROP TRIGGER receipts_created ON receipts")
+    conn.exec_driver_sql(
+        "DROP FUNCTION public.crossintercom_finish_told(), public.crossintercom_receipt_created()"
+    )
