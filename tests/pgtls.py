@@ -97,15 +97,12 @@ def _signed(cwd: Path, name: str, cn: str, ext: str) -> None:
     )
 
 
-def make_certificates(cwd: Path) -> TlsFiles:
+def make_certificates(cwd: Path, *ips: str) -> TlsFiles:
+    """A CA, a wrong CA, a server certificate for localhost (and ``ips``), a client's."""
     _ca(cwd, "ca")
     _ca(cwd, "wrong-ca")
-    _signed(
-        cwd,
-        "server",
-        "localhost",
-        "subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth",
-    )
+    names = ",".join(["DNS:localhost", "IP:127.0.0.1", *(f"IP:{ip}" for ip in ips)])
+    _signed(cwd, "server", "localhost", f"subjectAltName={names}\nextendedKeyUsage=serverAuth")
     _signed(cwd, "client", "postgres", "extendedKeyUsage=clientAuth")
     for key in cwd.glob("*.key"):
         key.chmod(0o600)
