@@ -4,7 +4,8 @@ Anyone who can write the store (a buggy or compromised host, a stray writer of a
 can put anything in a row. A row is handed over only when its payload is a message of the
 right shape, its id is the row's, it matches the digest its sender stored (a row rewritten
 since, by a writer or its trigger, does not), it fits the size limits, and its sender is one
-the writing host may use: its own host id, and a session id no other host claims. Anything
+the writing host may use: its own host id, and a session id no other host claims. Flags a
+sender stored are dropped (the receiving side sets its own). Anything
 else is refused once, with a code and a logged reason, and the rows behind it go on
 (docs/operations.md).
 """
@@ -103,6 +104,11 @@ def screen(
         if isinstance(lenient, Refusal):
             return lenient
         msg, text = lenient, msgspec.json.encode(lenient)
+    if msg.flags:
+        # Flags are the receiving side's words (docs/protocol.md): its broker and client set
+        # them. A sender's (`possible_repeat`, `late`, ...) are dropped; they are not signed.
+        msg = msgspec.structs.replace(msg, flags=())
+        text = msgspec.json.encode(msg)
     if msg.id != row.message_id:
         return Refusal(Code.BAD_MESSAGE, f"payload id {msg.id!r} is not the row's id")
     if row.digest is not None and not hmac.compare_digest(msg.digest(), row.digest):

@@ -13,9 +13,10 @@ import pytest
 from sqlalchemy.engine import make_url
 
 from crossintercom.config import ENV_STORE
-from crossintercom.models import durable_session_id
+from crossintercom.models import durable_session_id, new_id
 from crossintercom.storage.roles import grant_host
 from crossintercom.storage.wakeup import ROSTER, ROSTER_CHANNEL
+from crossintercom.tools.chaos.rogue import inject_rows, rogue_message
 from tests.hostroles import drop_host_roles
 from tests.pgharness import PgServer
 from tests.relay.conftest import Cluster, wait_for
@@ -84,3 +85,26 @@ def test_relays_as_host_roles(pg_url: str, granted: dict[str, str]) -> None:
             conn.execute("SELECT pg_notify(%s, %s)", (ROSTER_CHANNEL, ROSTER))
         wait_for(lambda: "roster rows dropped" in a.relay_log(), 30, "A to drop the claim")
         assert stolen not in {s["id"] for s in a.cli_json("list", "--json")}
+
+
+def test_a_host_roles_flags_never_reach_the_agent(pg_url: str, granted: dict[str, str]) -> None:
+    """B's role stores a message for A's session carrying the receiving side's flags, as its
+    own (the policies let it): A's agent sees none of them (relay/screening.py)."""
+    host_a, host_b = sorted(granted)
+    with Cluster(pg_url) as cluster:
+        a = cluster.host(host_a, relay=False)
+        a.env[ENV_STORE] = granted[host_a]
+        a.start_relay()
+        worker = a.listen("worker")
+        mid = new_id()
+        flags = ["possible_repeat", "resumed", "late", "sender_gone", "acknowledged"]
+        payload = rogue_message(new_id(), host_b, mid=mid, flags=flags)
+        inject_rows(
+            granted[host_b],
+            [(mid, payload)],
+            sender_host=host_b,
+            recipient_host=host_a,
+            recipient_session=a.session_id("worker"),
+        )
+        got = worker.next_message(30)
+        assert got["id"] == mid and not got.get("flags"), got

@@ -134,6 +134,24 @@ def test_bad_rows_refused_once_without_blocking_a_canary(
     assert b_other.send("planner@A", "back").outcome.value == "delivered"
 
 
+# Flags the receiving side sets; a sender that stores them sets none (relay/screening.py).
+FORGED_FLAGS = ["possible_repeat", "resumed", "late", "sender_gone", "acknowledged"]
+
+
+def test_a_senders_flags_never_reach_the_agent(cluster: Cluster, rogue: Rogue) -> None:
+    """A writer of the store (a SQLite writer, or PostgreSQL's shared role) stores a message
+    with the receiving side's flags: the agent's listener (`listen --json`) shows none."""
+    a, b = cluster.up("A", "B")
+    worker = b.listen("worker")
+    a.wait_sees("worker", "B")
+    target = b.session_id("worker")
+    mid = new_id()
+    flagged = message(new_id(), "R", mid=mid, flags=FORGED_FLAGS)
+    rogue.insert([(mid, flagged)], sender_host="R", recipient_host="B", recipient_session=target)
+    got = worker.next_message(30)
+    assert got["id"] == mid and not got.get("flags"), got
+
+
 def test_forged_reply_cannot_answer_another_sessions_ask(cluster: Cluster, rogue: Rogue) -> None:
     a, b = cluster.up("A", "B")
     worker = b.listen("worker")
