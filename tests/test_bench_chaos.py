@@ -246,13 +246,16 @@ def check_chart(page: str) -> None:
 # On PostgreSQL the run includes the peer's phases too (a consumer process started twice).
 @pytest.mark.timeout(360)
 def test_bench_quick_json(store_args: list[str], short_tmp: Path, tmp_path: Path) -> None:
-    # --scale: one broker with many sessions, and with PostgreSQL many hosts on it too.
+    # --scale: one broker with many sessions, and with PostgreSQL many hosts on it too;
+    # --metrics: the cross-host relays serve their metrics, read every second meanwhile.
     chart = tmp_path / "bench.html"
-    args = ["bench", "--quick", "--json", "--chart", str(chart), "--scale", *store_args]
-    proc = run_cli(args, short_tmp, timeout=330)
+    args = ["bench", "--quick", "--json", "--chart", str(chart), "--scale", "--metrics"]
+    proc = run_cli([*args, *store_args], short_tmp, timeout=330)
     assert proc.returncode == 0, proc.stderr[-2000:]
     backends = ["postgres", "sqlite"] if store_args else ["sqlite"]
-    check_bench(json.loads(proc.stdout), backends, scale=True)
+    report = json.loads(proc.stdout)
+    check_bench(report, backends, scale=True)
+    assert all(report["details"]["metrics_scrapes"][b] > 0 for b in backends), report["details"]
     check_chart(chart.read_text())
     assert list(short_tmp.iterdir()) == []  # temporary dirs removed
     assert leftovers(short_tmp) == []

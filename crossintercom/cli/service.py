@@ -167,6 +167,12 @@ def demo(as_json: bool) -> None:
     help="Also time cross-host SQLite one-way latency with the relays polling their doorbells "
     "(as on NFS, SMB or FUSE), beside the same path with inotify.",
 )
+@click.option(
+    "--metrics",
+    is_flag=True,
+    help="The cross-host relays serve their Prometheus metrics, each read every second while "
+    "they are measured (to compare with a run without).",
+)
 @json_option
 def bench(
     store_url: str | None,
@@ -175,6 +181,7 @@ def bench(
     chart: Path | None,
     own_postgres: bool,
     polling: bool,
+    metrics: bool,
     as_json: bool,
     hosts: int | None = None,
 ) -> None:
@@ -194,6 +201,7 @@ def bench(
         own_postgres=own_postgres,
         polling=polling,
         hosts=hosts,
+        metrics=metrics,
     )
     if chart is not None:
         write_chart(report, chart)

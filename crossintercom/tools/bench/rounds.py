@@ -12,14 +12,18 @@ throughput phases also count their CPU per delivered message (``cpu``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import threading
+import urllib.request
 from collections import Counter, defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from crossintercom.client import AsyncClient
+from crossintercom.config import ENV_METRICS
 from crossintercom.tools.bench import paths
 from crossintercom.tools.bench.baselines import RawPostgres, RawSQLite, RawUDS
 from crossintercom.tools.bench.cpu import CpuAccount, run_processes
@@ -27,8 +31,11 @@ from crossintercom.tools.bench.peer import Peer
 from crossintercom.tools.bench.report import percentile
 from crossintercom.tools.bench.workload import Counts
 from crossintercom.tools.harness import BULK_SENDER, Cluster, SimHost
+from crossintercom.tools.pgcluster import free_port
 
 MS = 1000.0
+# How often ``bench --metrics`` reads each relay's endpoint (Prometheus's default is 15 s).
+SCRAPE_S = 1.0
 
 # A full run saves more than the default inbox bound (10,000 shown messages) per sink, and the
 # catch-up counts what the inboxes hold: with the bound, old entries pruned meanwhile would keep
@@ -87,6 +94,9 @@ class ClusterBench:
         self.sinks = [f"sink{k}" for k in range(counts.receivers)]
         self.conninfo: str | None = None  # the store's, when PostgreSQL: its backends' CPU
         self.peer: Peer | None = None
+        # ``bench --metrics``: each relay serves its metrics and is scraped every SCRAPE_S.
+        self.metrics = False
+        self.scrapes = 0
 
     def _up(self, cluster: Cluster[SimHost]) -> list[SimHost]:
         hosts = [cluster.host(h, relay=False) for h in self.ids]
@@ -96,6 +106,8 @@ class ClusterBench:
             json.dumps({**BENCH_HOST, "durability": "full", "remote_ack_wait_s": 0.01})
         )
         for h in hosts:
+            if self.metrics:
+                h.env[ENV_METRICS] = f"127.0.0.1:{free_port()}"
             h.start_relay(wait=False)
         for h in hosts:
             h.wait_relay(60)
@@ -119,7 +131,33 @@ class ClusterBench:
         with Cluster(self.root, self.store_url, SimHost) as cluster:
             hosts = self._up(cluster)
             self.step(f"{self.kind} hosts up")
-            return asyncio.run(self._measure(hosts, uds, store, conninfo))
+            with self._scraping(hosts):
+                return asyncio.run(self._measure(hosts, uds, store, conninfo))
+
+    @contextlib.contextmanager
+    def _scraping(self, hosts: list[SimHost]) -> Iterator[None]:
+        """With ``metrics``: every relay's endpoint read every SCRAPE_S from a thread, as a
+        Prometheus server would (more often than its usual 15 s), while the rounds run."""
+        if not self.metrics:
+            yield
+            return
+        urls = [f"http://{h.env[ENV_METRICS]}/metrics" for h in hosts]
+        done = threading.Event()
+
+        def scrape() -> None:
+            while not done.wait(SCRAPE_S):
+                for url in urls:
+                    with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=5) as r:
+                        r.read()
+                        self.scrapes += 1
+
+        thread = threading.Thread(target=scrape, name="bench-scraper", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            done.set()
+            thread.join(10)
 
     def _cpu(self) -> CpuAccount:
         """CPU of every process of this cluster, the senders' thread and the store's backends."""

@@ -320,6 +320,7 @@ def run_bench(
     own_postgres: bool = False,
     polling: bool = False,
     hosts: int | None = None,
+    metrics: bool = False,
 ) -> BenchReport:
     """Every figure; with ``scale`` also one broker with many sessions (``bench.scale``) and,
     on PostgreSQL, many hosts on the one database (``bench.hosts``); with ``polling`` the
@@ -327,7 +328,8 @@ def run_bench(
 
     ``own_postgres``: the PostgreSQL store is a throwaway cluster started for this run, with
     ``pg_stat_statements`` loaded so statements per message are counted by the server, and
-    fsync on like a real server's (docs/performance.md).
+    fsync on like a real server's (docs/performance.md). ``metrics``: the cross-host relays
+    serve their metrics and are scraped every second while they are measured.
 
     ``hosts``: only the many hosts on one PostgreSQL server, that many of them, once
     (``bench --scale --hosts N``; docs/operations.md, "Sizing")."""
@@ -345,6 +347,7 @@ def run_bench(
                 scale=scale,
                 polling=polling,
                 hosts=hosts,
+                metrics=metrics,
             )
         report.machine["postgres_throwaway"] = True
         return report
@@ -377,6 +380,7 @@ def run_bench(
         with _progress(progress, steps, details["step_s"]) as step, RawUDS(root) as uds:
             for k, store in enumerate(stores):
                 bench = ClusterBench(root / store.kind, store.url, store.kind, counts, step, token)
+                bench.metrics = metrics
                 (root / store.kind).mkdir()
                 raw: RawPostgres | RawSQLite
                 if store.kind == "postgres":
@@ -396,6 +400,8 @@ def run_bench(
                         peer,
                     )
                 details["cpu_ms_per_message"][store.kind] = cpu_details(rounds)
+                if metrics:
+                    details.setdefault("metrics_scrapes", {})[store.kind] = bench.scrapes
                 report.figures += _figures(store.kind, rounds, same_host=k == 0)
                 if k == 0:  # the chart's curves: same-host, and the first store's cross-host
                     for name, key in (("same-host", "same"), ("cross-host", "cross")):
