@@ -105,6 +105,7 @@ HOSTS = {
     ("scale 6 hosts", "delivered p50"),
     ("scale 6 hosts", "idle commits/s per relay"),
     ("scale 6 hosts", "connections per host"),
+    ("scale 6 hosts", "hosts delivered (ring)"),
 }
 CPU = {"CPU per message, throughput", "CPU per message, sequential"}
 # Beside the peer (PgQueuer, in the test extra) on PostgreSQL, measured in the same run.
@@ -113,6 +114,7 @@ CEILINGS = {
     *CPU,
     "idle commits/s per relay",
     "connections per host",
+    "hosts delivered (ring)",
     "statements per message",
     "commits per message",
 }
