@@ -173,12 +173,16 @@ class AsyncClient(SavesDeliveries, Queries):
 
     async def close(self) -> None:
         self._closed = True
+        # The writer is taken before the read task is cancelled: the read loop drops the
+        # connection as it ends, and its writer would then be closed but never waited for, so a
+        # TLS transport (a gateway's) would still be shutting down when the loop closes and
+        # leave its socket open.
+        writer = self._drop_connection()
         for task in (*self._reconnect_tasks, self._conn.read_task):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
-        writer = self._drop_connection()
         if writer is not None:
             with contextlib.suppress(Exception):
                 await writer.wait_closed()

@@ -32,6 +32,9 @@ CLI = [sys.executable, "-m", "crossintercom"]
 BULK_SENDER: dict[str, float] = {"rate_limit_count": 1_000_000_000}
 RELAY = [sys.executable, "-m", "crossintercom.relay"]
 _POLL_S = 0.05
+# How long a relay may take to connect: the wait ends as soon as it has, and the bound is generous
+# because on a loaded machine a relay (and the broker it spawns) can take well over 30 s to start.
+RELAY_CONNECT_S = 120.0
 T = TypeVar("T")
 
 
@@ -193,7 +196,7 @@ class SimHost:
         self._log_of[proc.pid] = log_path
         return proc
 
-    def start_relay(self, *, wait: bool = True, timeout: float = 30) -> Self:
+    def start_relay(self, *, wait: bool = True, timeout: float = RELAY_CONNECT_S) -> Self:
         """Start the host's relay (the previous one must be gone); by default until it connects."""
         if self.relay is not None and self.relay.poll() is None:
             raise CrossintercomError(f"the relay for {self.host_id} is still running")
@@ -211,7 +214,7 @@ class SimHost:
     def relay_connected(self) -> bool:
         return relay_connected(self.settings)
 
-    def wait_relay(self, timeout: float = 30) -> None:
+    def wait_relay(self, timeout: float = RELAY_CONNECT_S) -> None:
         def up() -> bool:
             if self.relay is not None and self.relay.poll() is not None:
                 raise CrossintercomError(

@@ -93,7 +93,7 @@ def start_gateway(
             raise AssertionError(f"gateway exited {proc.returncode}: {proc.communicate()}")
         return ready.exists() and ready.read_text().endswith("\n")
 
-    wait_for(listening, 30, "the gateway to listen")
+    wait_for(listening, 120, "the gateway to listen")
     ports = [int(p) for p in ready.read_text().split()]
     return Gateway(host, proc, ports[0], certs, root, mcp_port=ports[1] if mcp else None)
 
