@@ -16,7 +16,7 @@ from crossintercom.relay.outbound import Outbound, receipt_of
 from crossintercom.storage import ReceiptRow
 
 READ_BATCH: Final = 500
-# Handled receipts are deleted once a second (the heartbeat) or as soon as this many wait.
+# Handled receipts are deleted at each heartbeat (heartbeat_s) or as soon as this many wait.
 CONSUME_BATCH: Final = 500
 
 

@@ -261,9 +261,9 @@ def sessions_param(session_ids: list[str]) -> dict[str, Any]:
 def beat(dialect: str, *, archive: bool = True) -> Select[Any]:
     """Every host's lease row and roster revision, with whether queued deliveries (for
     ``:sessions``) and receipts wait for ``:host`` and whether the archive is on: the
-    heartbeat's answer (``Beat``). On
-    PostgreSQL the heartbeat bump itself is in the statement (last column: 1 while ``:gen``
-    is current, else 0), one statement and one commit a second; SQLite runs HEARTBEAT first.
+    heartbeat's answer (``Beat``). On PostgreSQL the heartbeat bump itself is in the
+    statement (last column: 1 while ``:gen`` is current, else 0), one statement and one
+    commit a beat (heartbeat_s); SQLite runs HEARTBEAT first.
     Params: host, gen, sessions."""
     waiting = exists().where(
         deliveries.c.recipient_host == bindparam("host"),
