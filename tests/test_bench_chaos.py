@@ -337,6 +337,8 @@ def check_new_kinds(
     if proxied:  # the proxy carried the relays' connections: a cut reset some
         cuts = [e for e in report["fault_log"] if e["fault"] == "pg_cut"]
         assert any(e["terminated"] > 0 for e in cuts), cuts
+    takeovers = [e for e in report["fault_log"] if e["fault"] == "relay_takeover"]
+    assert report["unfenced"] == 0, takeovers
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert list(short_tmp.iterdir()) == []
     assert leftovers(short_tmp) == []

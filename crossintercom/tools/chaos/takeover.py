@@ -74,6 +74,7 @@ def take_over(state: ChaosState, i: int) -> Moved | None:
     started = time.monotonic()
     if not _freeze_outside_transactions(state, stale, old.host_id):
         return None
+    frozen_at = state.now()
     n = len(state.machines[old.host_id]) + 1
     new = setup.cluster.host(old.host_id, relay=False, dirname=f"{old.host_id}-m{n}")
     if setup.prepare_home is not None:
@@ -99,12 +100,17 @@ def take_over(state: ChaosState, i: int) -> Moved | None:
         stale.wait(10)
         code = None
     log = old.relay_log(stale)
-    # What the old machine saved after the wake from another host came through its stale
-    # relay (its own host's mail goes broker to listener): there must be none.
+    # What the old machine saved after the wake, from another host and sent after the freeze,
+    # came through its stale relay (its own host's mail goes broker to listener): there must
+    # be none. Mail sent earlier may have been handed over before the freeze and saved by a
+    # slow listener since, which is no stale hand-over.
+    sent_at = {s.id: s.t for s in list(state.sent)}
     late = [
         mid
         for mid, text in read_sink(old)
-        if mid not in before and f"from={old.host_id}" not in text
+        if mid not in before
+        and f"from={old.host_id}" not in text
+        and sent_at.get(mid, frozen_at) >= frozen_at
     ]
     entry = {
         "machine": new.home.name,
