@@ -21,6 +21,9 @@ class Queries:
     async def status(self) -> p.StatusReport:
         return expect(await self.request(p.Status(0)), p.StatusReport)
 
+    async def counts(self) -> p.CountsReport:
+        return expect(await self.request(p.Counts(0)), p.CountsReport)
+
     async def groups(self) -> list[p.Group]:
         return expect(await self.request(p.Groups(0)), p.GroupList).groups
 

@@ -47,7 +47,7 @@ RECHECK_S = 2.0
 # Connections one grant may hold at once (a CLI command, a listener, an MCP server ...).
 MAX_PER_GRANT = 16
 # What a remote session may never send: the relay's frames, host-wide reads, another's end.
-_HOST_WIDE = (p.Traffic,)
+_HOST_WIDE = (p.Traffic, p.Counts)
 # How a status answer begins on the wire (its tag first): the one broker frame narrowed.
 _STATUS = b'{"type":"status"'
 

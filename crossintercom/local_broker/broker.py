@@ -94,6 +94,7 @@ class Broker:
             self.health,
             self.delivery,
             self.inbound,
+            self.dead,
         )
         self.coord = Coordination(
             self.registry,

@@ -111,6 +111,12 @@ class DeadLetterBook:
             )
         return out
 
+    def count(self) -> int:
+        """Dead letters within the retention not resent yet, of every sender on this host."""
+        cutoff = time.time() - self.retention_s
+        q = "SELECT count(*) FROM dead_letters WHERE at >= ? AND resent_as IS NULL"
+        return int(self.db.execute(q, (cutoff,)).fetchone()[0])
+
     def resent(self, message_id: str, recipient: str, new_id: str) -> None:
         self.db.execute(
             "UPDATE dead_letters SET resent_as = ? WHERE message_id = ? AND recipient = ?",

@@ -125,6 +125,9 @@ class InboundPolicy:
             "accept",
         )
 
+    def held_count(self) -> int:
+        return int(self.db.execute("SELECT count(*) FROM held_mail").fetchone()[0])
+
     def summary(self) -> dict[str, dict[str, Any]]:
         """For ``status``: each session with rules or held mail, by its name."""
         out: dict[str, dict[str, Any]] = {}

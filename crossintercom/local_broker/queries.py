@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from crossintercom import protocol as p
 from crossintercom.local_broker.authority import DedupAuthority
 from crossintercom.local_broker.conn import Conn, Handler
+from crossintercom.local_broker.deadletters import DeadLetterBook
 from crossintercom.local_broker.delivery import Delivery
 from crossintercom.local_broker.health import Health
 from crossintercom.local_broker.inbound_policy import InboundPolicy
@@ -32,6 +33,7 @@ class Queries:
     health: Health
     delivery: Delivery
     inbound: InboundPolicy
+    dead: DeadLetterBook
     started: float = field(default_factory=time.time)
 
     def __post_init__(self) -> None:
@@ -39,6 +41,7 @@ class Queries:
             p.Ping: self._on_ping,
             p.ListSessions: self._on_list,
             p.Status: self._on_status,
+            p.Counts: self._on_counts,
             p.Groups: self._on_groups,
             p.Pending: self._on_pending,
         }
@@ -69,6 +72,9 @@ class Queries:
                 inbound=self.inbound.summary(),
             )
         )
+
+    async def _on_counts(self, conn: Conn, f: p.Counts) -> None:
+        conn.write(p.CountsReport(f.request_id, self.inbound.held_count(), self.dead.count()))
 
     async def _on_groups(self, conn: Conn, f: p.Groups) -> None:
         groups: dict[str, list[p.GroupMember]] = {}

@@ -124,6 +124,15 @@ class StatusReport(msgspec.Struct, tag="status", frozen=True):
     inbound: dict[str, dict[str, Any]] = {}
 
 
+class CountsReport(msgspec.Struct, tag="counts", frozen=True):
+    """What the broker keeps that the store does not count, for the relay's metrics: mail its
+    sessions' inbound policies hold and dead letters not resent (docs/operations.md)."""
+
+    request_id: RequestId
+    held: int
+    dead_letters: int
+
+
 class GroupMember(msgspec.Struct, frozen=True):
     id: str
     name: str
@@ -299,6 +308,7 @@ BrokerFrame = (
     | Notice
     | Sessions
     | StatusReport
+    | CountsReport
     | GroupList
     | PendingList
     | Ok

@@ -133,6 +133,12 @@ class Leave(msgspec.Struct, tag="leave", frozen=True):
     group: Name
 
 
+class Counts(msgspec.Struct, tag="counts", frozen=True):
+    """Host-wide: the relay's metrics ask it every few seconds; two counts, no health checks."""
+
+    request_id: RequestId
+
+
 class SetStatus(msgspec.Struct, tag="set_status", frozen=True):
     request_id: RequestId
     status: Description | None
@@ -280,6 +286,7 @@ ClientFrame = (
     | Confirm
     | ListSessions
     | Status
+    | Counts
     | Groups
     | Join
     | Leave

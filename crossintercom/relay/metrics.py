@@ -26,6 +26,7 @@ from prometheus_client.registry import Collector
 
 from crossintercom.errors import Code, ConfigError, CrossintercomError
 from crossintercom.models import Outcome, Receipt
+from crossintercom.protocol import CountsReport
 from crossintercom.reservations import MODES
 from crossintercom.storage import Ack, QueuedMail
 
@@ -109,6 +110,9 @@ class RelayState:
     queued_read_at: float = -QUEUE_READ_S
     # This host's live reservations by mode, read with the queued mail (None before).
     reserved: dict[str, int] | None = None
+    # Read from the broker's status with the queued mail (None before, or while unreachable).
+    held: int | None = None
+    dead_letters: int | None = None
 
 
 class _StateCollector(Collector):
@@ -194,6 +198,20 @@ class _StateCollector(Collector):
             for mode in MODES:
                 reserved.add_metric([mode], st.reserved.get(mode, 0))
             yield reserved
+        if st.held is not None:
+            yield GaugeMetricFamily(
+                "crossintercom_held_messages",
+                "Messages held by an inbound policy of this host's sessions, waiting for the "
+                f"session to let them through or refuse them (read every {QUEUE_READ_S:g} s)",
+                value=st.held,
+            )
+        if st.dead_letters is not None:
+            yield GaugeMetricFamily(
+                "crossintercom_dead_letters",
+                "Mail this host's sessions sent that was refused or expired and is not resent, "
+                f"kept for the retention (read every {QUEUE_READ_S:g} s)",
+                value=st.dead_letters,
+            )
 
 
 class RelayMetrics:
@@ -292,6 +310,10 @@ class RelayMetrics:
 
     def reserved(self, by_mode: dict[str, int]) -> None:
         self.state.reserved = by_mode
+
+    def broker_counts(self, counts: CountsReport) -> None:
+        self.state.held = counts.held
+        self.state.dead_letters = counts.dead_letters
 
     def queued(self, found: Sequence[QueuedMail]) -> None:
         st = self.state

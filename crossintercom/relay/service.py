@@ -413,6 +413,18 @@ class Relay(RelayCore):
             except StoreError as exc:
                 log.warning("roster import failed: %s", exc.message)
 
+    async def _read_broker_counts(self) -> None:
+        """Held mail and dead letters for the metrics: the broker keeps them, not the store."""
+        client = self.client
+        if client is None or not client.connected.is_set():
+            return
+        try:
+            counts = await client.counts()
+        except CrossintercomError as exc:
+            log.debug("broker status for the metrics: %s", exc.message)
+            return
+        self.metrics.broker_counts(counts)
+
     async def _heartbeat_loop(self) -> None:
         # One transaction per heartbeat_s when idle: the heartbeat, whose answer carries the
         # leases, the roster revisions and the poll backstop's probe, with the periodic chores
@@ -429,6 +441,7 @@ class Relay(RelayCore):
                     self.metrics.queued(await self.store.queued_mail(self.host))
                     gen = self.generation
                     self.metrics.reserved(await self.store.reservation_counts(self.host, gen))
+                    await self._read_broker_counts()
                 self.report_store(self.stuck.warning)
                 if self._published is None or self.local_sessions != self._published:
                     await self._publish_roster()

@@ -146,6 +146,32 @@ def test_this_hosts_reservations_show_in_its_gauges(cluster: Cluster) -> None:
     )
 
 
+def test_held_mail_and_dead_letters_show_in_the_gauges(cluster: Cluster) -> None:
+    """Both are the broker's (broker.sqlite), read through its status with the queued mail:
+    B's worker holds A's mail and refuses a pest, whose refused send is A's dead letter."""
+    (a, b), (port_a, port_b) = _up_with_metrics(cluster, "A", "B")
+    b.listen("worker")
+    a.listen("planner")
+    a.listen("pest")
+    a.wait_sees("worker", "B")
+    b.cli_json("inbound", "--as", "worker", "pest@A", "refuse")
+    b.cli_json("inbound", "--as", "worker", "*@A", "hold")
+    a.cli_json("send", "--as", "pest", "--to", "worker", "buy now", expect_rc=3)
+    for n in range(2):
+        assert a.cli_json("send", "--as", "planner", "--to", "worker", f"plan {n}")["outcome"]
+    wait_for(
+        lambda: value(scrape(port_b), "crossintercom_held_messages") == 2,
+        30,
+        "B's relay to count the held mail",
+    )
+    wait_for(
+        lambda: value(scrape(port_a), "crossintercom_dead_letters") == 1,
+        30,
+        "A's relay to count the refused send",
+    )
+    assert value(scrape(port_a), "crossintercom_held_messages") == 0
+
+
 def test_metrics_address_forms() -> None:
     assert parse_address("127.0.0.1:9464") == ("127.0.0.1", 9464)
     assert parse_address(":9464") == ("127.0.0.1", 9464)

@@ -44,6 +44,7 @@ SAMPLES: list[Any] = [
     p.Confirm(ids=[sid(), sid()]),
     p.ListSessions(request_id=4),
     p.Status(request_id=5),
+    p.Counts(request_id=5),
     p.Groups(request_id=6),
     p.Join(request_id=7, group="team"),
     p.Leave(request_id=8, group="team"),
