@@ -83,7 +83,7 @@ class RuntimeDirError(CrossintercomError):
 
 class BrokerStateTooNew(RuntimeDirError):
     """The runtime dir's broker.sqlite was written by a newer crossintercom; nothing was
-    changed in it (local_broker/schema.py)."""
+    changed in it (local_broker/state/schema.py)."""
 
     code = Code.SCHEMA_TOO_NEW
 

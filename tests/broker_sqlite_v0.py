@@ -1,5 +1,5 @@
 """A ``broker.sqlite`` as every release before its schema had a version wrote it (version 0,
-local_broker/schema.py): the fixture its upgrade is tested from, and how a test reads a file's
+local_broker/state/schema.py): the fixture its upgrade is tested from, and how a test reads a file's
 rows and shape.
 
 The statements are a copy of the old ones on purpose, not of ``schema.STEPS``: they record what

@@ -195,7 +195,7 @@ def settings_for(env: dict[str, str], **overrides: Any) -> Any:
 
 def start_broker(env: dict[str, str]) -> Any:
     """Spawn (or find) the broker for ``env``; returns its Settings."""
-    from crossintercom.local_broker.spawn import ensure_broker
+    from crossintercom.local_broker.process.spawn import ensure_broker
 
     cfg = settings_for(env)
     ensure_broker(cfg)

@@ -17,7 +17,7 @@ from typing import Any
 
 from crossintercom.config import ENV_HOME, load_settings
 from crossintercom.inbox import Inbox
-from crossintercom.local_broker.spawn import can_connect
+from crossintercom.local_broker.process.spawn import can_connect
 
 REPO = Path(__file__).resolve().parents[1]
 FAULTS_ENV = "CROSSINTERCOM_FAULTS"

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from crossintercom.config import load_settings
-from crossintercom.local_broker.spawn import can_connect
+from crossintercom.local_broker.process.spawn import can_connect
 from crossintercom.tools.harness import BULK_SENDER
 from tests.procs import (
     HOST_ID,

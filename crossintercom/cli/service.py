@@ -16,7 +16,7 @@ from crossintercom.config import (
     ENV_STORE_PASSWORD_FILE,
     LOG_FORMATS,
 )
-from crossintercom.local_broker.authority import DedupAuthority
+from crossintercom.local_broker.authority.dedup import DedupAuthority
 
 
 @click.command()
@@ -28,8 +28,8 @@ from crossintercom.local_broker.authority import DedupAuthority
 @click.pass_context
 def broker(ctx: click.Context, reset_authority: bool) -> None:
     """Run the local broker in the foreground (clients normally start it themselves)."""
-    from crossintercom.local_broker.run import run_broker
-    from crossintercom.local_broker.spawn import can_connect
+    from crossintercom.local_broker.process.run import run_broker
+    from crossintercom.local_broker.process.spawn import can_connect
     from crossintercom.runtime import ensure_runtime_dir
 
     cfg = settings()

@@ -25,7 +25,7 @@ from crossintercom.errors import (
     Disconnected,
     RemoteError,
 )
-from crossintercom.local_broker.spawn import ensure_broker
+from crossintercom.local_broker.process.spawn import ensure_broker
 from crossintercom.runtime import check_socket_path, socket_address
 
 log = logging.getLogger(__name__)

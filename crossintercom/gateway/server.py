@@ -35,7 +35,7 @@ from crossintercom.client.gateway_link import HEAD_BYTES, HOST_HEADER, PATH, UPG
 from crossintercom.config import Settings
 from crossintercom.errors import Code, CrossintercomError, ProtocolError, RemoteError
 from crossintercom.gateway.tokens import Grant, Grants
-from crossintercom.local_broker.spawn import ensure_broker
+from crossintercom.local_broker.process.spawn import ensure_broker
 from crossintercom.models import durable_session_id
 from crossintercom.runtime import socket_address
 

@@ -7,7 +7,7 @@ import sys
 
 from crossintercom.config import load_settings
 from crossintercom.errors import CrossintercomError
-from crossintercom.local_broker.run import run_broker
+from crossintercom.local_broker.process.run import run_broker
 
 
 def main() -> int:

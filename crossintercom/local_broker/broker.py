@@ -1,12 +1,12 @@
 """The broker's orchestration: one handler per frame type over the rooms that do the work.
 
-Rooms: ``registry`` (sessions), ``registration`` (register), ``resolve`` (targets, pure),
-``outcomes`` (rules, pure), ``delivery`` (push, ack, queue, backlog, receipts), ``handover``
-(messages from other hosts), ``relay_link`` (the relay). The handlers of the query frames
-(``queries.Queries``) and of the coordination frames (``coord.Coordination``) work on the rooms
-it gives them, and join its table. It knows
-nothing about SQL or other hosts: the relay carries messages for remote targets and hands in
-messages from them (docs/architecture.md).
+Rooms: ``sessions.registry`` (sessions), ``registration`` (register), and in ``delivery``:
+``resolve`` (targets, pure), ``outcomes`` (rules, pure), ``local`` (push, ack, queue, backlog,
+receipts), ``handover`` (messages from other hosts), ``relay_link`` (the relay). The handlers of
+the query frames (``queries.Queries``) and of the coordination frames (``coord.handlers``'s
+``Coordination``) work on the rooms it gives them, and join its table. It knows nothing about
+SQL or other hosts: the relay carries messages for remote targets and hands in messages from them
+(docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -23,27 +23,26 @@ from typing import Any
 from crossintercom import protocol as p
 from crossintercom.config import Settings
 from crossintercom.errors import Code, ProtocolError
-from crossintercom.local_broker import outcomes
-from crossintercom.local_broker.acks import AckBook
-from crossintercom.local_broker.aftercare import Aftercare
-from crossintercom.local_broker.authority import AuthorityUnavailable, DedupAuthority
-from crossintercom.local_broker.conn import Conn, Handler
-from crossintercom.local_broker.coord import Coordination
-from crossintercom.local_broker.deadletters import DeadLetterBook
-from crossintercom.local_broker.delivery import Delivery
-from crossintercom.local_broker.handover import Handover
+from crossintercom.local_broker.authority.dedup import AuthorityUnavailable, DedupAuthority
+from crossintercom.local_broker.coord.acks import AckBook
+from crossintercom.local_broker.coord.aftercare import Aftercare
+from crossintercom.local_broker.coord.deadletters import DeadLetterBook
+from crossintercom.local_broker.coord.handlers import Coordination
+from crossintercom.local_broker.coord.inbound_policy import InboundPolicy
+from crossintercom.local_broker.coord.reservations import ReservationDesk
+from crossintercom.local_broker.coord.retirement import retire_idle
+from crossintercom.local_broker.delivery.handover import Handover
+from crossintercom.local_broker.delivery.local import Delivery
+from crossintercom.local_broker.delivery.outcomes import Refusal
+from crossintercom.local_broker.delivery.relay_link import RelayLink
+from crossintercom.local_broker.delivery.sending import Operations
+from crossintercom.local_broker.delivery.traffic import Traffic
 from crossintercom.local_broker.health import Health
-from crossintercom.local_broker.inbound_policy import InboundPolicy
-from crossintercom.local_broker.outcomes import Refusal
 from crossintercom.local_broker.queries import Queries
 from crossintercom.local_broker.registration import Registration
-from crossintercom.local_broker.registry import Registry
-from crossintercom.local_broker.relay_link import RelayLink
-from crossintercom.local_broker.reservations import ReservationDesk
-from crossintercom.local_broker.retirement import retire_idle
-from crossintercom.local_broker.sending import Operations
-from crossintercom.local_broker.state import BrokerState
-from crossintercom.local_broker.traffic import Traffic
+from crossintercom.local_broker.sessions.conn import Conn, Handler, Push
+from crossintercom.local_broker.sessions.registry import Registry
+from crossintercom.local_broker.state.store import BrokerState
 from crossintercom.models import (
     MAX_GROUPS,
     POSSIBLE_REPEAT,
@@ -130,7 +129,7 @@ class Broker:
         self.conns.discard(conn)
         for fut in conn.acks.values():
             if not fut.done():
-                fut.set_result(outcomes.Push.CONNECTION_LOST)
+                fut.set_result(Push.CONNECTION_LOST)
         conn.acks.clear()
         self.delivery.forget_conn(conn)
         self.health.reported(conn, conn.session_id, [])

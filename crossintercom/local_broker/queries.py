@@ -9,15 +9,15 @@ import time
 from dataclasses import dataclass, field
 
 from crossintercom import protocol as p
-from crossintercom.local_broker.authority import DedupAuthority
-from crossintercom.local_broker.conn import Conn, Handler
-from crossintercom.local_broker.deadletters import DeadLetterBook
-from crossintercom.local_broker.delivery import Delivery
+from crossintercom.local_broker.authority.dedup import DedupAuthority
+from crossintercom.local_broker.coord.deadletters import DeadLetterBook
+from crossintercom.local_broker.coord.inbound_policy import InboundPolicy
+from crossintercom.local_broker.delivery.local import Delivery
+from crossintercom.local_broker.delivery.relay_link import RelayLink
 from crossintercom.local_broker.health import Health
-from crossintercom.local_broker.inbound_policy import InboundPolicy
-from crossintercom.local_broker.registry import Registry
-from crossintercom.local_broker.relay_link import RelayLink
-from crossintercom.local_broker.state import BrokerState
+from crossintercom.local_broker.sessions.conn import Conn, Handler
+from crossintercom.local_broker.sessions.registry import Registry
+from crossintercom.local_broker.state.store import BrokerState
 from crossintercom.models import Message
 
 

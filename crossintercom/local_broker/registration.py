@@ -10,11 +10,11 @@ from dataclasses import dataclass
 
 from crossintercom import protocol as p
 from crossintercom.errors import Code, ProtocolError
-from crossintercom.local_broker.conn import Conn
-from crossintercom.local_broker.delivery import Delivery
-from crossintercom.local_broker.registry import Live, Registry
-from crossintercom.local_broker.relay_link import RelayLink
-from crossintercom.local_broker.state import BrokerState
+from crossintercom.local_broker.delivery.local import Delivery
+from crossintercom.local_broker.delivery.relay_link import RelayLink
+from crossintercom.local_broker.sessions.conn import Conn
+from crossintercom.local_broker.sessions.registry import Live, Registry
+from crossintercom.local_broker.state.store import BrokerState
 from crossintercom.models import PURPOSES, SessionInfo
 from crossintercom.safetext import is_one_line
 

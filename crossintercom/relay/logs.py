@@ -15,7 +15,7 @@ import re
 from datetime import UTC, datetime
 from typing import Any
 
-from crossintercom.local_broker.logcap import ExtraFormatter
+from crossintercom.local_broker.process.logcap import ExtraFormatter
 
 TEXT_FORMAT = "%(levelname)s %(name)s: %(message)s"
 # Anything shaped like a URL with a scheme: masked by mask_url, which keeps all but a password.

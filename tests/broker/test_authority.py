@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from crossintercom.errors import AuthorityError
-from crossintercom.local_broker.authority import Decision, DecisionKind, DedupAuthority
+from crossintercom.local_broker.authority.dedup import Decision, DecisionKind, DedupAuthority
 
 OUTCOME = {"id": "m1", "outcome": "delivered", "recipient": "s-1"}
 

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from crossintercom.errors import AuthorityError
-from crossintercom.local_broker.authority import DecisionKind, DedupAuthority
+from crossintercom.local_broker.authority.dedup import DecisionKind, DedupAuthority
 
 
 def _make_authority(directory: Path) -> None:

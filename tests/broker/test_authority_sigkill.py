@@ -10,13 +10,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-from crossintercom.local_broker.authority import Decision, DecisionKind, DedupAuthority
+from crossintercom.local_broker.authority.dedup import Decision, DecisionKind, DedupAuthority
 from tests.conftest import REPO
 
 _CHILD = """
 import sys
 from pathlib import Path
-from crossintercom.local_broker.authority import DecisionKind, DedupAuthority
+from crossintercom.local_broker.authority.dedup import DecisionKind, DedupAuthority
 auth = DedupAuthority(Path(sys.argv[1]))
 assert auth.reserve("reserved-only", b"p").kind is DecisionKind.NEW
 assert auth.reserve("accepted", b"q").kind is DecisionKind.NEW
@@ -55,7 +55,7 @@ def test_records_survive_sigkill(tmp_path: Path) -> None:
 _RELEASE_CHILD = """
 import sys
 from pathlib import Path
-from crossintercom.local_broker.authority import DecisionKind, DedupAuthority
+from crossintercom.local_broker.authority.dedup import DecisionKind, DedupAuthority
 auth = DedupAuthority(Path(sys.argv[1]))
 for op_id in ("carried", "pending"):
     assert auth.reserve(op_id, b"p").kind is DecisionKind.NEW

@@ -9,8 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from crossintercom.client import Client, Identity
-from crossintercom.local_broker.conn import WRITE_BACKLOG_FRAMES
-from crossintercom.local_broker.delivery import DRAIN_PAGE_BYTES
+from crossintercom.local_broker.delivery.local import DRAIN_PAGE_BYTES
+from crossintercom.local_broker.sessions.conn import WRITE_BACKLOG_FRAMES
 from tests.conftest import Listener, make_env, settings_for, start_broker
 
 BODY = 900_000  # under the default 1 MiB message limit

@@ -7,8 +7,8 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from crossintercom.local_broker.authority import Decision, DecisionKind, DedupAuthority
-from crossintercom.local_broker.groupcommit import GroupCommit
+from crossintercom.local_broker.authority.dedup import Decision, DecisionKind, DedupAuthority
+from crossintercom.local_broker.authority.groupcommit import GroupCommit
 
 OUTCOME = {"id": "m1", "outcome": "delivered", "recipient": "s-1"}
 

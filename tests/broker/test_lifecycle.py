@@ -61,7 +61,7 @@ def finish_all(procs: list[subprocess.Popen[str]]) -> list[tuple[str, str]]:
 _PING_PID = """
 import json, sys
 from crossintercom.config import load_settings
-from crossintercom.local_broker.spawn import ensure_broker
+from crossintercom.local_broker.process.spawn import ensure_broker
 sys.path.insert(0, sys.argv[1])
 from tests.conftest import RawConn
 cfg = load_settings()
@@ -261,7 +261,7 @@ def test_broker_log_kept_across_spawns_and_bounded(runtime_home: Path) -> None:
 
 
 def test_spawn_failure_reason_skips_logging_noise(tmp_path: Path) -> None:
-    from crossintercom.local_broker.spawn import _tail
+    from crossintercom.local_broker.process.spawn import _tail
 
     log = tmp_path / "broker.log"
     log.write_text(
@@ -320,7 +320,7 @@ def test_broker_log_capped_at_8_kib(runtime_home: Path) -> None:
 def test_log_handler_stays_under_cap_with_many_lines(tmp_path: Path) -> None:
     import logging
 
-    from crossintercom.local_broker.logcap import CappedFileHandler
+    from crossintercom.local_broker.process.logcap import CappedFileHandler
 
     path = tmp_path / "broker.log"
     handler = CappedFileHandler(path)

@@ -321,7 +321,7 @@ def test_symlinked_inbox_file_is_not_read_by_a_viewer(shared: Shared) -> None:
 def test_failed_start_never_quotes_a_file_a_member_linked_as_the_log(shared: Shared) -> None:
     """A failed broker start quotes broker.log's last line in the client's error: a member who
     swaps in a link there (its own log, which the sticky dir lets it replace) gets nothing."""
-    from crossintercom.local_broker.spawn import _tail
+    from crossintercom.local_broker.process.spawn import _tail
 
     shared.member("ln", "-s", str(shared.secret), str(shared.home / "broker.log"))
     said = _tail(shared.home / "broker.log", shared.gid)

@@ -21,8 +21,8 @@ import pytest
 
 from crossintercom.errors import RuntimeDirError
 from crossintercom.inbox import Inbox
-from crossintercom.local_broker.authority import DedupAuthority
-from crossintercom.local_broker.state import BrokerState
+from crossintercom.local_broker.authority.dedup import DedupAuthority
+from crossintercom.local_broker.state.store import BrokerState
 from crossintercom.models import Message, Peer
 from crossintercom.runtime import ensure_runtime_dir
 from crossintercom.testhooks import FAULTS_ENV
@@ -112,8 +112,8 @@ import sys
 from pathlib import Path
 from crossintercom.errors import RuntimeDirError
 from crossintercom.inbox import Inbox
-from crossintercom.local_broker.authority import DedupAuthority
-from crossintercom.local_broker.state import BrokerState
+from crossintercom.local_broker.authority.dedup import DedupAuthority
+from crossintercom.local_broker.state.store import BrokerState
 from crossintercom.models import Message, Peer
 import time
 n, go = int(sys.argv[2]), Path(sys.argv[3])
@@ -167,8 +167,8 @@ def test_a_members_inbox_read_while_it_writes_reads_whole_commits(
 OPEN_AUTHORITY = """
 import sys
 from pathlib import Path
-from crossintercom.local_broker.authority import DedupAuthority
-from crossintercom.local_broker.state import BrokerState
+from crossintercom.local_broker.authority.dedup import DedupAuthority
+from crossintercom.local_broker.state.store import BrokerState
 with DedupAuthority(Path(sys.argv[1])) as auth:
     auth.reserve("m-1", b"payload")
 """

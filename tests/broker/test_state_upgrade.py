@@ -1,5 +1,5 @@
 """A runtime dir whose ``broker.sqlite`` an earlier release wrote (version 0, before the schema
-had a version; local_broker/schema.py): the broker upgrades it in place on start and goes on
+had a version; local_broker/state/schema.py): the broker upgrades it in place on start and goes on
 with everything it held (queued mail, a known session, an awaited ack, dead letters, inbound
 rules, held mail); a file of a newer release stops the broker, saying why, and is left as it
 was (its ``schema_too_new`` code: tests/unit/test_broker_schema.py)."""
@@ -9,8 +9,8 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from crossintercom.local_broker import schema
-from crossintercom.local_broker.state import BrokerState
+from crossintercom.local_broker.state import schema
+from crossintercom.local_broker.state.store import BrokerState
 from tests.broker_sqlite_v0 import dump, version, write_version_0
 from tests.conftest import Listener, cli_json, kill_broker, run_cli, start_broker, wait_for
 

@@ -10,9 +10,9 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from crossintercom.local_broker.registry import Registry
-from crossintercom.local_broker.state import BrokerState
-from crossintercom.local_broker.traffic import Traffic
+from crossintercom.local_broker.delivery.traffic import Traffic
+from crossintercom.local_broker.sessions.registry import Registry
+from crossintercom.local_broker.state.store import BrokerState
 from crossintercom.models import Message, Outcome, Peer, Receipt
 from tests.conftest import RawConn, cli_json, make_env, start_broker
 

@@ -14,7 +14,7 @@ import pytest
 from crossintercom.client import AsyncClient, Client, Identity
 from crossintercom.errors import Code
 from crossintercom.inbox import Inbox
-from crossintercom.local_broker.spawn import ensure_broker
+from crossintercom.local_broker.process.spawn import ensure_broker
 from crossintercom.models import Attachment, Message, Outcome, fallback_alias
 from tests.conftest import broker_pid, kill_broker, pid_alive, settings_for, wait_for
 

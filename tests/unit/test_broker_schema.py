@@ -1,7 +1,7 @@
-"""``broker.sqlite``'s versioned schema (local_broker/schema.py), over real SQLite files: a file
-written before the version existed (version 0, with and without the ``wake`` column) is upgraded
-in place with every row kept and read back by the broker's rooms; a new file gets the latest
-version and the same schema; a file newer than the code is refused and left as it was; later
+"""``broker.sqlite``'s versioned schema (local_broker/state/schema.py), over real SQLite files:
+a file written before the version existed (version 0, with and without the ``wake`` column) is
+upgraded in place with every row kept and read back by the broker's rooms; a new file gets the
+latest version and the same schema; a file newer than the code is refused and left as it was; later
 steps run in order, once, and a failing one changes nothing."""
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ import pytest
 from crossintercom import protocol as p
 from crossintercom.codes import Code
 from crossintercom.errors import BrokerStateTooNew
-from crossintercom.local_broker import schema
-from crossintercom.local_broker.acks import AckBook
-from crossintercom.local_broker.deadletters import DeadLetterBook
-from crossintercom.local_broker.inbound_policy import InboundPolicy
-from crossintercom.local_broker.registry import Registry
-from crossintercom.local_broker.state import BrokerState
+from crossintercom.local_broker.coord.acks import AckBook
+from crossintercom.local_broker.coord.deadletters import DeadLetterBook
+from crossintercom.local_broker.coord.inbound_policy import InboundPolicy
+from crossintercom.local_broker.sessions.registry import Registry
+from crossintercom.local_broker.state import schema
+from crossintercom.local_broker.state.store import BrokerState
 from crossintercom.models import (
     Message,
     Outcome,

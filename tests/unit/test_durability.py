@@ -10,7 +10,7 @@ import pytest
 from crossintercom.config import ENV_DURABILITY, ENV_HOME, load_settings
 from crossintercom.errors import ConfigError
 from crossintercom.inbox import Inbox
-from crossintercom.local_broker.state import BrokerState
+from crossintercom.local_broker.state.store import BrokerState
 
 # PRAGMA synchronous reads back as a number. The inbox keeps a rollback journal (no -shm
 # mapping, docs/operations.md#bounded-files), where OFF is what survives a process crash.

@@ -6,9 +6,9 @@ import msgspec
 import pytest
 
 from crossintercom.errors import Code
-from crossintercom.local_broker import outcomes
-from crossintercom.local_broker.authority import Decision, DecisionKind
-from crossintercom.local_broker.outcomes import Push
+from crossintercom.local_broker.authority.dedup import Decision, DecisionKind
+from crossintercom.local_broker.delivery import outcomes
+from crossintercom.local_broker.sessions.conn import Push
 from crossintercom.models import Outcome, Receipt, SendResult, outcome_for_state, weakest
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from crossintercom.local_broker.ratelimit import RateLimiter
+from crossintercom.local_broker.delivery.ratelimit import RateLimiter
 
 
 class Clock:

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from crossintercom.local_broker.registry import Live, Registry
-from crossintercom.local_broker.state import BrokerState
+from crossintercom.local_broker.sessions.registry import Live, Registry
+from crossintercom.local_broker.state.store import BrokerState
 from crossintercom.models import Peer, SessionInfo, durable_session_id
 
 

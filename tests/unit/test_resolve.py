@@ -7,9 +7,9 @@ import uuid
 import pytest
 
 from crossintercom.errors import Code
-from crossintercom.local_broker.outcomes import Refusal
-from crossintercom.local_broker.registry import Snapshot
-from crossintercom.local_broker.resolve import Target, resolve, without_relay
+from crossintercom.local_broker.delivery.outcomes import Refusal
+from crossintercom.local_broker.delivery.resolve import Target, resolve, without_relay
+from crossintercom.local_broker.sessions.registry import Snapshot
 from crossintercom.models import Outcome, SessionInfo, fallback_alias
 
 HERE = "alpha"

@@ -8,10 +8,10 @@ the files aside for a fresh start. The key is 32 random bytes; the database reco
 of it (``meta.key_check``), so a key from elsewhere is caught on open.
 
 The database's format (marks, tables, every statement on them, what a row must be) is
-``authority_schema``'s; the record logic in ``authority.py`` only chooses which statement to run.
+``schema``'s; the record logic in ``dedup.py`` only chooses which statement to run.
 
 Opening validates everything before the first row is trusted, drops expired rows, persists the
-clamped expiry (see ``authority.py`` on time) and hands back the live rows for the in-memory mirror.
+clamped expiry (see ``dedup.py`` on time) and hands back the live rows for the in-memory mirror.
 """
 
 from __future__ import annotations
@@ -28,12 +28,12 @@ from pathlib import Path
 from urllib.parse import quote
 
 from crossintercom.errors import AuthorityError
-from crossintercom.local_broker import authority_schema as schema
+from crossintercom.local_broker.authority import schema
 from crossintercom.runtime import claimed_journals, refuse_planted, set_mode
 from crossintercom.testhooks import stop_at
 
 # Logs under the authority's name: operators see one component, not how its code is laid out.
-log = logging.getLogger("crossintercom.local_broker.authority")
+log = logging.getLogger("crossintercom.local_broker.authority.dedup")
 
 
 def sidecars(db: Path) -> tuple[Path, Path]:
@@ -216,7 +216,7 @@ def _open_db(
     # mode=rw: never let sqlite create an empty file in place of a vanished one.
     uri = f"file:{quote(str(path))}?mode=rw"
     # The broker may open the authority before starting its event loop thread; calls are
-    # serialised by the caller (see authority.py), so the sqlite thread check only hurts.
+    # serialised by the caller (see dedup.py), so the sqlite thread check only hurts.
     conn: sqlite3.Connection | None = None
     try:
         conn = sqlite3.connect(

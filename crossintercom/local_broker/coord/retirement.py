@@ -14,9 +14,9 @@ import logging
 import time
 
 from crossintercom import protocol as p
-from crossintercom.local_broker.aftercare import Aftercare
-from crossintercom.local_broker.registry import Registry
-from crossintercom.local_broker.state import BrokerState
+from crossintercom.local_broker.coord.aftercare import Aftercare
+from crossintercom.local_broker.sessions.registry import Registry
+from crossintercom.local_broker.state.store import BrokerState
 
 log = logging.getLogger(__name__)
 

@@ -13,11 +13,11 @@ import sqlite3
 from collections.abc import Sequence
 
 from crossintercom.errors import Code
-from crossintercom.local_broker import outcomes
-from crossintercom.local_broker.delivery import Delivery
-from crossintercom.local_broker.ratelimit import RateLimiter
-from crossintercom.local_broker.registry import Registry
-from crossintercom.local_broker.state import BrokerState
+from crossintercom.local_broker.delivery import outcomes
+from crossintercom.local_broker.delivery.local import Delivery
+from crossintercom.local_broker.delivery.ratelimit import RateLimiter
+from crossintercom.local_broker.sessions.registry import Registry
+from crossintercom.local_broker.state.store import BrokerState
 from crossintercom.models import REFUSAL_ADVICE, Message, Outcome, Receipt
 
 log = logging.getLogger(__name__)

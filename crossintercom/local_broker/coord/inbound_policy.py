@@ -21,8 +21,8 @@ from typing import Any, Literal
 
 from crossintercom.codes import Code
 from crossintercom.config import valid_host_id
-from crossintercom.local_broker.registry import Registry
-from crossintercom.local_broker.state import BrokerState
+from crossintercom.local_broker.sessions.registry import Registry
+from crossintercom.local_broker.state.store import BrokerState
 from crossintercom.models import REFUSAL_ADVICE, Message, Outcome, Peer, Receipt, valid_name
 
 Action = Literal["accept", "hold", "refuse"]

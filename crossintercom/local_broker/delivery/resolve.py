@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from crossintercom.errors import Code
-from crossintercom.local_broker.outcomes import Refusal
+from crossintercom.local_broker.delivery.outcomes import Refusal
 from crossintercom.models import Outcome, SessionInfo, fallback_alias
 
 UUID_RE = re.compile(

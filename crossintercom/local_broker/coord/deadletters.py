@@ -16,7 +16,7 @@ from collections.abc import Iterable
 import msgspec
 
 from crossintercom import protocol as p
-from crossintercom.local_broker.state import BrokerState
+from crossintercom.local_broker.state.store import BrokerState
 from crossintercom.models import Outcome, Receipt, SendResult
 
 # What never reached its recipient: at once (refused, not sent) or later (receipts).

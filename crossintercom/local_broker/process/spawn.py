@@ -20,7 +20,7 @@ from pathlib import Path
 
 from crossintercom.config import ENV_GROUP, ENV_HOME, ENV_HOST_ID, Settings
 from crossintercom.errors import BrokerUnavailable, RuntimeDirError
-from crossintercom.local_broker.logcap import LOG_CAP_BYTES, trim_fd
+from crossintercom.local_broker.process.logcap import LOG_CAP_BYTES, trim_fd
 from crossintercom.runtime import (
     ensure_runtime_dir,
     group_gid,

@@ -7,11 +7,11 @@ import itertools
 import logging
 from collections import deque
 from collections.abc import Callable, Coroutine, Sequence
-from typing import Any, Final
+from enum import Enum, auto
+from typing import Any, Final, Literal
 
 from crossintercom import protocol as p
 from crossintercom.codes import Code
-from crossintercom.local_broker.outcomes import AckResult, Push
 
 log = logging.getLogger(__name__)
 
@@ -23,6 +23,23 @@ WRITE_BACKLOG_FRAMES = 2
 # times out at most a tenth of its timeout late (docs/perf-log/2026-12.md, "The hand-over's
 # Python per message").
 SWEEPS_PER_TIMEOUT: Final = 10
+
+
+class Push(Enum):
+    """What a push to a recipient's connection came to when its ack carried no refusal code.
+
+    Never sent and never stored, so not codes: ``Delivery.push`` answers one of these or the
+    code the ack refused with (``Code.SAVE_FAILED``: the client could not save it)."""
+
+    ACKED = auto()
+    OFFLINE = auto()  # no live owner: nothing was pushed
+    CONNECTION_LOST = auto()
+    TIMEOUT = auto()  # written, but not acknowledged in time
+
+
+# A pending ack resolves to None (acknowledged), the refusal code it carried, or a lost
+# connection (the broker retires it).
+AckResult = str | Literal[Push.CONNECTION_LOST, Push.TIMEOUT] | None
 
 
 class Conn:

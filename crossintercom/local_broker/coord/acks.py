@@ -12,7 +12,7 @@ import time
 from collections.abc import Iterable
 
 from crossintercom import protocol as p
-from crossintercom.local_broker.state import BrokerState
+from crossintercom.local_broker.state.store import BrokerState
 from crossintercom.models import Outcome, Receipt
 
 

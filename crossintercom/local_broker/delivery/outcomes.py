@@ -6,31 +6,14 @@ see docs/delivery.md for the contract these implement.
 
 from __future__ import annotations
 
-from enum import Enum, auto
 from typing import Any, Literal
 
 import msgspec
 
 from crossintercom.errors import Code
-from crossintercom.local_broker.authority import Decision, DecisionKind
+from crossintercom.local_broker.authority.dedup import Decision, DecisionKind
+from crossintercom.local_broker.sessions.conn import Push
 from crossintercom.models import REFUSAL_ADVICE, Outcome, Receipt, SendResult, weakest
-
-
-class Push(Enum):
-    """What a push to a recipient's connection came to when its ack carried no refusal code.
-
-    Never sent and never stored, so not codes: ``Delivery.push`` answers one of these or the
-    code the ack refused with (``Code.SAVE_FAILED``: the client could not save it)."""
-
-    ACKED = auto()
-    OFFLINE = auto()  # no live owner: nothing was pushed
-    CONNECTION_LOST = auto()
-    TIMEOUT = auto()  # written, but not acknowledged in time
-
-
-# A pending ack resolves to None (acknowledged), the refusal code it carried, or a lost
-# connection (the broker retires it).
-AckResult = str | Literal[Push.CONNECTION_LOST, Push.TIMEOUT] | None
 
 
 class Refusal(Exception):

@@ -12,7 +12,11 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from crossintercom.local_broker.authority import AuthorityUnavailable, Decision, DedupAuthority
+from crossintercom.local_broker.authority.dedup import (
+    AuthorityUnavailable,
+    Decision,
+    DedupAuthority,
+)
 
 
 class GroupCommit:

@@ -19,17 +19,21 @@ import msgspec
 from crossintercom import protocol as p
 from crossintercom.config import Settings
 from crossintercom.errors import Code
-from crossintercom.local_broker import outcomes
-from crossintercom.local_broker.authority import AuthorityUnavailable, Decision, DedupAuthority
-from crossintercom.local_broker.conn import Conn
-from crossintercom.local_broker.delivery import Delivery
-from crossintercom.local_broker.groupcommit import GroupCommit
-from crossintercom.local_broker.outcomes import Refusal
-from crossintercom.local_broker.ratelimit import RateLimiter
-from crossintercom.local_broker.registry import Registry
-from crossintercom.local_broker.relay_link import RelayLink
-from crossintercom.local_broker.resolve import Target, is_group, resolve, without_relay
-from crossintercom.local_broker.state import BrokerState, PendingEntry
+from crossintercom.local_broker.authority.dedup import (
+    AuthorityUnavailable,
+    Decision,
+    DedupAuthority,
+)
+from crossintercom.local_broker.authority.groupcommit import GroupCommit
+from crossintercom.local_broker.delivery import outcomes
+from crossintercom.local_broker.delivery.local import Delivery
+from crossintercom.local_broker.delivery.outcomes import Refusal
+from crossintercom.local_broker.delivery.ratelimit import RateLimiter
+from crossintercom.local_broker.delivery.relay_link import RelayLink
+from crossintercom.local_broker.delivery.resolve import Target, is_group, resolve, without_relay
+from crossintercom.local_broker.sessions.conn import Conn
+from crossintercom.local_broker.sessions.registry import Registry
+from crossintercom.local_broker.state.store import BrokerState, PendingEntry
 from crossintercom.models import (
     ATTACHMENT_KINDS,
     Attachment,

@@ -12,14 +12,14 @@ import logging
 
 from crossintercom import protocol as p
 from crossintercom.errors import Code, ProtocolError
-from crossintercom.local_broker.acks import AckBook
-from crossintercom.local_broker.conn import Conn
-from crossintercom.local_broker.deadletters import DeadLetterBook
-from crossintercom.local_broker.delivery import Delivery
-from crossintercom.local_broker.inbound_policy import InboundPolicy
-from crossintercom.local_broker.registry import Registry
-from crossintercom.local_broker.relay_link import RelayLink
-from crossintercom.local_broker.state import BrokerState, QueuedItem
+from crossintercom.local_broker.coord.acks import AckBook
+from crossintercom.local_broker.coord.deadletters import DeadLetterBook
+from crossintercom.local_broker.coord.inbound_policy import InboundPolicy
+from crossintercom.local_broker.delivery.local import Delivery
+from crossintercom.local_broker.delivery.relay_link import RelayLink
+from crossintercom.local_broker.sessions.conn import Conn
+from crossintercom.local_broker.sessions.registry import Registry
+from crossintercom.local_broker.state.store import BrokerState, QueuedItem
 from crossintercom.models import (
     Message,
     Outcome,

@@ -18,10 +18,10 @@ import msgspec
 from crossintercom import protocol as p
 from crossintercom.config import Settings
 from crossintercom.errors import Code, ProtocolError
-from crossintercom.local_broker.conn import Conn
-from crossintercom.local_broker.registry import Registry
-from crossintercom.local_broker.resolve import Target
-from crossintercom.local_broker.traffic import Traffic
+from crossintercom.local_broker.delivery.resolve import Target
+from crossintercom.local_broker.delivery.traffic import Traffic
+from crossintercom.local_broker.sessions.conn import Conn
+from crossintercom.local_broker.sessions.registry import Registry
 from crossintercom.models import Message, Outcome, Receipt
 
 ROSTER_REFRESH_WAIT_S: Final = 2.0

@@ -12,19 +12,19 @@ import msgspec
 
 from crossintercom import protocol as p
 from crossintercom.errors import Code, ProtocolError
-from crossintercom.local_broker.acks import AckBook
-from crossintercom.local_broker.aftercare import Aftercare
-from crossintercom.local_broker.conn import Conn, Handler
-from crossintercom.local_broker.deadletters import DeadLetterBook
-from crossintercom.local_broker.delivery import Delivery
-from crossintercom.local_broker.inbound_policy import (
+from crossintercom.local_broker.coord.acks import AckBook
+from crossintercom.local_broker.coord.aftercare import Aftercare
+from crossintercom.local_broker.coord.deadletters import DeadLetterBook
+from crossintercom.local_broker.coord.inbound_policy import (
     ACTIONS,
     InboundPolicy,
     is_group,
     valid_pattern,
 )
-from crossintercom.local_broker.registry import Registry
-from crossintercom.local_broker.reservations import ReservationDesk
+from crossintercom.local_broker.coord.reservations import ReservationDesk
+from crossintercom.local_broker.delivery.local import Delivery
+from crossintercom.local_broker.sessions.conn import Conn, Handler
+from crossintercom.local_broker.sessions.registry import Registry
 
 
 @dataclass(eq=False)

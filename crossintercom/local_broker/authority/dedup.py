@@ -30,7 +30,7 @@ with a killed process comes back on open as the accepted record it was, and only
 duplicate a little longer (until its expiry); nothing that a release promised is weakened.
 
 The files themselves (creating, validating, loading, moving aside, and the text of every statement
-on their tables) are ``authority_files``; this module keeps the records in memory and decides.
+on their tables) are ``files``'s; this module keeps the records in memory and decides.
 """
 
 from __future__ import annotations
@@ -49,10 +49,8 @@ from typing import Any
 
 from crossintercom.config import synchronous_pragma
 from crossintercom.errors import Code, CrossintercomError
-from crossintercom.local_broker import authority_files as files
-from crossintercom.local_broker import authority_records as records
-from crossintercom.local_broker import authority_schema as schema
-from crossintercom.local_broker.authority_records import (
+from crossintercom.local_broker.authority import files, records, schema
+from crossintercom.local_broker.authority.records import (
     CONFLICT,
     FORWARD_AGAIN,
     NEW,

@@ -16,11 +16,11 @@ from typing import Any
 from crossintercom import protocol as p
 from crossintercom.config import Settings
 from crossintercom.errors import Code
-from crossintercom.local_broker import outcomes
-from crossintercom.local_broker.conn import Conn
-from crossintercom.local_broker.registry import Registry
-from crossintercom.local_broker.state import BrokerState, QueuedItem
-from crossintercom.local_broker.traffic import Traffic
+from crossintercom.local_broker.delivery import outcomes
+from crossintercom.local_broker.delivery.traffic import Traffic
+from crossintercom.local_broker.sessions.conn import AckResult, Conn, Push
+from crossintercom.local_broker.sessions.registry import Registry
+from crossintercom.local_broker.state.store import BrokerState, QueuedItem
 from crossintercom.models import REFUSAL_ADVICE, Message, Outcome, Receipt
 
 log = logging.getLogger(__name__)
@@ -55,13 +55,13 @@ class Delivery:
         for ask_id in [a for a, c in self.ask_waiters.items() if c is conn]:
             del self.ask_waiters[ask_id]
 
-    async def push(self, conn: Conn, msg: Message, *, reply: bool = False) -> outcomes.Push | str:
+    async def push(self, conn: Conn, msg: Message, *, reply: bool = False) -> Push | str:
         """Write a deliver frame and wait for the ack: ``Push.ACKED``, the ack's refusal code, or
         another ``Push`` (nothing reached the recipient's inbox)."""
         fut = conn.expect_ack(msg.id, self.settings.ack_timeout_s)
         if not conn.write(p.Deliver(msg, reply=reply)):
             self._retire(conn)
-            return outcomes.Push.CONNECTION_LOST
+            return Push.CONNECTION_LOST
         # Drained only when the socket did not take the whole frame: a drain wrapped in a
         # timeout is a task and a loop turn of its own on every push (docs/performance.md).
         if conn.writer.transport.get_write_buffer_size():
@@ -69,12 +69,12 @@ class Delivery:
                 await asyncio.wait_for(conn.writer.drain(), self.settings.ack_timeout_s)
             except OSError:  # TimeoutError included: a client that stops reading cannot be written
                 self._retire(conn)  # a write that fails retires the session at once
-                return outcomes.Push.CONNECTION_LOST
+                return Push.CONNECTION_LOST
         # Resolved by the ack, or ``Push.TIMEOUT`` by the connection's sweep (no timer per
         # push: docs/perf-log/2026-12.md, "The hand-over's Python per message"); on a timeout the
         # session stays.
         code = await fut
-        return outcomes.Push.ACKED if code is None else code
+        return Push.ACKED if code is None else code
 
     async def deliver(self, msg: Message, recipient: str, *, asker_host: str) -> Receipt:
         """Hand a message to a local session: delivered on its ack, else queued if durable."""
@@ -94,7 +94,7 @@ class Delivery:
                 log.error("cannot record the ask", extra={"id": msg.id, "error": str(exc)})
                 return outcomes.storage_failed(msg.id, recipient, exc)
         owner = self.registry.owner(recipient)
-        push = await self.push(owner, msg) if owner is not None else outcomes.Push.OFFLINE
+        push = await self.push(owner, msg) if owner is not None else Push.OFFLINE
         receipt = outcomes.local_receipt(
             msg.id, recipient, push, durable=self.registry.is_durable(recipient)
         )
@@ -144,12 +144,12 @@ class Delivery:
         waiter = self.ask_waiters.get(reply.reply_to)
         pushed = False
         if waiter is not None and not waiter.closed:
-            pushed = await self.push(waiter, reply, reply=True) is outcomes.Push.ACKED
+            pushed = await self.push(waiter, reply, reply=True) is Push.ACKED
             if pushed:
                 self.ask_waiters.pop(reply.reply_to, None)
         owner = self.registry.owner(asker_id)
         if not pushed and owner is not None and owner is not waiter:
-            pushed = await self.push(owner, reply, reply=True) is outcomes.Push.ACKED
+            pushed = await self.push(owner, reply, reply=True) is Push.ACKED
         durable = self.registry.is_durable(asker_id)
         receipt = outcomes.reply_receipt(reply.id, asker_id, pushed=pushed, durable=durable)
         if receipt.outcome is Outcome.QUEUED:
@@ -187,7 +187,7 @@ class Delivery:
             page.append(item)
             size += item.size
         conn.make_room(size + size // 4)  # the frames around each body
-        waits: list[tuple[int, asyncio.Future[outcomes.AckResult]]] = []
+        waits: list[tuple[int, asyncio.Future[AckResult]]] = []
         for item in page:
             if item.kind == "receipt":
                 # The key makes the client ack it, so it is dequeued (and stops holding up the
@@ -214,7 +214,7 @@ class Delivery:
         self,
         conn: Conn,
         session_id: str,
-        waits: list[tuple[int, asyncio.Future[outcomes.AckResult]]],
+        waits: list[tuple[int, asyncio.Future[AckResult]]],
         more: bool,
     ) -> None:
         saved = await self._acked(waits)
@@ -224,14 +224,14 @@ class Delivery:
         if more and not conn.closed and self.registry.owner(session_id) is conn:
             self.drain_backlog(conn, session_id)
 
-    async def _acked(self, waits: list[tuple[int, asyncio.Future[outcomes.AckResult]]]) -> bool:
+    async def _acked(self, waits: list[tuple[int, asyncio.Future[AckResult]]]) -> bool:
         """Dequeue what the client saved, in order; False at the first it did not."""
         for seq, fut in waits:
             try:
                 code = await asyncio.wait_for(fut, self.settings.ack_timeout_s * 3)
             except TimeoutError:
                 return False  # left queued; the next registration hands it over again
-            if code in (outcomes.Push.CONNECTION_LOST, outcomes.Push.TIMEOUT):
+            if code in (Push.CONNECTION_LOST, Push.TIMEOUT):
                 # Not known saved (a live push of the same id shares this future and timed
                 # out): it stays queued, and the next registration hands it over again.
                 return False
@@ -272,8 +272,8 @@ class Delivery:
 
     def _dequeue_on_ack(
         self, sender_id: str, key: str
-    ) -> Callable[[asyncio.Future[outcomes.AckResult]], None]:
-        def acked(fut: asyncio.Future[outcomes.AckResult]) -> None:
+    ) -> Callable[[asyncio.Future[AckResult]], None]:
+        def acked(fut: asyncio.Future[AckResult]) -> None:
             if not fut.cancelled() and fut.result() is None:
                 self._acked_receipts.append((sender_id, "receipt", key))
                 if len(self._acked_receipts) == 1:

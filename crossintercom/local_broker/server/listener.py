@@ -18,11 +18,11 @@ from pathlib import Path
 from crossintercom import protocol as p
 from crossintercom.config import Settings
 from crossintercom.errors import BrokerUnavailable, Code, ProtocolError
-from crossintercom.local_broker import peercred
-from crossintercom.local_broker.authority import DedupAuthority
+from crossintercom.local_broker.authority.dedup import DedupAuthority
 from crossintercom.local_broker.broker import Broker
-from crossintercom.local_broker.conn import Conn
-from crossintercom.local_broker.state import BrokerState
+from crossintercom.local_broker.server import peercred
+from crossintercom.local_broker.sessions.conn import Conn
+from crossintercom.local_broker.state.store import BrokerState
 from crossintercom.runtime import group_gid, secure_file, secure_tree
 
 log = logging.getLogger(__name__)

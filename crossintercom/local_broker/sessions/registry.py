@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
 
-from crossintercom.local_broker.state import BrokerState, KnownSession
+from crossintercom.local_broker.state.store import BrokerState, KnownSession
 from crossintercom.models import (
     WAKE_POLICIES,
     Peer,
@@ -24,7 +24,7 @@ from crossintercom.models import (
 )
 
 if TYPE_CHECKING:
-    from crossintercom.local_broker.conn import Conn
+    from crossintercom.local_broker.sessions.conn import Conn
 
 log = logging.getLogger(__name__)
 

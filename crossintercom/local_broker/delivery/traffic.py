@@ -19,8 +19,8 @@ from collections.abc import Callable, Iterable
 from typing import Final
 
 from crossintercom import protocol as p
-from crossintercom.local_broker.outcomes import AckResult
-from crossintercom.local_broker.registry import Registry
+from crossintercom.local_broker.sessions.conn import AckResult
+from crossintercom.local_broker.sessions.registry import Registry
 from crossintercom.models import Message, Outcome, Peer, Receipt, SendResult
 
 KEEP_EVENTS: Final = 5000

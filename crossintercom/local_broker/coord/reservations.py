@@ -12,9 +12,9 @@ from typing import Final
 from crossintercom import protocol as p
 from crossintercom.config import Settings
 from crossintercom.errors import Code, ProtocolError
-from crossintercom.local_broker.conn import Conn
-from crossintercom.local_broker.ratelimit import RateLimiter
-from crossintercom.local_broker.relay_link import RelayLink
+from crossintercom.local_broker.delivery.ratelimit import RateLimiter
+from crossintercom.local_broker.delivery.relay_link import RelayLink
+from crossintercom.local_broker.sessions.conn import Conn
 from crossintercom.reservations import BadGlob, normalise
 from crossintercom.safetext import is_one_line
 

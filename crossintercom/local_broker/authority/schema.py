@@ -1,4 +1,4 @@
-"""The dedup authority database's format (docs/delivery.md); its files are ``authority_files``'s.
+"""The dedup authority database's format (docs/delivery.md); its files are ``files``'s.
 
 The database is SQLite marked with ``application_id`` ``CIDA`` and ``user_version``
 ``SCHEMA_VERSION``, and holds exactly the tables of ``TABLES``. Each ``ops`` row is one record:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from crossintercom.config import synchronous_pragma
-from crossintercom.local_broker import schema
+from crossintercom.local_broker.state import schema
 from crossintercom.runtime import WAL_MAX_BYTES, bound_wal, truncate_wal
 from crossintercom.runtime_sqlite import connect_claimed
 

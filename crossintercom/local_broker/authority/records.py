@@ -1,5 +1,5 @@
 """The dedup authority's records in memory: decisions, entries, sizes and the retained outcome's
-text (docs/delivery.md). Pure values and checks; ``authority`` keeps the records and decides."""
+text (docs/delivery.md). Pure values and checks; ``dedup`` keeps the records and decides."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from enum import Enum, auto
 from typing import Any
 
-from crossintercom.local_broker.authority_schema import HMAC_HEX_LEN, MAX_OP_ID_LEN
+from crossintercom.local_broker.authority.schema import HMAC_HEX_LEN, MAX_OP_ID_LEN
 
 # Fixed per-record cost added to id + hmac + outcome, standing in for index and row overhead.
 RECORD_OVERHEAD = 64

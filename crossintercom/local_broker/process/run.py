@@ -9,10 +9,10 @@ import os
 
 from crossintercom.config import Settings
 from crossintercom.errors import BrokerUnavailable, CrossintercomError
-from crossintercom.local_broker.authority import DedupAuthority
-from crossintercom.local_broker.logcap import CappedFileHandler, ExtraFormatter
-from crossintercom.local_broker.server import serve
-from crossintercom.local_broker.state import BrokerState
+from crossintercom.local_broker.authority.dedup import DedupAuthority
+from crossintercom.local_broker.process.logcap import CappedFileHandler, ExtraFormatter
+from crossintercom.local_broker.server.listener import serve
+from crossintercom.local_broker.state.store import BrokerState
 from crossintercom.runtime import (
     LockHeld,
     ensure_runtime_dir,

@@ -1,0 +1,1 @@
+"""The per-host dedup authority: its records, its files and format, and its group commit."""

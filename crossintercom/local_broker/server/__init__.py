@@ -1,0 +1,1 @@
+"""The broker's Unix socket: bind, accept who may connect, read frames."""

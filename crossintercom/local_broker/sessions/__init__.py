@@ -1,0 +1,1 @@
+"""Who is connected and who is known: one client connection, the session registry."""

@@ -1,0 +1,1 @@
+"""``broker.sqlite``: the broker's durable state and its versioned schema."""
