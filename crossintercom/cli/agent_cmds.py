@@ -8,7 +8,8 @@ import sys
 import click
 
 from crossintercom.agents.answered import check_one_line
-from crossintercom.agents.hooks import (
+from crossintercom.agents.session import Busy
+from crossintercom.agents.wake.hooks import (
     FORMATS,
     HOOK_FORMATS,
     busy_exit,
@@ -18,7 +19,6 @@ from crossintercom.agents.hooks import (
     read_hook_input,
     writer,
 )
-from crossintercom.agents.session import Busy
 from crossintercom.cli.common import (
     FiniteRange,
     as_options,
@@ -83,9 +83,9 @@ def wait(
 ) -> None:
     """Wait until NAME has unseen mail, print it once, and exit (see the exit codes in
     docs/agents.md: text/json 0 mail, 6 timeout, 7 another waiter; claude-hook 2 mail)."""
-    from crossintercom.agents import lifeline
-    from crossintercom.agents.codex_daemon import tie_to_tui
-    from crossintercom.agents.waiter import wait_for_mail
+    from crossintercom.agents.lifetime import lifeline
+    from crossintercom.agents.lifetime.codex_daemon import tie_to_tui
+    from crossintercom.agents.wake.waiter import wait_for_mail
 
     fmt = fmt or ("json" if as_json else "text")
     if fmt == "claude-socket":
@@ -124,7 +124,8 @@ def _claude_socket(as_name: str, session_id: str | None, settle: float) -> None:
     until Claude Code ends or the socket refuses (docs/agents.md#claude-code)."""
     import os
 
-    from crossintercom.agents import claude_socket, lifeline
+    from crossintercom.agents.lifetime import lifeline
+    from crossintercom.agents.wake import claude_socket
 
     environ = dict(os.environ)
     if not environ.get(claude_socket.ENV_CHILD):
@@ -162,16 +163,16 @@ def mcp(
 ) -> None:
     """Serve NAME's mailbox as MCP tools on stdio, holding NAME's session while it runs."""
     try:
-        from crossintercom.agents.mcp_server import serve
+        from crossintercom.agents.mcp.server import serve
     except ImportError as exc:
         raise UsageError(
             f"the MCP server needs the mcp extra: pip install 'crossintercom[mcp]' ({exc})"
         ) from None
-    from crossintercom.agents import lifeline
-    from crossintercom.agents.codex_daemon import tie_to_tui
+    from crossintercom.agents.lifetime import lifeline
+    from crossintercom.agents.lifetime.codex_daemon import tie_to_tui
 
     if print_tools:
-        from crossintercom.agents.mcp_server import tools_list
+        from crossintercom.agents.mcp.server import tools_list
 
         cfg = settings()
         ident = Identity.named(cfg, as_name, session_id)

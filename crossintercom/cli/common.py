@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 
 import click
 
-from crossintercom.agents.mcp_profiles import PROFILES
+from crossintercom.agents.mcp.profiles import PROFILES
 from crossintercom.client import Client, Identity, file_text
 from crossintercom.config import ENV_AS, ENV_JSON, Settings, load_settings
 

@@ -8,10 +8,10 @@ from typing import Any, NoReturn
 
 import click
 
-from crossintercom.agents import supervisor as sup
 from crossintercom.agents.answered import answered
-from crossintercom.agents.escalation import Escalation, EscalationError, answer_note
-from crossintercom.agents.mail import render_mail
+from crossintercom.agents.escalations import supervisor as sup
+from crossintercom.agents.escalations.escalation import Escalation, EscalationError, answer_note
+from crossintercom.agents.handover.mail import render_mail
 from crossintercom.cli.common import (
     FiniteRange,
     as_options,

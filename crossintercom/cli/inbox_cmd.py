@@ -15,7 +15,7 @@ from collections.abc import Iterable
 import click
 
 from crossintercom.agents.answered import mark_ids
-from crossintercom.agents.mail import asks_left, fit_mail, fit_page, fit_unseen
+from crossintercom.agents.handover.mail import asks_left, fit_mail, fit_page, fit_unseen
 from crossintercom.agents.session import show_lock
 from crossintercom.cli.common import as_options, identity, json_option, one_shot, settings
 from crossintercom.cli.output import emit_json, format_message, in_thread
@@ -142,7 +142,7 @@ def inbox(
 
 
 def _unseen(cfg: Settings, ident: Identity, as_name: str, as_json: bool) -> None:
-    from crossintercom.agents.monitor import show_unseen_once
+    from crossintercom.agents.wake.monitor import show_unseen_once
 
     again = f"run `crossintercom inbox --as {as_name} --unseen` again to read them"
 

@@ -14,7 +14,7 @@ import click
 
 # First of ours: the lifeline notes the parent that started us before the slow imports below
 # (docs/agents.md#lifeline).
-from crossintercom.agents import lifeline  # noqa: F401
+from crossintercom.agents.lifetime import lifeline  # noqa: F401
 from crossintercom.cli.output import fail
 from crossintercom.config import ENV_JSON, ENV_LOG_FORMAT, LOG_FORMATS, load_settings
 from crossintercom.errors import CrossintercomError, UsageError

@@ -13,8 +13,8 @@ from typing import Any
 
 import click
 
-from crossintercom.agents import lifeline
 from crossintercom.agents.answered import answered, check_one_line
+from crossintercom.agents.lifetime import lifeline
 from crossintercom.agents.session import by_priority, show_lock
 from crossintercom.cli import inbox_cmd
 from crossintercom.cli.common import (
@@ -127,7 +127,7 @@ def listen(
     if fmt == "line" or os.environ.get(lifeline.ENV_HARNESS_PID):
         lifeline.install()  # a harness's monitor ends with its harness (docs/agents.md#lifeline)
     if fmt == "line":
-        from crossintercom.agents.monitor import run_line_monitor
+        from crossintercom.agents.wake.monitor import run_line_monitor
 
         asyncio.run(run_line_monitor(cfg, ident))
         return

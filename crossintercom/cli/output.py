@@ -8,7 +8,7 @@ from typing import Any, NoReturn
 
 import click
 
-from crossintercom.agents.mail import render_mail
+from crossintercom.agents.handover.mail import render_mail
 from crossintercom.errors import CrossintercomError
 from crossintercom.exits import EXIT_NO_REPLY, EXIT_OK, EXIT_REFUSED, OUTCOME_EXIT, result_exit_code
 from crossintercom.models import Outcome, SendResult

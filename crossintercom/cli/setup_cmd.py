@@ -9,8 +9,8 @@ from pathlib import Path
 
 import click
 
-from crossintercom.agents import harness_setup as hs
-from crossintercom.agents.setup_common import utf8
+from crossintercom.agents.setup import harnesses as hs
+from crossintercom.agents.setup.common import utf8
 from crossintercom.cli.common import json_option, profile_option
 from crossintercom.cli.output import emit_json
 from crossintercom.config import ENV_AS

@@ -24,10 +24,10 @@ from urllib.parse import parse_qs
 
 from mcp.server.transport_security import TransportSecuritySettings
 
-from crossintercom.agents.hooks import hand_over
-from crossintercom.agents.mcp_server import MailboxServer, build_server
+from crossintercom.agents.mcp.server import MailboxServer, build_server
 from crossintercom.agents.session import AgentSession
-from crossintercom.agents.waiter import wait_on
+from crossintercom.agents.wake.hooks import hand_over
+from crossintercom.agents.wake.waiter import wait_on
 from crossintercom.client import Identity
 from crossintercom.client.gateway_link import is_loopback
 from crossintercom.config import Settings

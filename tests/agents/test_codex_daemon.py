@@ -12,7 +12,7 @@ import sys
 import threading
 from pathlib import Path
 
-from crossintercom.agents import codex_daemon
+from crossintercom.agents.lifetime import codex_daemon
 from tests.conftest import wait_for
 
 

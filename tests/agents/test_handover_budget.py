@@ -12,8 +12,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from crossintercom.agents import framing
-from crossintercom.agents.mail import HANDOVER_BYTES, fit_mail
+from crossintercom.agents.handover import framing
+from crossintercom.agents.handover.mail import HANDOVER_BYTES, fit_mail
 from crossintercom.client import Client, Identity
 from crossintercom.inbox import Inbox
 from tests.agents.conftest import (

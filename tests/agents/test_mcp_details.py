@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from crossintercom import __version__
-from crossintercom.agents import framing
+from crossintercom.agents.handover import framing
 from crossintercom.client import Client, Identity
 from tests.agents.conftest import Mcp, finish, hook, mcp_server, online, parse_mail, until
 from tests.conftest import RawConn, run_cli, settings_for, start_broker

@@ -8,7 +8,7 @@ import asyncio
 import json
 from pathlib import Path
 
-from crossintercom.agents.mcp_profiles import CORE, PROFILES
+from crossintercom.agents.mcp.profiles import CORE, PROFILES
 from tests.agents.conftest import mcp_server, online, until
 from tests.conftest import run_cli
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from crossintercom.agents.mail import HANDOVER_BYTES
+from crossintercom.agents.handover.mail import HANDOVER_BYTES
 from crossintercom.client import Client, Identity
 from tests.agents.conftest import waiting
 from tests.agents.test_setup import IDLE, _setup_opencode

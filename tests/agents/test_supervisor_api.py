@@ -1,4 +1,5 @@
-"""The escalation Python API (`crossintercom.agents.supervisor`) against a real broker."""
+"""The escalation Python API (`crossintercom.agents.escalations.supervisor`) against a real
+broker."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from crossintercom.agents import supervisor as sup
-from crossintercom.agents.escalation import EscalationError, escalation_of
+from crossintercom.agents.escalations import supervisor as sup
+from crossintercom.agents.escalations.escalation import EscalationError, escalation_of
 from crossintercom.client import Client, Identity
 from crossintercom.models import Outcome
 from tests.conftest import settings_for

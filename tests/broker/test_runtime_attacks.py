@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from crossintercom.agents.escalation import Escalation
+from crossintercom.agents.escalations.escalation import Escalation
+from crossintercom.agents.escalations.supervisor import EscalationLog
 from crossintercom.agents.session import agents_dir
-from crossintercom.agents.supervisor import EscalationLog
 from crossintercom.client import Client, Identity
 from crossintercom.config import Settings
 from crossintercom.errors import ConfigError, RuntimeDirError

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from crossintercom import protocol as p
-from crossintercom.agents.mcp_session_tools import _ack_line
+from crossintercom.agents.mcp.ack_tools import _ack_line
 from crossintercom.client.aio import AsyncClient
 from crossintercom.models import ACK_NOTE_CHARS, Peer
 from crossintercom.storage import LateReceipt, open_store

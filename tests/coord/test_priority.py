@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from crossintercom.agents.framing import render_block
+from crossintercom.agents.handover.framing import render_block
 from tests.agents.conftest import finish, hook, waiting
 from tests.agents.test_policy import still_running, unseen_count
 from tests.relay.conftest import Cluster, wait_for

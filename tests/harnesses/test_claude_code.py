@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from crossintercom.agents.mail import HANDOVER_BYTES
+from crossintercom.agents.handover.mail import HANDOVER_BYTES
 from crossintercom.client import Client, Identity
 from crossintercom.inbox import Inbox
 from tests.conftest import settings_for, wait_for

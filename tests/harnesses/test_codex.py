@@ -30,7 +30,7 @@ from typing import Any
 
 import pytest
 
-from crossintercom.agents import codex_daemon
+from crossintercom.agents.lifetime import codex_daemon
 from tests.conftest import run_cli, wait_for
 from tests.harnesses import kits
 from tests.harnesses.agentmail import (

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from crossintercom.agents.escalation import (
+from crossintercom.agents.escalations.escalation import (
     ATTACHMENT_NAME,
     Escalation,
     EscalationError,
@@ -127,7 +127,7 @@ def test_progress_is_fire_and_forget() -> None:
 
 
 def test_a_late_answer_is_read_against_the_questions_it_answers(tmp_path: Any) -> None:
-    from crossintercom.agents.supervisor import EscalationLog
+    from crossintercom.agents.escalations.supervisor import EscalationLog
     from crossintercom.config import load_settings
 
     settings = load_settings({"CROSSINTERCOM_HOME": str(tmp_path), "CROSSINTERCOM_HOST_ID": "h"})

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from crossintercom.agents import framing
-from crossintercom.agents.mail import render_mail, render_mail_line
+from crossintercom.agents.handover import framing
+from crossintercom.agents.handover.mail import render_mail, render_mail_line
 from crossintercom.models import Outcome, Receipt, SendResult
 
 
@@ -119,7 +119,7 @@ def test_group_receipts_are_listed() -> None:
 
 
 def test_mcp_result_for_unknown_says_not_to_resend() -> None:
-    from crossintercom.agents import mcp_results
+    from crossintercom.agents.mcp import results as mcp_results
 
     result = mcp_results.outcome(SendResult("m9", Outcome.UNKNOWN, "disconnected"))
     assert not result.is_error  # an outcome, not a failed call: nothing to retry

@@ -9,9 +9,11 @@ from typing import Any
 
 import pytest
 
-from crossintercom.agents import framing, mcp_results
-from crossintercom.agents.mail import render_mail_line
-from crossintercom.agents.mcp_session_tools import _ack_line, _receipt_line
+from crossintercom.agents.handover import framing
+from crossintercom.agents.handover.mail import render_mail_line
+from crossintercom.agents.mcp import results as mcp_results
+from crossintercom.agents.mcp.ack_tools import _ack_line
+from crossintercom.agents.mcp.sent_tools import _receipt_line
 from crossintercom.config import valid_host_id
 from crossintercom.models import Outcome, Receipt, SendResult, SessionInfo
 from tests.unit.test_framing import message

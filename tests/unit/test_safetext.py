@@ -9,8 +9,8 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from crossintercom.agents import framing
-from crossintercom.agents.mail import render_mail, render_mail_line
+from crossintercom.agents.handover import framing
+from crossintercom.agents.handover.mail import render_mail, render_mail_line
 from crossintercom.safetext import for_terminal, is_one_line, neutralise, one_line, terminal_line
 from tests.agents.hostile import invisible
 

@@ -289,7 +289,7 @@ def _peer(kind: str, conninfo: str | None, details: dict[str, Any]) -> Iterator[
         yield peer
 
 
-# The MCP server's tool profiles (agents/mcp_profiles.py; the tools do not import the agents).
+# The MCP server's tool profiles (agents/mcp/profiles.py; the tools do not import the agents).
 MCP_PROFILES = ("core", "coord", "supervisor", "all")
 
 

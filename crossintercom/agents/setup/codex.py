@@ -9,7 +9,7 @@ from typing import Any
 
 import tomlkit
 
-from crossintercom.agents.setup_common import (
+from crossintercom.agents.setup.common import (
     CARRIED_ENV,
     SERVER_KEY,
     TOKEN_ENV,

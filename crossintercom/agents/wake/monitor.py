@@ -11,7 +11,7 @@ import signal
 import sys
 from collections.abc import Callable
 
-from crossintercom.agents.mail import render_mail_line
+from crossintercom.agents.handover.mail import render_mail_line
 from crossintercom.agents.session import AgentSession
 from crossintercom.client import Identity
 from crossintercom.config import Settings

@@ -2,7 +2,7 @@
 
 Async functions take an ``AsyncClient``; the ``*_sync`` twins take a ``Client``::
 
-    from crossintercom.agents import supervisor
+    from crossintercom.agents.escalations import supervisor
     with Client(cfg, Identity.named(cfg, "worker")) as me:
         result = supervisor.need_decision_sync(me, "lead", "Ship it?", options=["yes", "no"])
         if result.answer and result.answer.valid:
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from crossintercom.agents.escalation import (
+from crossintercom.agents.escalations.escalation import (
     Answer,
     Escalation,
     answer_text,

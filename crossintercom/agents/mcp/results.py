@@ -16,13 +16,15 @@ Errors and refusals carry a stable ``code`` (``invalid_argument``, ``unknown_too
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+import functools
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, ParamSpec
 
 import msgspec
 from mcp.types import CallToolResult, TextContent
 
-from crossintercom.agents.framing import (
+from crossintercom.agents.escalations.escalation import EscalationError
+from crossintercom.agents.handover.framing import (
     NOTE_CHARS,
     describe_outcome,
     header_field,
@@ -30,10 +32,12 @@ from crossintercom.agents.framing import (
     quoted,
     utf8_len,
 )
-from crossintercom.agents.mail import HANDOVER_BYTES, render_mail
+from crossintercom.agents.handover.mail import HANDOVER_BYTES, render_mail
 from crossintercom.codes import Code
+from crossintercom.errors import BrokerUnavailable, CrossintercomError, Disconnected, RemoteError
 from crossintercom.models import Outcome, SendResult, SessionInfo
 
+P = ParamSpec("P")
 # Outcomes where nothing was done: an error result, as for any other refusal.
 _REFUSALS = (Outcome.REFUSED, Outcome.NOT_SENT)
 # A string in structured content is at most this long (one line, neutralised).
@@ -80,6 +84,30 @@ def error(code: str, message: str, **extra: Any) -> CallToolResult:
         structured_content=safe({"error": {"code": code, "message": message, **extra}}),
         is_error=True,
     )
+
+
+def guarded(
+    fn: Callable[P, Awaitable[CallToolResult]],
+) -> Callable[P, Awaitable[CallToolResult]]:
+    """Turn a crossintercom error into an error result with its stable code."""
+
+    @functools.wraps(fn)
+    async def run(*args: P.args, **kwargs: P.kwargs) -> CallToolResult:
+        try:
+            return await fn(*args, **kwargs)
+        except EscalationError as exc:
+            return error(exc.code, exc.message + "; nothing was sent")
+        except (BrokerUnavailable, Disconnected):
+            return error(Code.BROKER_UNAVAILABLE, BROKER_DOWN + "; nothing was done")
+        except RemoteError as exc:
+            if exc.code in (Code.BAD_FIELD, Code.MISSING_FIELD):
+                # The broker's decoder names its own frame's fields: say it plainly instead.
+                return error(exc.code, "the broker refused a value as malformed; nothing was done")
+            return error(exc.code, exc.message)
+        except CrossintercomError as exc:
+            return error(exc.code, exc.message)
+
+    return run
 
 
 def _outcome_data(result: SendResult) -> dict[str, Any]:

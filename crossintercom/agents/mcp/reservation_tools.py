@@ -11,10 +11,10 @@ import msgspec
 from mcp.types import CallToolResult
 from pydantic import Field
 
-from crossintercom.agents import mcp_results as res
 from crossintercom.agents.answered import check_one_line
-from crossintercom.agents.framing import one_line, quoted
-from crossintercom.agents.mcp_tools import guarded
+from crossintercom.agents.handover.framing import one_line, quoted
+from crossintercom.agents.mcp import results as res
+from crossintercom.agents.mcp.results import guarded
 from crossintercom.agents.session import AgentSession
 from crossintercom.client import (
     project_key,

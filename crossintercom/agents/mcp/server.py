@@ -19,12 +19,16 @@ from mcp.types import Tool as MCPTool
 from pydantic import ValidationError
 
 from crossintercom import __version__
-from crossintercom.agents import mcp_profiles as profiles
-from crossintercom.agents import mcp_results as res
-from crossintercom.agents.mcp_escalation_tools import EscalationTools
-from crossintercom.agents.mcp_reservation_tools import ReservationTools
-from crossintercom.agents.mcp_session_tools import SessionTools
-from crossintercom.agents.mcp_tools import Tools
+from crossintercom.agents.mcp import profiles
+from crossintercom.agents.mcp import results as res
+from crossintercom.agents.mcp.ack_tools import AckTools
+from crossintercom.agents.mcp.escalation_tools import EscalationTools
+from crossintercom.agents.mcp.inbound_tools import InboundTools
+from crossintercom.agents.mcp.mail_tools import MailTools
+from crossintercom.agents.mcp.reservation_tools import ReservationTools
+from crossintercom.agents.mcp.roster_tools import RosterTools
+from crossintercom.agents.mcp.sent_tools import SentTools
+from crossintercom.agents.mcp.session_tools import SessionTools
 from crossintercom.agents.session import AgentSession
 from crossintercom.client import Identity
 from crossintercom.config import Settings
@@ -138,13 +142,18 @@ def build_server(
     )
     server.session = session
     server.profile = chosen
-    tools = Tools(session, supervisor)
-    every = {
-        **tools.all(),
-        **EscalationTools(session, supervisor).all(),
-        **SessionTools(session).all(),
-        **ReservationTools(session).all(),
-    }
+    every = profiles.in_order(
+        {
+            **SessionTools(session, supervisor).all(),
+            **RosterTools(session).all(),
+            **MailTools(session).all(),
+            **SentTools(session).all(),
+            **AckTools(session).all(),
+            **InboundTools(session).all(),
+            **ReservationTools(session).all(),
+            **EscalationTools(session, supervisor).all(),
+        }
+    )
     server.every_tool = frozenset(every)
     for name, (fn, read_only) in every.items():
         server.add_tool(

@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from crossintercom.agents import framing
-from crossintercom.agents.escalation import ATTACHMENT_NAME, escalation_of, hint_for
-from crossintercom.agents.framing import utf8_len
+from crossintercom.agents.escalations.escalation import ATTACHMENT_NAME, escalation_of, hint_for
+from crossintercom.agents.handover import framing
+from crossintercom.agents.handover.framing import utf8_len
 from crossintercom.inbox import Entry
 
 HANDOVER_BYTES = 24_000

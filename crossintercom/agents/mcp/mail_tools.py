@@ -1,35 +1,26 @@
-"""The MCP server's tools, mapped onto the mailbox operations of NAME's held session."""
+"""MCP tools for the session's mail: send, ask, reply, the asks awaiting a reply, and the inbox,
+each mapped onto the mailbox operation of NAME's held session."""
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Annotated, Any, ParamSpec
+from typing import Annotated, Any
 
 from mcp.types import CallToolResult
 from pydantic import Field
 
-from crossintercom.agents import mcp_results as res
-from crossintercom.agents import supervisor as sup
 from crossintercom.agents.answered import check_one_line, check_text, show_answered, show_by_id
-from crossintercom.agents.escalation import EscalationError, answer_note
-from crossintercom.agents.framing import one_line
-from crossintercom.agents.mail import asks_left, fit_mail, fit_page, listed_left
-from crossintercom.agents.session import AgentSession, show_lock, unseen
+from crossintercom.agents.escalations import supervisor as sup
+from crossintercom.agents.escalations.escalation import answer_note
+from crossintercom.agents.handover.mail import asks_left, fit_mail, fit_page, listed_left
+from crossintercom.agents.mcp import results as res
+from crossintercom.agents.mcp.results import guarded
+from crossintercom.agents.session import AgentSession, show_lock
 from crossintercom.client import MAX_ASK_TIMEOUT_S, load_attachment
-from crossintercom.errors import (
-    BrokerUnavailable,
-    Code,
-    CrossintercomError,
-    Disconnected,
-    RemoteError,
-    UsageError,
-)
+from crossintercom.errors import UsageError
 from crossintercom.inbox import Entry
-from crossintercom.models import DESCRIPTION_CHARS, NAME_RULE, Priority, valid_name
-from crossintercom.storage.urls import mask_url
+from crossintercom.models import Priority
 
-P = ParamSpec("P")
 # Under Codex's default 60 s tool-call limit; `setup codex` raises that limit (docs/agents.md).
 DEFAULT_ASK_S = 50.0
 
@@ -56,95 +47,11 @@ AckWithin = Annotated[
 ]
 
 
-def guarded(
-    fn: Callable[P, Awaitable[CallToolResult]],
-) -> Callable[P, Awaitable[CallToolResult]]:
-    """Turn a crossintercom error into an error result with its stable code."""
-
-    @functools.wraps(fn)
-    async def run(*args: P.args, **kwargs: P.kwargs) -> CallToolResult:
-        try:
-            return await fn(*args, **kwargs)
-        except EscalationError as exc:
-            return res.error(exc.code, exc.message + "; nothing was sent")
-        except (BrokerUnavailable, Disconnected):
-            return res.error(Code.BROKER_UNAVAILABLE, res.BROKER_DOWN + "; nothing was done")
-        except RemoteError as exc:
-            if exc.code in (Code.BAD_FIELD, Code.MISSING_FIELD):
-                # The broker's decoder names its own frame's fields: say it plainly instead.
-                return res.error(
-                    exc.code, "the broker refused a value as malformed; nothing was done"
-                )
-            return res.error(exc.code, exc.message)
-        except CrossintercomError as exc:
-            return res.error(exc.code, exc.message)
-
-    return run
-
-
-def _check_group(group: str) -> None:
-    if not valid_name(group):
-        raise UsageError(f"invalid group name: {NAME_RULE}; nothing was done")
-
-
-class Tools:
-    def __init__(self, session: AgentSession, supervisor: str | None) -> None:
+class MailTools:
+    def __init__(self, session: AgentSession) -> None:
         self.session = session
-        self.supervisor = supervisor
         self.name = session.name
         self.log = sup.EscalationLog(session.settings, session.identity.id)
-
-    # --- read-only ----------------------------------------------------------------------------
-
-    @guarded
-    async def whoami(self) -> CallToolResult:
-        """Who and where you are, and what mail waits."""
-        async with self.session.operation() as client:
-            st = await client.status()
-            waiting = len(await client.pending())
-        info = client.session
-        data = {
-            "name": self.name,
-            "host": self.session.settings.host_id,
-            "session_id": self.session.identity.id,
-            "supervisor": self.supervisor,
-            "holds_session": self.session.owner,
-            "status": info.status if info else None,
-            "wake": await self.session.wake_policy(),
-            "unseen": len(unseen(self.session.inbox)),
-            "pending_asks": waiting,
-            "relay_connected": st.relay.connected,
-            "store": mask_url(self.session.settings.store_url)
-            if self.session.settings.store_url
-            else None,
-        }
-        text = (
-            f"You are {self.name}@{one_line(data['host'])} (session {data['session_id']}). "
-            f"Supervisor: {one_line(self.supervisor or 'none')}. Unseen messages: "
-            f"{data['unseen']}; asks waiting for your reply: {waiting}. Other hosts "
-            f"{'are' if data['relay_connected'] else 'are NOT'} reachable (relay)."
-        )
-        return res.ok(text, data)
-
-    @guarded
-    async def list_sessions(
-        self,
-        online_only: bool = True,
-        host: str | None = None,
-        group: str | None = None,
-    ) -> CallToolResult:
-        """Sessions on every host you can message."""
-        async with self.session.operation() as client:
-            found = await client.list_sessions()
-        found = [
-            s
-            for s in found
-            if (s.online or not online_only)
-            and (host is None or s.host == host)
-            and (group is None or group in s.groups)
-        ]
-        note = "Online sessions:" if online_only else "Sessions (online and known offline):"
-        return res.sessions(found, note)
 
     @guarded
     async def pending(self) -> CallToolResult:
@@ -158,20 +65,6 @@ class Tools:
         # those the hand-over's budget left out were not shown.
         show_by_id(self.session, [str(m["id"]) for m in asks[:count]])
         return res.mail(text)
-
-    @guarded
-    async def groups(self) -> CallToolResult:
-        """Groups on every host and their members."""
-        async with self.session.operation() as client:
-            found = await client.groups()
-        lines = [
-            f"- {one_line(g.name)}: "
-            + ", ".join(f"{one_line(m.name)}@{one_line(m.host)}" for m in g.members)
-            for g in found
-        ]
-        return res.text_only("\n".join(lines) or "No groups.")
-
-    # --- mail ---------------------------------------------------------------------------------
 
     @guarded
     async def send(
@@ -305,53 +198,12 @@ class Tools:
         notes = {str(b["id"]): n for b in bodies if (n := self._note(b)) is not None}
         return fit_mail(bodies, self.name, notes, total=total, left=left)
 
-    # --- membership and status ----------------------------------------------------------------
-
-    @guarded
-    async def join(self, group: str) -> CallToolResult:
-        """Join a group."""
-        _check_group(group)
-        async with self.session.operation() as client:
-            now = await client.join(group)
-        return res.ok(f"You are in: {', '.join(map(one_line, now))}.", {"groups": now})
-
-    @guarded
-    async def leave(self, group: str) -> CallToolResult:
-        """Leave a group."""
-        _check_group(group)
-        async with self.session.operation() as client:
-            now = await client.leave(group)
-        joined = ", ".join(map(one_line, now)) or "(no groups)"
-        return res.ok(f"You are in: {joined}.", {"groups": now})
-
-    @guarded
-    async def set_status(
-        self,
-        status: Annotated[
-            str | None,
-            Field(description="null clears it.", max_length=DESCRIPTION_CHARS),
-        ],
-    ) -> CallToolResult:
-        """Set the one-line status others see in list_sessions."""
-        if status is not None:
-            check_text(status, "status")
-            check_one_line("status", status)
-        async with self.session.operation() as client:
-            await client.set_status(status)
-        return res.ok(f"Status {'cleared' if status is None else 'set'}.", {"status": status})
-
     def all(self) -> Mapping[str, tuple[Callable[..., Awaitable[CallToolResult]], bool]]:
         """Tool name -> (function, read-only)."""
         return {
-            "whoami": (self.whoami, True),
-            "list_sessions": (self.list_sessions, True),
             "pending": (self.pending, True),
-            "groups": (self.groups, True),
             "send": (self.send, False),
             "ask": (self.ask, False),
             "reply": (self.reply, False),
             "inbox": (self.inbox, False),
-            "join": (self.join, False),
-            "leave": (self.leave, False),
-            "set_status": (self.set_status, False),
         }

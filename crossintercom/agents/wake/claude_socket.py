@@ -25,7 +25,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 
-from crossintercom.agents.mail import fit_unseen
+from crossintercom.agents.handover.mail import fit_unseen
 from crossintercom.client import Identity
 from crossintercom.config import Settings
 from crossintercom.inbox import Entry
@@ -88,7 +88,7 @@ def socket_writer(
 def start_child(environ: dict[str, str]) -> bool:
     """From the SessionStart hook: start this command again, detached, as the delivery child.
     False (nothing started) without the socket or without Claude Code's pid to watch."""
-    from crossintercom.agents.lifeline import ENV_HARNESS_PID, parse_pid
+    from crossintercom.agents.lifetime.lifeline import ENV_HARNESS_PID, parse_pid
 
     pid = parse_pid(environ.get(ENV_CLAUDE_PID, ""))
     if target(environ) is None or pid is None:
@@ -111,7 +111,7 @@ async def deliver_all(
 ) -> None:
     """The child's loop: each hand-over of mail into the socket, until Claude Code ends (the
     lifeline's SIGTERM) or the socket refuses a delivery (the Stop hook takes over)."""
-    from crossintercom.agents.waiter import wait_for_mail
+    from crossintercom.agents.wake.waiter import wait_for_mail
 
     write = socket_writer(path, token, identity.name)
     while True:

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from crossintercom.agents.lifeline import parse_pid
+from crossintercom.agents.lifetime.lifeline import parse_pid
 from crossintercom.agents.session import AgentSession, Busy, agents_dir, unseen
 from crossintercom.client import Identity
 from crossintercom.config import Settings

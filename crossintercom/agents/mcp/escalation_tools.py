@@ -1,5 +1,5 @@
 """MCP tools for escalations to a supervisor and their answers (docs/agents.md#escalations).
-Beside ``mcp_tools``, which maps the mailbox operations."""
+An escalation waits as an ask does (``mail_tools``)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,12 @@ from typing import Annotated, Any
 from mcp.types import CallToolResult
 from pydantic import Field
 
-from crossintercom.agents import mcp_results as res
-from crossintercom.agents import supervisor as sup
 from crossintercom.agents.answered import show_answered
-from crossintercom.agents.escalation import Escalation, EscalationError, answer_note
-from crossintercom.agents.mcp_tools import DEFAULT_ASK_S, Timeout, guarded
+from crossintercom.agents.escalations import supervisor as sup
+from crossintercom.agents.escalations.escalation import Escalation, EscalationError, answer_note
+from crossintercom.agents.mcp import results as res
+from crossintercom.agents.mcp.mail_tools import DEFAULT_ASK_S, Timeout
+from crossintercom.agents.mcp.results import guarded
 from crossintercom.agents.session import AgentSession
 
 OptionalTarget = Annotated[str | None, Field(description="Default: your supervisor.")]

@@ -1,7 +1,7 @@
 """What every harness's set-up shares: the agent to set up, the planned file changes, and
 merging crossintercom's own entries into a user's files without disturbing any other entry
-(docs/agents.md#harness-recipes). Each harness's own writer lives in ``setup_HARNESS.py``;
-``harness_setup`` picks one.
+(docs/agents.md#harness-recipes). Each harness's own writer lives in a module beside this
+one; ``harnesses`` picks one.
 """
 
 from __future__ import annotations
@@ -147,7 +147,7 @@ class Agent:
 def script_source(template: str, agent: Agent, wait_s: int) -> str:
     """A harness plugin shipped in this package (``template``), its placeholders filled in as
     JavaScript literals: how to start crossintercom, the env it carries, the name, the wait."""
-    text = resources.files("crossintercom.agents").joinpath(template).read_text()
+    text = resources.files("crossintercom.agents.setup").joinpath(template).read_text()
     values = {
         "__COMMAND__": agent.command,
         "__ENV__": agent.env,

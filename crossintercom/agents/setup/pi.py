@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from crossintercom.agents.setup_common import (
+from crossintercom.agents.setup.common import (
     SERVER_KEY,
     Agent,
     Change,

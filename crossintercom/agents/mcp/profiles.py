@@ -10,7 +10,9 @@ name. Schemas are cut to what a model needs: no titles, no ``null`` branches, no
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 CORE = ("whoami", "list_sessions", "send", "ask", "reply", "pending", "inbox")
 COORD = (
@@ -32,6 +34,35 @@ SUPERVISION = (
     "answer_escalation",
     "receipts",
 )
+# The order tools/list gives them in, the same for every profile; a tool not named here comes
+# after these.
+ORDER = (
+    "whoami",
+    "list_sessions",
+    "pending",
+    "groups",
+    "send",
+    "ask",
+    "reply",
+    "inbox",
+    "join",
+    "leave",
+    "set_status",
+    "escalate_decision",
+    "escalate_interview",
+    "escalate_progress",
+    "answer_escalation",
+    "set_wake",
+    "receipts",
+    "ack",
+    "acks",
+    "dead_letters",
+    "resend",
+    "inbound_policy",
+    "reserve",
+    "unreserve",
+    "reservations",
+)
 PROFILES: Mapping[str, tuple[str, ...] | None] = {
     "core": CORE,
     "coord": CORE + COORD,
@@ -41,6 +72,12 @@ PROFILES: Mapping[str, tuple[str, ...] | None] = {
 DEFAULT_PROFILE = "core"
 # With a supervisor named, the escalation tools are what it is for (docs/agents.md#escalations).
 SUPERVISED_PROFILE = "supervisor"
+
+
+def in_order(tools: Mapping[str, T]) -> dict[str, T]:
+    """``tools`` by name, in the order tools/list gives them (``ORDER``)."""
+    rest = dict(tools)
+    return {name: rest.pop(name) for name in ORDER if name in rest} | rest
 
 
 def offered(profile: str, names: list[str]) -> list[str]:

@@ -32,8 +32,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
-from crossintercom.agents import lifeline
-from crossintercom.agents.mail import fit_unseen
+from crossintercom.agents.handover.mail import fit_unseen
+from crossintercom.agents.lifetime import lifeline
 from crossintercom.errors import Code
 from crossintercom.inbox import Entry
 
