@@ -40,13 +40,19 @@ def gateway() -> None:
 @click.option(
     "--ready-file",
     type=click.Path(dir_okay=False, path_type=Path),
-    help="Write the bound port here once listening.",
+    help="Write the bound ports here once listening, one a line (--listen's first).",
+)
+@click.option(
+    "--mcp",
+    "with_mcp",
+    is_flag=True,
+    help="Also serve MCP over streamable HTTP at /mcp on --listen, with the same certificate "
+    "and tokens (docs/agents.md#mcp-over-http).",
 )
 @click.option(
     "--mcp-listen",
     metavar="HOST:PORT",
-    help="Also serve MCP over streamable HTTP here, at /mcp, with the same certificate and "
-    "tokens (docs/agents.md#mcp-over-http).",
+    help="As --mcp, and serve the same on this address too (a port of its own for MCP).",
 )
 @profile_option
 def serve(
@@ -54,12 +60,18 @@ def serve(
     cert_file: str | None,
     key_file: str | None,
     ready_file: Path | None,
+    with_mcp: bool,
     mcp_listen: str | None,
     profile: str | None,
 ) -> None:
     """Serve until stopped. Without --cert only loopback clients are served (a TLS proxy on
     this machine); every other plain-HTTP client is refused (gateway_plain_http)."""
-    from crossintercom.gateway.server import serve as run
+    try:
+        from crossintercom.gateway.server import serve as run
+    except ImportError as exc:
+        raise UsageError(
+            f"the gateway needs the web extra: pip install 'crossintercom[web]' ({exc.name})"
+        ) from None
 
     if bool(cert_file) != bool(key_file):
         raise UsageError("--cert and --key go together")
@@ -68,7 +80,7 @@ def serve(
     # Who connected as whom, and every refusal by its code (never a token): the operator's log.
     logging.getLogger("crossintercom.gateway").setLevel(logging.INFO)
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(run(settings(), where, ready_file, mcp, profile))
+        asyncio.run(run(settings(), where, ready_file, mcp, profile, with_mcp=with_mcp))
 
 
 def _listen(option: str, value: str, cert: str | None, key: str | None) -> Listen:

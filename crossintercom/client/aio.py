@@ -125,7 +125,7 @@ class AsyncClient(SavesDeliveries, Queries):
             self.connects += 1
             self.connected.set()
 
-    def _drop_connection(self) -> asyncio.StreamWriter | None:
+    def _drop_connection(self) -> p.FrameWriter | None:
         self.connected.clear()
         return self._conn.drop()
 

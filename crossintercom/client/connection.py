@@ -56,7 +56,7 @@ class BrokerConnection:
         self._on_frame = on_frame
         self._on_lost = on_lost
         self._reader: asyncio.StreamReader | None = None
-        self._writer: asyncio.StreamWriter | None = None
+        self._writer: p.FrameWriter | None = None
         self._out: p.Coalescer | None = None  # set with _writer
         self.read_task: asyncio.Task[None] | None = None
         self._next_rid = 1
@@ -70,6 +70,7 @@ class BrokerConnection:
 
     async def connect(self, *, spawn: bool) -> None:
         limit = self.settings.max_frame_bytes + 1024
+        writer: p.FrameWriter
         if self.settings.gateway_url:
             # The same frames, to the gateway host's broker (docs/agents.md#through-a-gateway).
             reader, writer = await open_gateway(self.settings, limit)
@@ -93,7 +94,7 @@ class BrokerConnection:
                 f"cannot reach the broker at {self.settings.socket_path}: {exc.strerror}"
             ) from None
 
-    def drop(self) -> asyncio.StreamWriter | None:
+    def drop(self) -> p.FrameWriter | None:
         """Close the socket and fail every request waiting on it; returns the old writer."""
         writer, self._writer, self._reader = self._writer, None, None
         out, self._out = self._out, None

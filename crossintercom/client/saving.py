@@ -49,7 +49,7 @@ class SavesDeliveries:
     _save_retry: asyncio.TimerHandle | None
     _to_save: list[p.Deliver | p.Notice]
 
-    def _drop_connection(self) -> asyncio.StreamWriter | None:
+    def _drop_connection(self) -> p.FrameWriter | None:
         raise NotImplementedError
 
     def _on_lost(self) -> None:

@@ -1,6 +1,6 @@
-"""The gateway's MCP over streamable HTTP (``gateway serve --mcp-listen``): for a harness that
-takes a remote MCP server by URL, with nothing of crossintercom installed beside it
-(docs/agents.md#mcp-over-http).
+"""The gateway's MCP over streamable HTTP (``gateway serve --mcp`` or ``--mcp-listen``): for a
+harness that takes a remote MCP server by URL, with nothing of crossintercom installed beside
+it (docs/agents.md#mcp-over-http).
 
 Each request to ``/mcp`` carries ``Authorization: Bearer TOKEN``; the grant names the session.
 The gateway holds that session here, on its own host (``AgentSession``, its inbox in this host's
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import secrets
 from collections import OrderedDict
@@ -32,6 +31,7 @@ from crossintercom.client import Identity
 from crossintercom.client.gateway_link import is_loopback
 from crossintercom.config import Settings
 from crossintercom.errors import Code, CrossintercomError, RemoteError
+from crossintercom.gateway.refusals import deny
 from crossintercom.gateway.tokens import Grant, Grants
 from crossintercom.inbox import Entry
 
@@ -79,20 +79,20 @@ class McpGateway:
             return
         client = scope.get("client") or ("", 0)
         if not self.tls and not is_loopback(str(client[0])):
-            return await _deny(send, 403, Code.GATEWAY_PLAIN_HTTP, "plain HTTP: loopback only")
+            return await deny(send, 403, Code.GATEWAY_PLAIN_HTTP, "plain HTTP: loopback only")
         path = scope["path"].rstrip("/")
         if path not in (PATH, WAIT_PATH, SHOWN_PATH):
-            return await _deny(send, 404, Code.NOT_FOUND, f"this gateway serves MCP at {PATH}")
+            return await deny(send, 404, Code.NOT_FOUND, f"this gateway serves MCP at {PATH}")
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         kind, _, token = headers.get("authorization", "").partition(" ")
         try:
             grant = self.grants.check(token.strip() if kind.lower() == "bearer" else None)
         except RemoteError as exc:
             log.info("MCP request from %s refused: %s", client[0], exc.code)
-            return await _deny(send, 401, exc.code, exc.message)
+            return await deny(send, 401, exc.code, exc.message)
         except CrossintercomError as exc:
             log.error("grants file: %s", exc.message)
-            return await _deny(send, 503, Code.INTERNAL, "the gateway cannot read its grants")
+            return await deny(send, 503, Code.INTERNAL, "the gateway cannot read its grants")
         held = await self._hold(grant)
         if path == WAIT_PATH:
             return await self._wait(held, scope, receive, send)
@@ -109,11 +109,11 @@ class McpGateway:
         query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
         fmt = query.get("format", ["text"])[0]
         if fmt not in WAIT_FORMATS:
-            return await _deny(send, 400, Code.INVALID_ARGUMENT, f"format: one of {WAIT_FORMATS}")
+            return await deny(send, 400, Code.INVALID_ARGUMENT, f"format: one of {WAIT_FORMATS}")
         try:
             timeout = min(max(float(query.get("timeout", ["600"])[0]), 0.0), MAX_WAIT_S)
         except ValueError:
-            return await _deny(send, 400, Code.INVALID_ARGUMENT, "timeout: seconds")
+            return await deny(send, 400, Code.INVALID_ARGUMENT, "timeout: seconds")
         said: list[str] = []
         handed: list[Entry] = []
 
@@ -194,17 +194,17 @@ async def _confirm(held: _Held, scope: Scope, send: Any) -> None:
     """``POST /wait/shown?key=KEY``: mark shown what the poll that answered KEY handed over
     (what is still unseen of it: the ``inbox`` tool may have shown some meanwhile); 204."""
     if scope["method"] != "POST":
-        return await _deny(send, 405, Code.INVALID_ARGUMENT, f"POST {SHOWN_PATH}?key=KEY")
+        return await deny(send, 405, Code.INVALID_ARGUMENT, f"POST {SHOWN_PATH}?key=KEY")
     query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
     seqs = held.handed.pop(query.get("key", [""])[0], None)
     if seqs is None:
         # Unknown or already used (or the gateway restarted since): its mail stays unseen.
-        return await _deny(send, 404, Code.NOT_FOUND, "no hand-over awaits this key")
+        return await deny(send, 404, Code.NOT_FOUND, "no hand-over awaits this key")
     try:
         held.session.show(lambda entries: [e for e in entries if e.seq in seqs])
     except CrossintercomError as exc:
         held.handed[query["key"][0]] = seqs  # not marked: the hook may confirm again
-        return await _deny(send, 503, exc.code, exc.message)
+        return await deny(send, 503, exc.code, exc.message)
     await send({"type": "http.response.start", "status": 204, "headers": []})
     await send({"type": "http.response.body", "body": b""})
 
@@ -235,15 +235,3 @@ async def _close(held: _Held, skip: asyncio.Task[Any] | None = None) -> None:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
     await held.session.close()
-
-
-async def _deny(send: Any, status: int, code: str, message: str) -> None:
-    body = json.dumps({"error": {"code": code, "message": message}}).encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [(b"content-type", b"application/json")],
-        }
-    )
-    await send({"type": "http.response.body", "body": body})

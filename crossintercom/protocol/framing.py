@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import struct
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import msgspec
 
@@ -59,12 +59,27 @@ async def read_frame(
     return None if length is None else await reader.readexactly(length)
 
 
+class FrameWriter(Protocol):
+    """What frames are written to: a socket's ``asyncio.StreamWriter``, or a gateway's
+    WebSocket (client/gateway_link.py) taking the same bytes."""
+
+    def write(self, data: bytes) -> None: ...
+
+    async def drain(self) -> None: ...
+
+    def is_closing(self) -> bool: ...
+
+    def close(self) -> None: ...
+
+    async def wait_closed(self) -> None: ...
+
+
 class Coalescer:
     """Writes to one stream: the first of a loop turn goes out at once, the others of that turn
     together when it ends. A burst then costs one system call and one wake-up of the peer, and
     a lone frame waits for nothing (docs/perf-log/2026-12.md, "Same-host path reshaped")."""
 
-    def __init__(self, writer: asyncio.StreamWriter) -> None:
+    def __init__(self, writer: FrameWriter) -> None:
         self.writer = writer
         self._held: list[bytes] = []
         self._held_bytes = 0

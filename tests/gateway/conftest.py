@@ -3,8 +3,8 @@ and runtime dir, no store, no broker and no socket of A's in reach, only the gat
 
 from __future__ import annotations
 
+import contextlib
 import json
-import socket
 import ssl
 import subprocess
 import tempfile
@@ -14,7 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.sync.client import ClientConnection, connect
 
+from crossintercom import protocol as p
 from tests.conftest import CLI, run_cli, wait_for
 from tests.pgtls import TlsFiles, make_certificates
 from tests.procs import clean_env
@@ -78,7 +81,8 @@ def start_gateway(
 ) -> Gateway:
     ready = root / f"ready-{len(list(root.glob('ready-*')))}"
     cert = ["--cert", str(root / "server.crt"), "--key", str(root / "server.key")] if tls else []
-    cert += ["--mcp-listen", "127.0.0.1:0"] if mcp else []
+    # MCP on the frames' own port (the harness test gives it a port of its own).
+    cert += ["--mcp"] if mcp else []
     proc = subprocess.Popen(
         [*CLI, "gateway", "serve", "--listen", listen, "--ready-file", str(ready), *cert],
         env=host.env,
@@ -95,7 +99,7 @@ def start_gateway(
 
     wait_for(listening, 120, "the gateway to listen")
     ports = [int(p) for p in ready.read_text().split()]
-    return Gateway(host, proc, ports[0], certs, root, mcp_port=ports[1] if mcp else None)
+    return Gateway(host, proc, ports[0], certs, root, mcp_port=ports[0] if mcp else None)
 
 
 @pytest.fixture
@@ -124,26 +128,44 @@ def sandbox_json(env: dict[str, str], *args: str, timeout: float = 60) -> tuple[
         raise AssertionError((out.returncode, out.stdout, out.stderr)) from None
 
 
-def raw_upgrade(
+def open_frames(
     port: int, token: str, *, address: str = "127.0.0.1", ca: Path | None = None
-) -> socket.socket:
-    """A connection that did the gateway's upgrade by hand (as a hostile client would)."""
-    sock: socket.socket = socket.create_connection((address, port), timeout=30)
-    if ca is not None:
-        sock = ssl.create_default_context(cafile=str(ca)).wrap_socket(
-            sock, server_hostname="localhost"
-        )
-    sock.sendall(
-        f"GET /v1/frames HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\n"
-        f"Upgrade: crossintercom-frames\r\nAuthorization: Bearer {token}\r\n\r\n".encode()
+) -> ClientConnection:
+    """The gateway's WebSocket, opened by hand with TOKEN (raises ``InvalidStatus`` when it is
+    refused)."""
+    scheme = "wss" if ca is not None else "ws"
+    ctx = ssl.create_default_context(cafile=str(ca)) if ca is not None else None
+    return connect(
+        f"{scheme}://{address}:{port}/v1/frames",
+        ssl=ctx,
+        server_hostname="localhost" if ca is not None else None,
+        additional_headers={"Authorization": f"Bearer {token}"} if token else None,
+        proxy=None,
+        open_timeout=30,
+        max_size=None,
     )
-    return sock
 
 
-def read_to_end(sock: socket.socket) -> bytes:
-    """Everything the gateway sends until it closes the connection (then closed here too)."""
-    data = b""
-    with sock:
-        while chunk := sock.recv(65536):
-            data += chunk
-    return data
+def hostile(
+    port: int,
+    token: str,
+    *frames: bytes | str,
+    address: str = "127.0.0.1",
+    ca: Path | None = None,
+) -> tuple[int, bytes]:
+    """A client speaking the gateway's WebSocket itself (as a hostile client would), sending
+    FRAMES, one a message (a frame's body; a str as a text message): the handshake's HTTP
+    status, and what the gateway sent until it closed the connection (a refusal's body, or the
+    frames' bodies one after another)."""
+    try:
+        ws = open_frames(port, token, address=address, ca=ca)
+    except InvalidStatus as exc:
+        return exc.response.status_code, bytes(exc.response.body or b"")
+    got = b""
+    with ws, contextlib.suppress(ConnectionClosed):
+        for frame in frames:
+            ws.send(frame if isinstance(frame, str) else frame[p.HEADER.size :])
+        while True:
+            message = ws.recv(timeout=30)
+            got += message if isinstance(message, bytes) else message.encode()
+    return 101, got

@@ -5,23 +5,29 @@ around that is refused with its own code (docs/operations.md#gateway)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
+
+from websockets.exceptions import InvalidStatus
 
 from crossintercom import protocol as p
 from crossintercom.client import AsyncClient, Client, Identity
 from crossintercom.config import load_settings
+from crossintercom.gateway.server import HEAD_S
 from crossintercom.models import SendResult, durable_session_id
 from tests.agents.conftest import mcp_server, spawn, until
 from tests.conftest import run_cli, sessions, wait_for
 from tests.gateway.conftest import (
     Gateway,
-    raw_upgrade,
-    read_to_end,
+    hostile,
+    open_frames,
     sandbox_json,
     start_gateway,
 )
@@ -158,25 +164,44 @@ def test_a_token_acts_as_its_name_and_nothing_else(gateway: tuple[Gateway, Host,
     # registration as another session.
     token = Path(token_file).read_text().strip()
     roster = p.encode(p.RemoteRoster(sessions=[]))
-    sock = raw_upgrade(gw.port, token, ca=gw.certs.ca)
-    sock.sendall(roster)
-    answer = read_to_end(sock)
-    assert answer.startswith(b"HTTP/1.1 101"), answer
+    status, answer = hostile(gw.port, token, roster, ca=gw.certs.ca)
+    assert status == 101, (status, answer)
     assert b'"code":"gateway_forbidden_frame"' in answer, answer
     register = p.Register(
         request_id=1,
         protocol=p.PROTOCOL_VERSION,
         session=p.SessionBody(id=durable_session_id("A", "lead"), name="worker", durable=True),
     )
-    sock = raw_upgrade(gw.port, token, ca=gw.certs.ca)
-    sock.sendall(p.encode(register))
-    assert b'"code":"gateway_wrong_name"' in read_to_end(sock)
+    status, answer = hostile(gw.port, token, p.encode(register), ca=gw.certs.ca)
+    assert status == 101 and b'"code":"gateway_wrong_name"' in answer, (status, answer)
+
+    # What is not a frame ends the connection: a text message, a message larger than a frame
+    # may be (before it is held whole).
+    assert hostile(gw.port, token, "not a frame", ca=gw.certs.ca) == (101, b"")
+    huge = p.HEADER.pack(9 * 1024 * 1024) + b"x" * (9 * 1024 * 1024)
+    assert hostile(gw.port, token, huge, ca=gw.certs.ca) == (101, b"")
+
+    # At most 16 connections at once on one grant.
+    with contextlib.ExitStack() as held:
+        for _ in range(16):
+            held.enter_context(open_frames(gw.port, token, ca=gw.certs.ca))
+        status, answer = hostile(gw.port, token, ca=gw.certs.ca)
+        assert status == 429 and b"over_capacity" in answer, (status, answer)
+
+    def admitted() -> bool:
+        try:
+            with open_frames(gw.port, token, ca=gw.certs.ca):
+                pass
+        except InvalidStatus:
+            return False
+        return True
+
+    wait_for(admitted, 30, "a connection of the grant's once the others ended")
 
     # No token, an unknown one: refused at the door.
     for bad, code in (("", b"gateway_no_token"), ("cig_nothing", b"gateway_token_unknown")):
-        sock = raw_upgrade(gw.port, bad, ca=gw.certs.ca)
-        answer = read_to_end(sock)
-        assert answer.startswith(b"HTTP/1.1 401") and code in answer, answer
+        status, answer = hostile(gw.port, bad, ca=gw.certs.ca)
+        assert status == 401 and code in answer, (status, answer)
 
     # Revoked: refused from then on, and a connection it holds ends.
     holder = spawn(env, "listen", "--as", "worker", "--json")
@@ -205,9 +230,13 @@ def test_plain_http_is_refused_from_another_address(gateway: tuple[Gateway, Host
     address = _non_loopback_address()
     plain = start_gateway(a, gw.root, gw.certs, f"{address}:0", tls=False)
     try:
-        sock = raw_upgrade(plain.port, token, address=address)
-        answer = read_to_end(sock)
-        assert answer.startswith(b"HTTP/1.1 403") and b"gateway_plain_http" in answer, answer
+        status, answer = hostile(plain.port, token, address=address)
+        assert status == 403 and b"gateway_plain_http" in answer, (status, answer)
+        # A client that connects and sends no request is dropped once its head is late.
+        with socket.create_connection((address, plain.port), timeout=HEAD_S + 15) as silent:
+            started = time.monotonic()
+            assert silent.recv(1024) == b""
+            assert time.monotonic() - started < HEAD_S + 15
         # The client does not even send the token over plain HTTP to another machine.
         env = gw.sandbox(token_file, CROSSINTERCOM_GATEWAY=f"http://{address}:{plain.port}")
         rc, out = sandbox_json(env, "send", "--as", "worker", "--to", "lead@B", "hi")
