@@ -10,11 +10,10 @@ rows), ``archive_types`` (the archive's) and ``urls`` at the bottom; ``tables``,
 ``queries``; ``engine`` (engines and error translation); over it ``migrate`` (Alembic),
 ``driver`` (one operation, one transaction: retries, in-doubt commits, errors; SQLite's
 worker thread), ``pgdriver`` (PostgreSQL's on the event loop: deadlines, dead connections,
-plans, row security) and ``wakeup``; ``batches`` (batch writes over one connection);
-``hosts`` (host claims and rosters, and the plumbing both halves run on), under
-``reservations`` (path reservations), under ``sqlstore``
-(messages, receipts and settings: together, the logic both backends share), under the
-backends ``postgres`` and ``sqlite``; ``blocking`` (the loop of blocking callers) on top;
+plans, row security) and ``wakeup``; ``batches`` (batch writes over one connection) and
+``reservations`` (path reservations' rows), under ``sqlstore`` (``SqlStore``, the one store,
+over a driver and a dialect), under the dialects ``postgres`` and ``sqlite`` (each one's
+alternatives, and its store's factory); ``blocking`` (the loop of blocking callers) on top;
 ``liveness`` apart, over ``interface``.
 """
 
@@ -68,13 +67,13 @@ async def open_store(
     parsed = parse_store_url(url)
     store: MailboxStore
     if parsed.kind == "postgres":
-        from crossintercom.storage.postgres import PostgresStore
+        from crossintercom.storage.postgres import postgres_store
 
-        store = PostgresStore(parsed, host_id=host_id)
+        store = postgres_store(parsed, host_id=host_id)
     else:
-        from crossintercom.storage.sqlite import SqliteStore
+        from crossintercom.storage.sqlite import sqlite_store
 
-        store = SqliteStore(parsed, polling_observer=polling_observer)
+        store = sqlite_store(parsed, polling_observer=polling_observer)
     try:
         await store.check_schema()
     except BaseException:

@@ -7,25 +7,31 @@ Each function runs inside the caller's transaction; the caller commits and sends
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
 
-import msgspec
 from sqlalchemy import Connection
 
 from crossintercom.errors import Code, StoreFenced
 from crossintercom.models import DeliveryState, State
 from crossintercom.storage import queries as q
-from crossintercom.storage.interface import (
-    Ack,
-    EnqueueResult,
-    LateReceipt,
-    OutboundItem,
-    StoreSettings,
-)
+from crossintercom.storage.interface import EnqueueResult, OutboundItem, StoreSettings
 
-_json = msgspec.json.Encoder()
+
+def refuse_too_large(
+    items: Sequence[OutboundItem], limits: StoreSettings
+) -> tuple[list[EnqueueResult | None], list[int]]:
+    """One result per item, ``too_large`` for those over the size limit (nothing written) and
+    None for the others, whose positions come second."""
+    results: list[EnqueueResult | None] = [None] * len(items)
+    fitting: list[int] = []
+    for i, item in enumerate(items):
+        if item.size > limits.max_message_bytes:
+            results[i] = EnqueueResult(
+                item.message_id, item.recipient_session, State.REFUSED.value, False, Code.TOO_LARGE
+            )
+        else:
+            fitting.append(i)
+    return results, fitting
 
 
 def enqueue_batch(
@@ -40,15 +46,8 @@ def enqueue_batch(
     item, in order, and the recipient hosts that got a new delivery (to wake)."""
     woken: set[str] = set()
     expires = now + timedelta(seconds=limits.retention_s)
-    results: list[EnqueueResult | None] = [None] * len(items)
-    fitting: list[tuple[int, OutboundItem]] = []
-    for i, item in enumerate(items):
-        if item.size > limits.max_message_bytes:
-            results[i] = EnqueueResult(
-                item.message_id, item.recipient_session, State.REFUSED.value, False, Code.TOO_LARGE
-            )
-        else:
-            fitting.append((i, item))
+    results, fits = refuse_too_large(items, limits)
+    fitting = [(i, items[i]) for i in fits]
     if not fitting:
         return [r for r in results if r is not None], set()
 
@@ -136,149 +135,6 @@ def enqueue_batch(
         else:
             results[i] = EnqueueResult(*key, states.get(key, State.QUEUED.value), False, None)
     return [r for r in results if r is not None], woken
-
-
-@dataclass
-class PgEnqueue:
-    """One ``queries.pg_enqueue`` run: its parameters (None when no item fits the size limit),
-    the results known before it (``too_large``), and which items it carries."""
-
-    items: Sequence[OutboundItem]
-    generation: int | None
-    results: list[EnqueueResult | None]
-    fitting: list[int]
-    params: dict[str, Any] | None
-
-    def finish(self, rows: Sequence[Any]) -> list[int] | None:
-        """Fill the results from the statement's rows; the positions to run again in a new
-        statement (see ``PostgresStore.enqueue``), or None when the generation was stale."""
-        if self.generation is not None and rows and not rows[0][1]:
-            return None
-        batch = [self.items[i] for i in self.fitting]
-        return _pg_results(batch, rows, self.results, self.fitting)
-
-    def done(self) -> list[EnqueueResult]:
-        return [r for r in self.results if r is not None]
-
-
-def plan_pg_enqueue(
-    items: Sequence[OutboundItem], limits: StoreSettings, now: datetime, generation: int | None
-) -> PgEnqueue:
-    """The parameters of ``queries.pg_enqueue`` for ``items`` (those over the size limit are
-    refused here); ``PostgresStore.enqueue`` runs it."""
-    results: list[EnqueueResult | None] = [None] * len(items)
-    fitting: list[int] = []
-    for i, item in enumerate(items):
-        if item.size > limits.max_message_bytes:
-            results[i] = EnqueueResult(
-                item.message_id, item.recipient_session, State.REFUSED.value, False, Code.TOO_LARGE
-            )
-        else:
-            fitting.append(i)
-    if not fitting:
-        return PgEnqueue(items, generation, results, fitting, None)
-    batch = [items[i] for i in fitting]
-    params = {
-        "host_id": batch[0].sender_host,
-        "generation": generation,
-        "now": now,
-        "expires": now + timedelta(seconds=limits.retention_s),
-        "mids": [it.message_id for it in batch],
-        "rhosts": [it.recipient_host for it in batch],
-        "rsessions": [it.recipient_session for it in batch],
-        "digests": [it.digest for it in batch],
-        # One JSON array (queries.PG_ENQUEUE): a text[] of JSON texts costs the driver an
-        # escape per quote of every payload.
-        "payloads": _json.encode([it.payload for it in batch]).decode(),
-        "sizes": [it.size for it in batch],
-    }
-    return PgEnqueue(items, generation, results, fitting, params)
-
-
-def _pg_results(
-    batch: Sequence[OutboundItem],
-    rows: Sequence[Any],
-    results: list[EnqueueResult | None],
-    where: list[int],
-) -> list[int]:
-    """Fill ``results`` from ``pg_enqueue``'s rows; the positions to run again (see above)."""
-    first_digest: dict[str, str] = {}
-    first_of_pair: dict[tuple[str, str], int] = {}
-    again: list[int] = []
-    for k, (item, row) in enumerate(zip(batch, rows, strict=True)):
-        _ord, _current, msg_new, old_digest, dlv_new, old_state, _woken = row
-        key = (item.message_id, item.recipient_session)
-        first_digest.setdefault(item.message_id, item.digest)
-        digest = first_digest[item.message_id] if msg_new else old_digest
-        if digest is None:
-            # Not ours to see (another host's id under row-level security), or committed
-            # while we waited: a new statement tells which.
-            again.append(where[k])
-            continue
-        if digest != item.digest:
-            code = Code.PAYLOAD_CONFLICT
-            results[where[k]] = EnqueueResult(*key, State.REFUSED.value, False, code)
-            continue
-        first = first_of_pair.setdefault(key, k) == k
-        if dlv_new and first:
-            results[where[k]] = EnqueueResult(*key, State.QUEUED.value, True, None)
-        elif old_state is not None or not first:
-            results[where[k]] = EnqueueResult(*key, old_state or State.QUEUED.value, False, None)
-        else:
-            again.append(where[k])
-    return again
-
-
-# -- parameters of the other delivery-path statements (postgres.py) -----------------------------
-
-
-def ack_params(
-    host_id: str, generation: int, acks: Sequence[Ack], now: datetime
-) -> dict[str, Any] | None:
-    """``PG_ACK``'s parameters; None when there is nothing to ack."""
-    # The first ack of a row wins, as it would one by one; the rest change nothing.
-    first: dict[tuple[str, str], Ack] = {}
-    for a in acks:
-        first.setdefault((a.message_id, a.recipient_session), a)
-    if not first:
-        return None
-    return {
-        "host_id": host_id,
-        "generation": generation,
-        "finished": now,
-        # One JSON array of rows, not a text[] per column: the driver dumps a text[] element
-        # by element in Python (docs/perf-log/2026-12.md, "The hand-over's Python per message").
-        "rows": _json.encode(
-            [[a.message_id, a.recipient_session, a.outcome, a.code] for a in first.values()]
-        ).decode(),
-    }
-
-
-def add_receipts_params(
-    host_id: str, generation: int, receipts: Sequence[LateReceipt], now: datetime
-) -> dict[str, Any] | None:
-    """``PG_ADD_RECEIPTS``'s parameters; None when there is nothing to write."""
-    if not receipts:
-        return None
-    return {
-        "host_id": host_id,
-        "generation": generation,
-        "created": now,
-        "rows": _json.encode(
-            [
-                (
-                    r.message_id,
-                    r.recipient_session,
-                    r.sender_host,
-                    r.sender_session,
-                    r.outcome,
-                    r.code,
-                    r.note,
-                )
-                for r in receipts
-            ]
-        ).decode(),
-    }
 
 
 def stale_enqueue(items: Sequence[OutboundItem], generation: int | None) -> StoreFenced:

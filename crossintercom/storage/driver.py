@@ -54,7 +54,7 @@ def backoff_s(attempt: int) -> float:
 
 def operation_name(fn: Callable[..., Any]) -> str:
     """The store method an operation's body belongs to (``enqueue`` for the ``write`` closure
-    of ``SqlMailboxStore.enqueue``): a name from the code, so a bounded metrics label."""
+    of ``sqlite.Sqlite.enqueue``): a name from the code, so a bounded metrics label."""
     outer = fn.__qualname__.split(".<locals>", 1)[0]
     return outer.rsplit(".", 1)[-1].lstrip("_") or "operation"
 

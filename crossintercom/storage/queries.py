@@ -408,7 +408,6 @@ _PAYLOAD_BYTES = cast(messages.c.payload, LargeBinary)
 def inbound(
     *,
     by_session: bool,
-    skip_locked: bool,
     array: bool = False,
     raw: bool = False,
     skip: bool = False,
@@ -472,9 +471,6 @@ def inbound(
         )
     elif skip:
         stmt = stmt.where(deliveries.c.seq.not_in(bindparam("skip_seqs", expanding=True)))
-    if skip_locked:
-        # Rows an ack or expiry is changing right now are skipped, not waited for.
-        stmt = stmt.with_for_update(skip_locked=True, of=deliveries)
     return stmt
 
 

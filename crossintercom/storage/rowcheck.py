@@ -1,16 +1,31 @@
 """Rows as a writer of a SQLite file may have left them: SQLite keeps any value of any type in
 any column, and its driver fails a whole read on one text that is not UTF-8. On SQLite the
 delivery path, receipts and settings read such columns as bytes, checked here row by row, so
-one bad value is refused or left out alone (docs/operations.md, "Trust model")."""
+one bad value is refused or left out alone (docs/operations.md, "Trust model"). Roster rows,
+which any host writes for itself, are checked here too (``session_info``)."""
 
 from __future__ import annotations
 
 import logging
 import re
 from collections.abc import Callable, Collection, Sequence
-from typing import Any, cast
+from datetime import UTC, datetime
+from typing import Annotated, Any, cast
 
-from crossintercom.models import ReceiptOutcome
+import msgspec
+from sqlalchemy import RowMapping
+
+from crossintercom.models import (
+    MAX_GROUPS,
+    Cwd,
+    Description,
+    Name,
+    Purpose,
+    ReceiptOutcome,
+    SessionInfo,
+    WakePolicy,
+)
+from crossintercom.protocol.client_frames import SessionId
 from crossintercom.storage import queries as q
 from crossintercom.storage.interface import HostReport, InboundRow, ReceiptRow, StoreSettings
 from crossintercom.storage.tables import (
@@ -28,7 +43,6 @@ def inbound_query(
     limit: int,
     session_ids: Collection[str] | None,
     max_payload: int,
-    skip_locked: bool,
     arrays: bool,
     *,
     raw_payload: bool = False,
@@ -39,7 +53,6 @@ def inbound_query(
     out."""
     stmt = q.inbound(
         by_session=session_ids is not None,
-        skip_locked=skip_locked,
         array=arrays,
         raw=raw_payload,
         skip=bool(skip_seqs),
@@ -216,3 +229,63 @@ def host_report(
     if error_at is not None and error_age is None:
         unreadable.append("error_at")
     return HostReport(got_version, got_code, got_error, error_age, tuple(unreadable))
+
+
+class _Published(msgspec.Struct, frozen=True):
+    """A roster row as a broker lets a session describe itself: names as registered, every
+    field bounded (a host may publish anything in its own rows, and every `list` answer on
+    every host carries them; docs/protocol.md)."""
+
+    id: SessionId
+    host: Annotated[str, msgspec.Meta(min_length=1, max_length=HOST_ID_CHARS)]
+    name: Name | None
+    cwd: Cwd | None
+    model: Description | None
+    status: Description | None
+    purpose: Purpose
+    groups: Annotated[tuple[Name, ...], msgspec.Meta(max_length=MAX_GROUPS)]
+    durable: bool
+    online: bool
+    wake: WakePolicy
+
+
+def session_info(r: RowMapping) -> SessionInfo | None:
+    """One roster row as a session, every value checked (SQLite keeps whatever a writer of the
+    file stored, of any type); None for a row no relay would have written."""
+    groups = r["groups"]
+    try:
+        if isinstance(groups, str | bytes):
+            groups = msgspec.json.decode(groups)
+        published = msgspec.convert(
+            {
+                "id": r["session_id"],
+                "host": r["host_id"],
+                "name": r["name"],
+                "cwd": r["cwd"],
+                "model": r["model"],
+                "status": r["status"],
+                "purpose": r["purpose"],
+                "groups": groups,
+                "durable": r["durable"],
+                "online": r["online"],
+                "wake": r["wake"] if r["wake"] in ("asks", "urgent", "never") else "every",
+            },
+            _Published,
+        )
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+    return SessionInfo(**msgspec.structs.asdict(published))
+
+
+def age(then: datetime | str | None, now: datetime | None) -> float | None:
+    """Seconds from ``then`` to ``now``, both the database's (SQLite's come without a zone:
+    UTC, as CURRENT_TIMESTAMP writes them, and as text: None when a writer stored another)."""
+    if isinstance(then, str):
+        try:
+            then = datetime.fromisoformat(then)
+        except ValueError:
+            return None
+    if not isinstance(then, datetime) or now is None:
+        return None
+    then, now = (t if t.tzinfo else t.replace(tzinfo=UTC) for t in (then, now))
+    return max(0.0, (now - then).total_seconds())

@@ -5,7 +5,6 @@ fcntl locks belong to processes."""
 
 from __future__ import annotations
 
-import asyncio
 import errno
 import fcntl
 import subprocess
@@ -156,16 +155,18 @@ def test_a_fuse_mount_needs_polling(two_mounts: SharedDir) -> None:
 
 
 def test_the_store_polls_by_itself_on_fuse(two_mounts: SharedDir) -> None:
-    from crossintercom.storage.sqlite import SqliteStore
+    from crossintercom.storage.sqlite import Sqlite
     from crossintercom.storage.urls import parse_store_url
 
     for mount, asked, polls in [(0, None, True), (0, False, False), (1, True, True)]:
         url = f"sqlite:///{two_mounts.mounts[mount] / 'mailbox.sqlite'}"
         migrate.upgrade(url)
-        store = SqliteStore(parse_store_url(url), polling_observer=asked)
-        assert store.polling_observer is polls
-        assert (store.wakeup_note or "").startswith("WARNING" if not polls else "doorbells polled")
-        asyncio.run(store.aclose())
+        # The store's SQLite dialect decides how its waiters watch the doorbells.
+        dialect = Sqlite(parse_store_url(url), asked)
+        assert dialect.polling_observer is polls
+        assert (dialect.wakeup_note or "").startswith(
+            "WARNING" if not polls else "doorbells polled"
+        )
 
 
 def test_a_filesystem_without_locks_is_refused(

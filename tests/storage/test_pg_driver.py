@@ -17,7 +17,9 @@ from sqlalchemy import text
 from crossintercom.errors import StoreUnavailable
 from crossintercom.storage import Ack, OutboundItem
 from crossintercom.storage.blocking import run
-from crossintercom.storage.postgres import PostgresStore
+from crossintercom.storage.pgdriver import PgDriver
+from crossintercom.storage.postgres import postgres_store
+from crossintercom.storage.sqlstore import SqlStore
 from crossintercom.storage.urls import parse_store_url
 
 pytestmark = pytest.mark.pg
@@ -26,9 +28,9 @@ Admin = psycopg.Connection[tuple[Any, ...]]
 
 
 @pytest.fixture
-def pg_store(pg_url: str) -> Iterator[PostgresStore]:
+def pg_store(pg_url: str) -> Iterator[SqlStore[PgDriver]]:
     """A store of one pooled connection, so its server process is the one to end."""
-    store = PostgresStore(parse_store_url(pg_url), pool_size=1)
+    store = postgres_store(parse_store_url(pg_url), pool_size=1)
     run(store.check_schema())
     yield store
     run(store.aclose())
@@ -44,7 +46,7 @@ def item(mid: str) -> OutboundItem:
     return OutboundItem(mid, A, B, "s1", "d" * 64, {"id": mid}, 1)
 
 
-def backend_pid(store: PostgresStore) -> int:
+def backend_pid(store: SqlStore[PgDriver]) -> int:
     return int(
         run(store.driver.run(lambda c: c.execute(text("SELECT pg_backend_pid()")).scalar_one()))
     )
@@ -66,7 +68,7 @@ def waiting_backend(admin: Admin, wait_event_type: str, other_than: int | None =
 
 
 def test_connection_ended_while_idle_is_replaced_without_an_error(
-    pg_store: PostgresStore, admin: Admin
+    pg_store: SqlStore[PgDriver], admin: Admin
 ) -> None:
     ga, gb = run(pg_store.claim_host(A)), run(pg_store.claim_host(B))
     for round_ in range(3):
@@ -84,7 +86,7 @@ def test_connection_ended_while_idle_is_replaced_without_an_error(
 
 
 def test_statements_lost_mid_run_are_retried_and_nothing_is_lost_or_doubled(
-    pg_store: PostgresStore, admin: Admin, pg_url: str
+    pg_store: SqlStore[PgDriver], admin: Admin, pg_url: str
 ) -> None:
     ga, gb = run(pg_store.claim_host(A)), run(pg_store.claim_host(B))
     run(pg_store.enqueue([item("m1"), item("m2")], generation=ga))
@@ -107,7 +109,7 @@ def test_statements_lost_mid_run_are_retried_and_nothing_is_lost_or_doubled(
 
 
 def test_a_server_that_never_answers_is_cut_at_the_deadline(
-    pg_store: PostgresStore, pg_url: str
+    pg_store: SqlStore[PgDriver], pg_url: str
 ) -> None:
     gb = run(pg_store.claim_host(B))
     pg_store.driver.deadline_s = 0.3
@@ -123,7 +125,7 @@ def test_a_server_that_never_answers_is_cut_at_the_deadline(
 
 
 def test_a_loop_blocked_by_the_process_is_not_blamed_on_the_store(
-    pg_store: PostgresStore, caplog: pytest.LogCaptureFixture
+    pg_store: SqlStore[PgDriver], caplog: pytest.LogCaptureFixture
 ) -> None:
     """An operation whose body holds the event loop past the deadline (CPU work on the loop):
     the store answered all along, so its connection is not cut and the log names the loop."""
@@ -134,7 +136,7 @@ def test_a_loop_blocked_by_the_process_is_not_blamed_on_the_store(
         time.sleep(1.6)  # holds the loop: the body runs on it (a greenlet)
         return value
 
-    assert run(pg_store._run(busy)) == 7
+    assert run(pg_store.run(busy)) == 7
     said = [r.getMessage() for r in caplog.records]
     assert any("event loop was blocked for over" in m for m in said), said
     assert not any("did not answer" in m for m in said), said
@@ -142,7 +144,7 @@ def test_a_loop_blocked_by_the_process_is_not_blamed_on_the_store(
 
 def test_errors_name_the_store_without_its_password() -> None:
     parsed = parse_store_url("postgresql://postgres:s3cret-pw@127.0.0.1:9/nowhere")
-    store = PostgresStore(parsed)  # nothing connects until it is used
+    store = postgres_store(parsed)  # nothing connects until it is used
     try:
         with pytest.raises(StoreUnavailable) as caught:
             run(store.fetch_inbound(B, 1))

@@ -20,8 +20,10 @@ from sqlalchemy import Connection, text
 from crossintercom.storage import Ack, OutboundItem, open_store
 from crossintercom.storage.blocking import run
 from crossintercom.storage.engine import PLANS_KEY
+from crossintercom.storage.pgdriver import PgDriver
 from crossintercom.storage.plans import PlanRefresh
-from crossintercom.storage.postgres import PostgresStore
+from crossintercom.storage.postgres import postgres_store
+from crossintercom.storage.sqlstore import SqlStore
 from crossintercom.storage.urls import parse_store_url
 from tests.pgharness import PgServer, create_database, drop_database
 
@@ -78,11 +80,11 @@ def _counters(admin: Admin, inserted: int) -> dict[str, int]:
 class Cycles:
     """Messages A -> B, one at a time: enqueue, fetch, ack; ``sent`` counts them."""
 
-    def __init__(self, store: PostgresStore) -> None:
+    def __init__(self, store: SqlStore[PgDriver]) -> None:
         self.gens = (run(store.claim_host(A)), run(store.claim_host(B)))
         self.sent = 0
 
-    def blocking(self, store: PostgresStore, n: int) -> None:
+    def blocking(self, store: SqlStore[PgDriver], n: int) -> None:
         ga, gb = self.gens
         for _ in range(n):
             self.sent += 1
@@ -93,7 +95,7 @@ class Cycles:
             run(store.ack(B, gb, [Ack(mid, "s1", "delivered")]))
 
 
-def _refreshes(store: PostgresStore) -> int:
+def _refreshes(store: SqlStore[PgDriver]) -> int:
     """Refreshes so far of the schedule of the pooled connection checked out now (checking
     one out is when its schedule is looked at)."""
 
@@ -107,7 +109,7 @@ def _refreshes(store: PostgresStore) -> int:
 
 def test_pooled_connections_plan_again_after_the_tables_grow(pg_url: str, admin: Admin) -> None:
     store = run(open_store(pg_url))
-    assert isinstance(store, PostgresStore)
+    assert isinstance(store, SqlStore) and isinstance(store.driver, PgDriver)
     cycles = Cycles(store)
 
     def send(n: int) -> None:
@@ -129,7 +131,7 @@ def test_pooled_connections_plan_again_after_the_tables_grow(pg_url: str, admin:
     assert {t: end[t] - start[t] for t in TABLES} == {"messages": 0, "deliveries": 0}
 
 
-def _never_refreshed(store: PostgresStore) -> None:
+def _never_refreshed(store: SqlStore[PgDriver]) -> None:
     """The store's one pooled connection with a schedule that never comes."""
 
     async def swap() -> None:
@@ -174,7 +176,7 @@ def test_without_refreshes_a_plan_of_the_empty_store_keeps_scanning(
 
 def _stale_plan(url: str) -> str:
     """The enqueue's cached plan, made on the empty store, read after the tables grew."""
-    store = PostgresStore(parse_store_url(url), pool_size=1)
+    store = postgres_store(parse_store_url(url), pool_size=1)
     try:
         _never_refreshed(store)
         cycles = Cycles(store)

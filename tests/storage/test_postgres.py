@@ -15,7 +15,8 @@ from crossintercom.storage import Ack, OutboundItem, open_store
 from crossintercom.storage import engine as db
 from crossintercom.storage import queries as q
 from crossintercom.storage.blocking import run
-from crossintercom.storage.postgres import PostgresStore
+from crossintercom.storage.pgdriver import PgDriver
+from crossintercom.storage.sqlstore import SqlStore
 from crossintercom.storage.wakeup import PostgresWaiter
 
 pytestmark = pytest.mark.pg
@@ -23,9 +24,9 @@ HOST = "bob@b"
 
 
 @pytest.fixture
-def pg_store(pg_url: str) -> Iterator[PostgresStore]:
+def pg_store(pg_url: str) -> Iterator[SqlStore[PgDriver]]:
     store = run(open_store(pg_url))
-    assert isinstance(store, PostgresStore)
+    assert isinstance(store, SqlStore) and isinstance(store.driver, PgDriver)
     yield store
     run(store.aclose())
 
@@ -38,15 +39,15 @@ def item(mid: str, host: str = HOST) -> OutboundItem:
     return OutboundItem(mid, "alice@a", host, "s1", "d" * 64, {"id": mid}, 1)
 
 
-def test_hot_queries_use_indexes(pg_store: PostgresStore) -> None:
+def test_hot_queries_use_indexes(pg_store: SqlStore[PgDriver]) -> None:
     run(pg_store.enqueue([item(f"m{i}", f"h{i % 20}") for i in range(400)]))
     statements = {
         "fetch_inbound": (
-            q.inbound(by_session=False, skip_locked=True),
+            q.inbound(by_session=False),
             {"host_id": HOST, "generation": 1, "limit": 500, "max_payload": 1 << 20},
         ),
         "fetch_inbound, by session": (
-            q.inbound(by_session=True, skip_locked=False, array=True),
+            q.inbound(by_session=True, array=True),
             {
                 "host_id": HOST,
                 "generation": 1,
@@ -82,7 +83,7 @@ def q_now() -> object:
     return datetime.now(UTC)
 
 
-def test_at_most_three_connections_per_store(pg_store: PostgresStore, pg_url: str) -> None:
+def test_at_most_three_connections_per_store(pg_store: SqlStore[PgDriver], pg_url: str) -> None:
     dbname = pg_url.rsplit("/", 1)[1]
     with pg_store.waiter(HOST) as waiter:
         threads = [
@@ -104,7 +105,7 @@ def test_at_most_three_connections_per_store(pg_store: PostgresStore, pg_url: st
 
 
 def test_listener_recovers_after_terminate_and_catches_up(
-    pg_store: PostgresStore, pg_url: str
+    pg_store: SqlStore[PgDriver], pg_url: str
 ) -> None:
     gen = run(pg_store.claim_host(HOST))
     with pg_store.waiter(HOST) as waiter:
@@ -125,7 +126,7 @@ def test_listener_recovers_after_terminate_and_catches_up(
         assert waiter.wait(5) is True
 
 
-def test_commit_lost_in_flight_is_resolved_by_id(pg_store: PostgresStore, pg_url: str) -> None:
+def test_commit_lost_in_flight_is_resolved_by_id(pg_store: SqlStore[PgDriver], pg_url: str) -> None:
     # A deferred trigger runs inside COMMIT (the enqueue's one statement in autocommit is its
     # own); while it sleeps, the backend is terminated, so the client sees its connection die
     # after the write was sent.
@@ -175,7 +176,7 @@ def test_commit_lost_in_flight_is_resolved_by_id(pg_store: PostgresStore, pg_url
 
 
 def test_stale_pooled_connections_are_discarded_and_retried(
-    pg_store: PostgresStore, pg_url: str
+    pg_store: SqlStore[PgDriver], pg_url: str
 ) -> None:
     gen = run(pg_store.claim_host(HOST))
     # Two connections in the pool, both idle.

@@ -21,7 +21,7 @@ from crossintercom.models import SessionInfo
 from crossintercom.reservations import Quotas
 from crossintercom.storage import MailboxStore, open_store
 from crossintercom.storage.blocking import run
-from crossintercom.storage.hosts import SqlHostStore
+from crossintercom.storage.sqlstore import SqlStore
 from tests.storage.test_host_roles_attack import Host, hosts  # noqa: F401  (a fixture)
 
 P = "git.example.org/team/app"
@@ -94,10 +94,10 @@ def test_any_failure_in_a_body_ends_its_transaction(sqlite_url: str) -> None:
         next(iter(rows))
         raise ValueError("Invalid isoformat string: 'not a time'")
 
-    assert isinstance(store, SqlHostStore)
+    assert isinstance(store, SqlStore)
     try:
         with pytest.raises(StoreError, match="ValueError"):
-            run(store._run(fail))
+            run(store.run(fail))
         with sqlite3.connect(path, timeout=0) as db:  # no wait: the lock is free now
             db.execute("BEGIN IMMEDIATE")
             db.execute("UPDATE hosts SET generation = generation WHERE 0")

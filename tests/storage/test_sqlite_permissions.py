@@ -19,7 +19,7 @@ import pytest
 from crossintercom.config import ENV_GROUP
 from crossintercom.storage import migrate
 from crossintercom.storage.blocking import run
-from crossintercom.storage.sqlite import SqliteStore
+from crossintercom.storage.sqlite import sqlite_store
 from crossintercom.storage.urls import parse_store_url
 from crossintercom.storage.wakeup import doorbell_dir, doorbell_path, ring_doorbell
 from tests.unixuser import SHARED_GROUP, need_root, open_dir, python_as_nobody
@@ -78,7 +78,7 @@ def test_store_files_private_under_umask_022(
     assert _journal_mode_during_a_write(db) == 0o600
     ring_doorbell(db, "some-host")
     assert _mode(doorbell_dir(db)) == 0o700
-    store = SqliteStore(parse_store_url(f"sqlite:///{db}"))
+    store = sqlite_store(parse_store_url(f"sqlite:///{db}"))
     try:
         assert run(store.trust_warnings()) == []
     finally:
@@ -119,7 +119,7 @@ def test_existing_world_readable_store_is_named(public_dir: Path) -> None:
     migrate.upgrade(f"sqlite:///{db}")
     open_dir(doorbell_dir(db)).chmod(0o757)
     db.chmod(0o644)
-    store = SqliteStore(parse_store_url(f"sqlite:///{db}"))
+    store = sqlite_store(parse_store_url(f"sqlite:///{db}"))
     try:
         warnings = run(store.trust_warnings())
     finally:
@@ -170,7 +170,7 @@ def test_a_store_dir_others_may_write_is_named(public_dir: Path) -> None:
     )
     assert planted.returncode == 0, planted.stderr
     os.unlink(f"{db}-journal")
-    store = SqliteStore(parse_store_url(f"sqlite:///{db}"))
+    store = sqlite_store(parse_store_url(f"sqlite:///{db}"))
     try:
         warnings = run(store.trust_warnings())
     finally:
