@@ -89,6 +89,7 @@ class Relay(RelayCore):
         super().__init__(settings, store)
         self.archiver = Archiver(archive, self.host) if archive is not None else None
         self.leases = LeaseTracker(settings.lease_s, heartbeat_s=settings.heartbeat_s)
+        self._counting: asyncio.Task[None] | None = None
         self.outbound = Outbound(self)
         self.inbound = Inbound(self, self.outbound)
         self.late_receipts = LateReceipts(self)
@@ -158,6 +159,8 @@ class Relay(RelayCore):
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await t
             stopper.cancel()
+            if self._counting is not None:
+                self._counting.cancel()
             self.notifier.stopping(f"stopping: host {self.host}")
             await self._say_goodbye()
             await self.client.close()
@@ -413,17 +416,23 @@ class Relay(RelayCore):
             except StoreError as exc:
                 log.warning("roster import failed: %s", exc.message)
 
-    async def _read_broker_counts(self) -> None:
-        """Held mail and dead letters for the metrics: the broker keeps them, not the store."""
+    def _count_broker_mail(self) -> None:
+        """Held mail and dead letters for the metrics, asked of the broker (which keeps them,
+        not the store) on a task of its own: a broker that does not answer (frozen, busy) must
+        never hold the heartbeat up. One request at a time."""
         client = self.client
         if client is None or not client.connected.is_set():
             return
-        try:
-            counts = await client.counts()
-        except CrossintercomError as exc:
-            log.debug("broker status for the metrics: %s", exc.message)
+        if self._counting is not None and not self._counting.done():
             return
-        self.metrics.broker_counts(counts)
+
+        async def count() -> None:
+            try:
+                self.metrics.broker_counts(await client.counts())
+            except CrossintercomError as exc:
+                log.debug("broker counts for the metrics: %s", exc.message)
+
+        self._counting = asyncio.get_running_loop().create_task(count())
 
     async def _heartbeat_loop(self) -> None:
         # One transaction per heartbeat_s when idle: the heartbeat, whose answer carries the
@@ -441,7 +450,7 @@ class Relay(RelayCore):
                     self.metrics.queued(await self.store.queued_mail(self.host))
                     gen = self.generation
                     self.metrics.reserved(await self.store.reservation_counts(self.host, gen))
-                    await self._read_broker_counts()
+                    self._count_broker_mail()
                 self.report_store(self.stuck.warning)
                 if self._published is None or self.local_sessions != self._published:
                     await self._publish_roster()
