@@ -141,7 +141,7 @@ def resend_cmd(
     result_exit(result, as_json)
 
 
-def _inbound_out(state: Any, as_json: bool, releasing: bool = False) -> None:
+def _inbound_out(state: Any, as_json: bool, unholding: bool = False) -> None:
     out = inbound_json(state)
     if as_json:
         emit_json(out)
@@ -151,7 +151,7 @@ def _inbound_out(state: Any, as_json: bool, releasing: bool = False) -> None:
         click.echo(f"{f(pattern)}: {f(action)}")
     if not out["rules"]:
         click.echo("no rules: every sender is accepted")
-    if releasing:
+    if unholding:
         click.echo(f"released {out['released']}")
     for h in out["held"]:
         click.echo(f"held {f(h['id'])} from {f(h['from'])}: {f(h['message'])[:120]}")
@@ -198,7 +198,7 @@ def inbound_cmd(
 @click.option("--all", "everything", is_flag=True, help="Release all held mail.")
 @json_option
 @click.argument("ids", nargs=-1, metavar="ID...")
-def release_cmd(
+def unhold_cmd(
     as_name: str, session_id: str | None, everything: bool, as_json: bool, ids: tuple[str, ...]
 ) -> None:
     """Release mail NAME's inbound policy held: it is delivered (shown, and wakes) as mail
@@ -212,8 +212,8 @@ def release_cmd(
             missing = [terminal_line(i) for i in ids if i not in held]
             if missing:
                 raise UsageError(f"no held message {', '.join(missing)} for {as_name}")
-        state = _policy(client, release=["*"] if everything else list(ids))
-    _inbound_out(state, as_json, releasing=True)
+        state = _policy(client, unhold=["*"] if everything else list(ids))
+    _inbound_out(state, as_json, unholding=True)
 
 
-COMMANDS = (ack_cmd, acks_cmd, dead_letters_cmd, resend_cmd, inbound_cmd, release_cmd)
+COMMANDS = (ack_cmd, acks_cmd, dead_letters_cmd, resend_cmd, inbound_cmd, unhold_cmd)

@@ -14,11 +14,12 @@ async def inbound_policy(
     client: AsyncClient,
     pattern: str | None = None,
     action: str | None = None,
-    release: list[str] | None = None,
+    unhold: list[str] | None = None,
 ) -> p.InboundState:
     """The session's rules and held mail, after setting ``pattern``'s rule (``action`` None
-    removes it) and releasing ``release`` (``["*"]``: all held mail), when given."""
-    frame = p.InboundPolicy(0, pattern, action, release)
+    removes it) and letting the held mail ``unhold`` names out of the hold (``["*"]``: all of
+    it), when given."""
+    frame = p.InboundPolicy(0, pattern, action, unhold)
     return expect(await client.request(frame), p.InboundState)
 
 

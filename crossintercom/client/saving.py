@@ -94,7 +94,7 @@ class SavesDeliveries:
                 acks.append(p.Ack(item.key))
                 shown.append(Incoming("receipt", receipt=item))
             elif waiter is None and not fresh and (conflict := self._conflict(item)):
-                # The id was reused for another payload after its dedup record was released
+                # The id was reused for another payload after its dedup record was discarded
                 # (or that cannot be told now): not saved, so not reported delivered.
                 acks.append(p.Ack(item.id, conflict))
             else:

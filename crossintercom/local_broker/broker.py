@@ -284,7 +284,7 @@ class Broker:
         self.health.acked(conn.session_id, f.refused)
 
     async def _on_confirm(self, conn: Conn, f: p.Confirm) -> None:
-        self.authority.release_many(f.ids)
+        self.authority.discard_many(f.ids)
 
     # --- frames from the relay ------------------------------------------------------------------
 
@@ -349,10 +349,10 @@ class Broker:
                 log.info("idle: exiting")
                 self._stop.set()
                 return
-            # Released dedup records not carried by a later write: one DELETE per tick at most.
+            # Discarded dedup records not carried by a later write: one DELETE per tick at most.
             # A failed one stays pending for the next write; the disk error shows on sends.
             with contextlib.suppress(AuthorityUnavailable):
-                self.authority.flush_released()
+                self.authority.flush_discarded()
             if now - last_sweep >= self.settings.sweep_interval_s:
                 last_sweep = now
                 self._sweep()

@@ -106,7 +106,7 @@ class Ack(msgspec.Struct, tag="ack", frozen=True, omit_defaults=True):
 
 
 class Confirm(msgspec.Struct, tag="confirm", frozen=True):
-    """The sender has these outcomes; the broker may release their dedup records."""
+    """The sender has these outcomes; the broker may discard their dedup records."""
 
     ids: Annotated[list[MessageId], msgspec.Meta(max_length=MAX_IDS)]
 

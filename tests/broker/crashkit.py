@@ -46,7 +46,7 @@ def start_ask(env: dict[str, str], text: str) -> subprocess.Popen[str]:
 
 
 def asker_confirmed(home: Path) -> bool:
-    """The asker confirmed its `delivered` outcome: the broker released the dedup record."""
+    """The asker confirmed its `delivered` outcome: the broker discarded the dedup record."""
     with RawConn(home) as conn:
         return bool(conn.request({"type": "status"})["dedup"]["records"] == 0)
 

@@ -61,19 +61,19 @@ def open_auth(
 
 def test_decisions(open_auth: Callable[..., DedupAuthority]) -> None:
     auth = open_auth()
-    assert auth.reserve("m1", b"payload") == Decision(DecisionKind.NEW)
-    assert auth.reserve("m1", b"payload") == Decision(DecisionKind.UNCERTAIN)
-    assert auth.reserve("m1", b"payload", remote=True) == Decision(DecisionKind.FORWARD_AGAIN)
-    assert auth.reserve("m1", b"other") == Decision(DecisionKind.CONFLICT)
+    assert auth.lodge("m1", b"payload") == Decision(DecisionKind.NEW)
+    assert auth.lodge("m1", b"payload") == Decision(DecisionKind.UNCERTAIN)
+    assert auth.lodge("m1", b"payload", remote=True) == Decision(DecisionKind.FORWARD_AGAIN)
+    assert auth.lodge("m1", b"other") == Decision(DecisionKind.CONFLICT)
     auth.accept("m1", OUTCOME)
-    assert auth.reserve("m1", b"payload") == Decision(DecisionKind.RETAINED, OUTCOME)
-    assert auth.reserve("m1", b"payload", remote=True) == Decision(DecisionKind.RETAINED, OUTCOME)
-    assert auth.reserve("m1", b"other").kind is DecisionKind.CONFLICT
+    assert auth.lodge("m1", b"payload") == Decision(DecisionKind.RETAINED, OUTCOME)
+    assert auth.lodge("m1", b"payload", remote=True) == Decision(DecisionKind.RETAINED, OUTCOME)
+    assert auth.lodge("m1", b"other").kind is DecisionKind.CONFLICT
 
 
 def test_files_created_private_and_hold_no_text(tmp_path: Path) -> None:
     with DedupAuthority(tmp_path) as auth:
-        auth.reserve("m1", b"a very secret message text")
+        auth.lodge("m1", b"a very secret message text")
         auth.accept("m1", OUTCOME)
     key = tmp_path / DedupAuthority.KEY
     assert key.stat().st_mode & 0o777 == 0o600
@@ -85,24 +85,24 @@ def test_files_created_private_and_hold_no_text(tmp_path: Path) -> None:
 
 def test_outcome_with_text_refused(open_auth: Callable[..., DedupAuthority]) -> None:
     auth = open_auth()
-    auth.reserve("m1", b"p")
+    auth.lodge("m1", b"p")
     with pytest.raises(ValueError, match="text"):
         auth.accept("m1", {"id": "m1", "receipts": [{"text": "hello"}]})
     with pytest.raises(KeyError):
         auth.accept("nope", OUTCOME)
-    assert auth.reserve("m1", b"p").kind is DecisionKind.UNCERTAIN
+    assert auth.lodge("m1", b"p").kind is DecisionKind.UNCERTAIN
 
 
 def test_accept_survives_restart(open_auth: Callable[..., DedupAuthority]) -> None:
     auth = open_auth()
-    auth.reserve("m1", b"p")
-    auth.reserve("m2", b"q")
+    auth.lodge("m1", b"p")
+    auth.lodge("m2", b"q")
     auth.accept("m1", OUTCOME)
     auth.close()
     auth = open_auth()
-    assert auth.reserve("m1", b"p") == Decision(DecisionKind.RETAINED, OUTCOME)
-    assert auth.reserve("m2", b"q").kind is DecisionKind.UNCERTAIN
-    assert auth.reserve("m2", b"x").kind is DecisionKind.CONFLICT
+    assert auth.lodge("m1", b"p") == Decision(DecisionKind.RETAINED, OUTCOME)
+    assert auth.lodge("m2", b"q").kind is DecisionKind.UNCERTAIN
+    assert auth.lodge("m2", b"x").kind is DecisionKind.CONFLICT
     assert auth.stats()[0] == 2
 
 
@@ -112,47 +112,45 @@ def test_second_open_refused_while_in_use(open_auth: Callable[..., DedupAuthorit
         open_auth()
 
 
-def test_release_and_abandon(open_auth: Callable[..., DedupAuthority]) -> None:
+def test_discard_and_abandon(open_auth: Callable[..., DedupAuthority]) -> None:
     auth = open_auth()
-    auth.reserve("m1", b"p")
+    auth.lodge("m1", b"p")
     auth.accept("m1", OUTCOME)
     with pytest.raises(ValueError, match="accepted"):
         auth.abandon("m1")
-    auth.release("m1")
-    auth.release("m1")  # a repeated confirmation is harmless
+    auth.discard("m1")
+    auth.discard("m1")  # a repeated confirmation is harmless
     assert auth.stats() == (0, 0)
-    assert auth.reserve("m1", b"p").kind is DecisionKind.NEW
+    assert auth.lodge("m1", b"p").kind is DecisionKind.NEW
     auth.abandon("m1")
-    assert auth.reserve("m1", b"other").kind is DecisionKind.NEW
+    assert auth.lodge("m1", b"other").kind is DecisionKind.NEW
     auth.abandon("never-seen")
     for i in range(5):
-        auth.reserve(f"b{i}", b"p")
+        auth.lodge(f"b{i}", b"p")
     auth.accept_many([(f"b{i}", {"id": f"b{i}"}) for i in range(3)])
-    auth.release_many([f"b{i}" for i in range(5)] + ["unknown", "b0"])
+    auth.discard_many([f"b{i}" for i in range(5)] + ["unknown", "b0"])
     assert auth.stats() == (1, auth.stats()[1])  # only m1 left
     auth.close()
     auth = open_auth()
-    assert auth.reserve("b0", b"p").kind is DecisionKind.NEW
-    assert (
-        auth.reserve("m1", b"p").kind is DecisionKind.CONFLICT
-    )  # m1 was re-reserved with b"other"
+    assert auth.lodge("b0", b"p").kind is DecisionKind.NEW
+    assert auth.lodge("m1", b"p").kind is DecisionKind.CONFLICT  # m1 was re-lodged with b"other"
 
 
-def test_release_then_reserve_again_keeps_the_new_record(
+def test_discard_then_lodge_again_keeps_the_new_record(
     open_auth: Callable[..., DedupAuthority],
 ) -> None:
     auth = open_auth()
-    auth.reserve("m1", b"p")
+    auth.lodge("m1", b"p")
     auth.accept("m1", OUTCOME)
-    auth.release("m1")
+    auth.discard("m1")
     assert (
-        auth.reserve("m1", b"second").kind is DecisionKind.NEW
+        auth.lodge("m1", b"second").kind is DecisionKind.NEW
     )  # DELETE then INSERT, one transaction
-    auth.flush_released()  # nothing pending: no write
+    auth.flush_discarded()  # nothing pending: no write
     auth.close()
     auth = open_auth()
-    assert auth.reserve("m1", b"second").kind is DecisionKind.UNCERTAIN
-    assert auth.reserve("m1", b"p").kind is DecisionKind.CONFLICT
+    assert auth.lodge("m1", b"second").kind is DecisionKind.UNCERTAIN
+    assert auth.lodge("m1", b"p").kind is DecisionKind.CONFLICT
 
 
 def test_synchronous_level(tmp_path: Path) -> None:
@@ -169,18 +167,18 @@ def test_synchronous_level(tmp_path: Path) -> None:
 
 def test_ttl_expiry(open_auth: Callable[..., DedupAuthority], mono: FakeClock) -> None:
     auth = open_auth(ttl_s=720.0)
-    auth.reserve("m1", b"p")
+    auth.lodge("m1", b"p")
     mono.now += 100
-    auth.reserve("m2", b"p")
+    auth.lodge("m2", b"p")
     auth.accept("m2", OUTCOME)
     mono.now += 619.9
     assert auth.sweep() == 0
-    assert auth.reserve("m1", b"p").kind is DecisionKind.UNCERTAIN
+    assert auth.lodge("m1", b"p").kind is DecisionKind.UNCERTAIN
     mono.now += 0.1
     assert (
-        auth.reserve("m1", b"other").kind is DecisionKind.NEW
+        auth.lodge("m1", b"other").kind is DecisionKind.NEW
     )  # m1 expired, so the id is free again
-    assert auth.reserve("m2", b"p").kind is DecisionKind.RETAINED
+    assert auth.lodge("m2", b"p").kind is DecisionKind.RETAINED
     mono.now += 100
     assert auth.sweep() == 1
     assert auth.stats()[0] == 1
@@ -190,14 +188,14 @@ def test_wall_jump_in_process_ignored(
     open_auth: Callable[..., DedupAuthority], mono: FakeClock, wall: FakeClock
 ) -> None:
     auth = open_auth()
-    auth.reserve("m1", b"p")
+    auth.lodge("m1", b"p")
     wall.now += 86_400
     mono.now += 1
     assert auth.sweep() == 0
-    assert auth.reserve("m1", b"p").kind is DecisionKind.UNCERTAIN
+    assert auth.lodge("m1", b"p").kind is DecisionKind.UNCERTAIN
     wall.now -= 2 * 86_400
     mono.now += 718
-    assert auth.reserve("m1", b"p").kind is DecisionKind.UNCERTAIN
+    assert auth.lodge("m1", b"p").kind is DecisionKind.UNCERTAIN
     mono.now += 1
     assert auth.sweep() == 1
 
@@ -206,18 +204,18 @@ def test_wall_jump_backwards_across_restart(
     open_auth: Callable[..., DedupAuthority], mono: FakeClock, wall: FakeClock
 ) -> None:
     auth = open_auth()
-    auth.reserve("m1", b"p")
+    auth.lodge("m1", b"p")
     auth.close()
     wall.now -= 3_600  # the record now looks like it has 4,320 s left
     mono.now += 5
     auth = open_auth()
     mono.now += 719
-    assert auth.reserve("m1", b"p").kind is DecisionKind.UNCERTAIN
+    assert auth.lodge("m1", b"p").kind is DecisionKind.UNCERTAIN
     mono.now += 1
     assert auth.sweep() == 1
 
     # The clamp is persisted: a later restart cannot add another ttl_s.
-    auth.reserve("m2", b"p")
+    auth.lodge("m2", b"p")
     auth.close()
     wall.now -= 3_600
     auth = open_auth()
@@ -226,7 +224,7 @@ def test_wall_jump_backwards_across_restart(
     mono.now += 600
     auth = open_auth()
     mono.now += 119
-    assert auth.reserve("m2", b"p").kind is DecisionKind.UNCERTAIN
+    assert auth.lodge("m2", b"p").kind is DecisionKind.UNCERTAIN
     mono.now += 1
     assert auth.sweep() == 1
 
@@ -235,14 +233,14 @@ def test_wall_jump_forwards_across_restart_expires_early(
     open_auth: Callable[..., DedupAuthority], wall: FakeClock
 ) -> None:
     auth = open_auth()
-    auth.reserve("m1", b"p")
-    auth.reserve("m2", b"p")
+    auth.lodge("m1", b"p")
+    auth.lodge("m2", b"p")
     auth.accept("m2", OUTCOME)
     auth.close()
     wall.now += 3_600
     auth = open_auth()
     assert auth.stats() == (0, 0)
-    assert auth.reserve("m1", b"p").kind is DecisionKind.NEW
+    assert auth.lodge("m1", b"p").kind is DecisionKind.NEW
 
 
 # -- bounds ------------------------------------------------------------------------------------
@@ -253,42 +251,42 @@ def test_record_bound_refuses_new_keeps_old(
 ) -> None:
     auth = open_auth(max_records=3)
     for i in range(3):
-        assert auth.reserve(f"m{i}", b"p").kind is DecisionKind.NEW
+        assert auth.lodge(f"m{i}", b"p").kind is DecisionKind.NEW
     auth.accept("m0", OUTCOME)
-    assert auth.reserve("m3", b"p").kind is DecisionKind.OVER_CAPACITY
-    assert auth.reserve("m0", b"p").kind is DecisionKind.RETAINED
-    assert auth.reserve("m1", b"p").kind is DecisionKind.UNCERTAIN
-    assert auth.reserve("m2", b"x").kind is DecisionKind.CONFLICT
-    auth.release("m1")
-    assert auth.reserve("m3", b"p").kind is DecisionKind.NEW
-    assert auth.reserve("m4", b"p").kind is DecisionKind.OVER_CAPACITY
-    mono.now += 720  # everything expires; reserve sweeps before refusing
-    assert auth.reserve("m4", b"p").kind is DecisionKind.NEW
+    assert auth.lodge("m3", b"p").kind is DecisionKind.OVER_CAPACITY
+    assert auth.lodge("m0", b"p").kind is DecisionKind.RETAINED
+    assert auth.lodge("m1", b"p").kind is DecisionKind.UNCERTAIN
+    assert auth.lodge("m2", b"x").kind is DecisionKind.CONFLICT
+    auth.discard("m1")
+    assert auth.lodge("m3", b"p").kind is DecisionKind.NEW
+    assert auth.lodge("m4", b"p").kind is DecisionKind.OVER_CAPACITY
+    mono.now += 720  # everything expires; lodge sweeps before refusing
+    assert auth.lodge("m4", b"p").kind is DecisionKind.NEW
     assert auth.stats()[0] == 1
 
 
 def test_byte_bound(open_auth: Callable[..., DedupAuthority], mono: FakeClock) -> None:
     auth = open_auth(max_bytes=400)
-    assert auth.reserve("m1", b"p").kind is DecisionKind.NEW
-    per_reservation = auth.stats()[1]
-    assert per_reservation >= 64 + 64
+    assert auth.lodge("m1", b"p").kind is DecisionKind.NEW
+    per_record = auth.stats()[1]
+    assert per_record >= 64 + 64
     auth.accept("m1", {"id": "m1", "receipts": ["r" * 200]})
-    assert auth.stats()[1] > per_reservation + 200
-    assert auth.reserve("m2", b"p").kind is DecisionKind.OVER_CAPACITY
-    assert auth.reserve("m1", b"p").kind is DecisionKind.RETAINED
+    assert auth.stats()[1] > per_record + 200
+    assert auth.lodge("m2", b"p").kind is DecisionKind.OVER_CAPACITY
+    assert auth.lodge("m1", b"p").kind is DecisionKind.RETAINED
     mono.now += 720
     assert auth.sweep() == 1
     assert auth.stats() == (0, 0)
-    assert auth.reserve("m2", b"p").kind is DecisionKind.NEW
+    assert auth.lodge("m2", b"p").kind is DecisionKind.NEW
 
 
 def test_sustained_traffic_never_hits_bound(tmp_path: Path) -> None:
     with DedupAuthority(tmp_path, max_records=10_000) as auth:
         for i in range(20_000):
             op_id = f"op-{i}"
-            assert auth.reserve(op_id, op_id.encode()).kind is DecisionKind.NEW
+            assert auth.lodge(op_id, op_id.encode()).kind is DecisionKind.NEW
             auth.accept(op_id, {"id": op_id, "outcome": "delivered"})
-            auth.release(op_id)
+            auth.discard(op_id)
         assert auth.stats() == (0, 0)
 
 
@@ -297,9 +295,9 @@ def test_sustained_traffic_never_hits_bound(tmp_path: Path) -> None:
 _IDS = st.sampled_from(["a", "b", "c", "d", "e"])
 _PAYLOADS = st.sampled_from([b"p", b"q"])
 _STEPS = st.one_of(
-    st.tuples(st.just("reserve"), _IDS, _PAYLOADS, st.booleans()),
+    st.tuples(st.just("lodge"), _IDS, _PAYLOADS, st.booleans()),
     st.tuples(st.just("accept"), _IDS, st.integers(0, 3)),
-    st.tuples(st.just("release"), _IDS),
+    st.tuples(st.just("discard"), _IDS),
     st.tuples(st.just("abandon"), _IDS),
     st.tuples(
         st.just("reopen"),
@@ -308,7 +306,7 @@ _STEPS = st.one_of(
 _MAX = 3
 
 
-def _model_reserve(
+def _model_lodge(
     model: dict[str, tuple[bytes, dict[str, Any] | None]], op_id: str, payload: bytes, remote: bool
 ) -> Decision:
     if op_id not in model:
@@ -339,9 +337,9 @@ def test_matches_dict_model(steps: list[tuple[Any, ...]]) -> None:
         try:
             for step in steps:
                 match step:
-                    case ("reserve", op_id, payload, remote):
-                        expected = _model_reserve(model, op_id, payload, remote)
-                        assert auth.reserve(op_id, payload, remote=remote) == expected
+                    case ("lodge", op_id, payload, remote):
+                        expected = _model_lodge(model, op_id, payload, remote)
+                        assert auth.lodge(op_id, payload, remote=remote) == expected
                     case ("accept", op_id, n):
                         outcome = {"id": op_id, "n": n}
                         if op_id in model:
@@ -350,8 +348,8 @@ def test_matches_dict_model(steps: list[tuple[Any, ...]]) -> None:
                         else:
                             with pytest.raises(KeyError):
                                 auth.accept(op_id, outcome)
-                    case ("release", op_id):
-                        auth.release(op_id)
+                    case ("discard", op_id):
+                        auth.discard(op_id)
                         model.pop(op_id, None)
                     case ("abandon", op_id):
                         if op_id in model and model[op_id][1] is not None:

@@ -19,7 +19,7 @@ from crossintercom.local_broker.authority.dedup import DecisionKind, DedupAuthor
 def _make_authority(directory: Path) -> None:
     with DedupAuthority(directory) as auth:
         for i in range(50):
-            auth.reserve(f"m{i}", f"payload {i}".encode())
+            auth.lodge(f"m{i}", f"payload {i}".encode())
             auth.accept(f"m{i}", {"id": f"m{i}", "outcome": "delivered"})
 
 
@@ -107,7 +107,7 @@ def _outcome_not_object(d: Path) -> None:
     _raw_sql(d, "UPDATE ops SET outcome = '[1, 2]' WHERE op_id = 'm4'")
 
 
-def _reservation_with_outcome(d: Path) -> None:
+def _lodged_with_outcome(d: Path) -> None:
     _raw_sql(d, "UPDATE ops SET state = 'reserved' WHERE op_id = 'm5'")
 
 
@@ -137,7 +137,7 @@ CORRUPTIONS = [
     _unknown_state,
     _outcome_not_json,
     _outcome_not_object,
-    _reservation_with_outcome,
+    _lodged_with_outcome,
     _bad_expiry,
     _newer_schema,
 ]
@@ -161,7 +161,7 @@ def test_bad_files_refused_then_reset(tmp_path: Path, corrupt: Callable[[Path], 
     assert moved
     assert all(".bad-" in p.name and os.path.lexists(p) for p in moved)
     with DedupAuthority(tmp_path) as auth:
-        assert auth.reserve("m1", b"payload 1").kind is DecisionKind.NEW
+        assert auth.lodge("m1", b"payload 1").kind is DecisionKind.NEW
 
 
 def test_reset_keeps_the_moved_copy_readable(tmp_path: Path) -> None:

@@ -1,5 +1,5 @@
 """The dedup authority's records across a SIGKILL of the process holding it
-(docs/delivery.md): what was written survives, a release lost with the process only brings its
+(docs/delivery.md): what was written survives, a discard lost with the process only brings its
 accepted record back."""
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import sys
 from pathlib import Path
 from crossintercom.local_broker.authority.dedup import DecisionKind, DedupAuthority
 auth = DedupAuthority(Path(sys.argv[1]))
-assert auth.reserve("reserved-only", b"p").kind is DecisionKind.NEW
-assert auth.reserve("accepted", b"q").kind is DecisionKind.NEW
+assert auth.lodge("lodged-only", b"p").kind is DecisionKind.NEW
+assert auth.lodge("accepted", b"q").kind is DecisionKind.NEW
 auth.accept("accepted", {"id": "accepted", "outcome": "queued"})
 print("ready", flush=True)
 sys.stdin.read()
@@ -45,9 +45,9 @@ def _kill_when_ready(script: str, directory: Path) -> None:
 def test_records_survive_sigkill(tmp_path: Path) -> None:
     _kill_when_ready(_CHILD, tmp_path)
     with DedupAuthority(tmp_path) as auth:
-        assert auth.reserve("reserved-only", b"p").kind is DecisionKind.UNCERTAIN
-        assert auth.reserve("reserved-only", b"p", remote=True).kind is DecisionKind.FORWARD_AGAIN
-        assert auth.reserve("accepted", b"q") == Decision(
+        assert auth.lodge("lodged-only", b"p").kind is DecisionKind.UNCERTAIN
+        assert auth.lodge("lodged-only", b"p", remote=True).kind is DecisionKind.FORWARD_AGAIN
+        assert auth.lodge("accepted", b"q") == Decision(
             DecisionKind.RETAINED, {"id": "accepted", "outcome": "queued"}
         )
 
@@ -58,30 +58,30 @@ from pathlib import Path
 from crossintercom.local_broker.authority.dedup import DecisionKind, DedupAuthority
 auth = DedupAuthority(Path(sys.argv[1]))
 for op_id in ("carried", "pending"):
-    assert auth.reserve(op_id, b"p").kind is DecisionKind.NEW
+    assert auth.lodge(op_id, b"p").kind is DecisionKind.NEW
     auth.accept(op_id, {"id": op_id, "outcome": "delivered"})
-auth.release("carried")
-assert auth.reserve("next", b"n").kind is DecisionKind.NEW  # carries the DELETE of "carried"
-auth.release("pending")  # nothing writes after it
-# released: unknown at once, in memory
-assert auth.reserve("pending", b"p").kind is DecisionKind.NEW
-auth.abandon("pending")  # the DELETE of the release and of the abandon, one transaction
-assert auth.reserve("kept", b"k").kind is DecisionKind.NEW
+auth.discard("carried")
+assert auth.lodge("next", b"n").kind is DecisionKind.NEW  # carries the DELETE of "carried"
+auth.discard("pending")  # nothing writes after it
+# discarded: unknown at once, in memory
+assert auth.lodge("pending", b"p").kind is DecisionKind.NEW
+auth.abandon("pending")  # the DELETE of the discard and of the abandon, one transaction
+assert auth.lodge("kept", b"k").kind is DecisionKind.NEW
 auth.accept("kept", {"id": "kept", "outcome": "delivered"})
-auth.release("kept")
+auth.discard("kept")
 print("ready", flush=True)
 sys.stdin.read()
 """
 
 
-def test_batched_release_after_sigkill(tmp_path: Path) -> None:
-    """A release's DELETE rides in the next write; one lost with the process only brings the
+def test_batched_discard_after_sigkill(tmp_path: Path) -> None:
+    """A discard's DELETE rides in the next write; one lost with the process only brings the
     accepted record back (a duplicate is suppressed a little longer, never let through)."""
     _kill_when_ready(_RELEASE_CHILD, tmp_path)
     with DedupAuthority(tmp_path) as auth:
-        assert auth.reserve("carried", b"other").kind is DecisionKind.NEW
-        assert auth.reserve("pending", b"other").kind is DecisionKind.NEW
-        assert auth.reserve("next", b"n").kind is DecisionKind.UNCERTAIN
-        assert auth.reserve("kept", b"k") == Decision(
+        assert auth.lodge("carried", b"other").kind is DecisionKind.NEW
+        assert auth.lodge("pending", b"other").kind is DecisionKind.NEW
+        assert auth.lodge("next", b"n").kind is DecisionKind.UNCERTAIN
+        assert auth.lodge("kept", b"k") == Decision(
             DecisionKind.RETAINED, {"id": "kept", "outcome": "delivered"}
         )

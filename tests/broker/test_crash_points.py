@@ -48,8 +48,8 @@ from tests.procs import (
 @pytest.mark.parametrize(
     ("point", "outcome", "code", "held"),
     [
-        # Reserved, never forwarded: the retry finds only a reservation for a local target.
-        ("after_reserve", Outcome.UNKNOWN, "uncertain", 0),
+        # Lodged, never forwarded: the retry finds only a lodged record for a local target.
+        ("after_lodge", Outcome.UNKNOWN, "uncertain", 0),
         # The recipient saved and acked it; the broker died before recording acceptance.
         ("after_forward", Outcome.UNKNOWN, "uncertain", 1),
         # Accepted, the sender never heard: the retry gets the retained outcome.
@@ -98,7 +98,7 @@ def test_broker_killed_during_send(
 @pytest.mark.parametrize(
     ("point", "rc", "held"),
     [
-        ("after_reserve", EXIT_UNKNOWN, 0),
+        ("after_lodge", EXIT_UNKNOWN, 0),
         ("after_forward", EXIT_UNKNOWN, 1),
         ("after_accept", 0, 1),
     ],
@@ -185,7 +185,7 @@ def test_sender_killed_mid_retry(
     try:
         assert broker.wait_dead() == -signal.SIGKILL
         # Make every spawn fail until we say so: one authority file absent stops a broker at
-        # start (the sqlite file stays, with the bare reservation in it).
+        # start (the sqlite file stays, with the bare lodged record in it).
         key = home / "delivered-messages.key"
         aside = home / "key.aside"
         os.rename(key, aside)
@@ -251,13 +251,13 @@ def test_message_id_reuse(
     confirmed = alice.send("bob", "one", message_id=mid)  # retained again, and now confirmed
     assert (confirmed.id, confirmed.outcome) == (mid, Outcome.DELIVERED)
     assert incoming_ids(bob, 0.5) == []
-    # Confirmed: the record is released, so the same id is a new operation. Observed: it is
+    # Confirmed: the record is discarded, so the same id is a new operation. Observed: it is
     # forwarded again and acked; the inbox holds it once and the client does not hand the repeat
     # to the application, so the sender is told `delivered` and the recipient sees one message.
     again = alice.send("bob", "one", message_id=mid)
     assert (again.id, again.outcome) == (mid, Outcome.DELIVERED)
     assert incoming_ids(bob, 0.5) == []
-    # A different payload under the released id cannot be saved (the inbox keeps the first one):
+    # A different payload under the discarded id cannot be saved (the inbox keeps the first one):
     # the recipient refuses it rather than let the sender believe it was delivered.
     other = alice.send("bob", "three", message_id=mid)
     assert (other.id, other.outcome, other.code) == (mid, Outcome.REFUSED, "id_conflict")

@@ -130,7 +130,7 @@ def test_ask_beside_own_listener_gets_reply_after_broker_restart(
     assert incoming_ids(alice, 0.5) == []  # not also shown to the listener as a late reply
 
 
-@pytest.mark.parametrize(("point", "held"), [("after_reserve", 0), ("after_forward", 1)])
+@pytest.mark.parametrize(("point", "held"), [("after_lodge", 0), ("after_forward", 1)])
 def test_ask_broker_killed_during_delivery(
     point: str,
     held: int,

@@ -20,9 +20,9 @@ def test_one_turn_is_one_group_and_durable(tmp_path: Path) -> None:
             commits.busy = 22  # sends under way: they share a group
             return list(
                 await asyncio.gather(
-                    *(commits.reserve(f"m{i}", b"p", remote=False) for i in range(20)),
-                    commits.reserve("m0", b"p", remote=False),  # the same id again
-                    commits.reserve("m1", b"other", remote=True),
+                    *(commits.lodge(f"m{i}", b"p", remote=False) for i in range(20)),
+                    commits.lodge("m0", b"p", remote=False),  # the same id again
+                    commits.lodge("m1", b"other", remote=True),
                 )
             )
 
@@ -35,16 +35,16 @@ def test_one_turn_is_one_group_and_durable(tmp_path: Path) -> None:
         assert again.stats()[0] == 20
 
 
-def test_a_reservation_beside_its_ids_acceptance_sees_the_retained_outcome(
+def test_lodging_an_id_beside_its_acceptance_sees_the_retained_outcome(
     tmp_path: Path,
 ) -> None:
     async def main() -> tuple[Decision, Decision]:
         with DedupAuthority(tmp_path) as auth:
             commits = GroupCommit(auth)
-            first = await commits.reserve("m1", b"p", remote=False)  # alone: written at once
+            first = await commits.lodge("m1", b"p", remote=False)  # alone: written at once
             commits.busy = 2
             accepting = asyncio.ensure_future(commits.accept("m1", OUTCOME))
-            retry = await commits.reserve("m1", b"p", remote=False)
+            retry = await commits.lodge("m1", b"p", remote=False)
             await accepting
             return first, retry
 
@@ -58,7 +58,7 @@ def test_a_lone_send_writes_without_waiting_for_the_loop(tmp_path: Path) -> None
         with DedupAuthority(tmp_path) as auth:
             commits = GroupCommit(auth)
             commits.busy = 1
-            task = asyncio.ensure_future(commits.reserve("m1", b"p", remote=False))
+            task = asyncio.ensure_future(commits.lodge("m1", b"p", remote=False))
             await asyncio.sleep(0)  # one step of the task: enough when nothing else is under way
             assert task.done()
             return task.result()

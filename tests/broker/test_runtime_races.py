@@ -170,7 +170,7 @@ from pathlib import Path
 from crossintercom.local_broker.authority.dedup import DedupAuthority
 from crossintercom.local_broker.state.store import BrokerState
 with DedupAuthority(Path(sys.argv[1])) as auth:
-    auth.reserve("m-1", b"payload")
+    auth.lodge("m-1", b"payload")
 """
 
 

@@ -80,15 +80,15 @@ def test_weakest_order() -> None:
         (DecisionKind.UNCERTAIN, Outcome.UNKNOWN, "uncertain"),
     ],
 )
-def test_reserved_answers(kind: DecisionKind, outcome: Outcome, code: str) -> None:
-    got = outcomes.reserved(Decision(kind), "m")
+def test_lodged_answers(kind: DecisionKind, outcome: Outcome, code: str) -> None:
+    got = outcomes.lodged(Decision(kind), "m")
     assert got is not None
     assert (got.id, got.outcome, got.code) == ("m", outcome, code)
 
 
-def test_reserved_goes_ahead_for_new_and_forward_again() -> None:
-    assert outcomes.reserved(Decision(DecisionKind.NEW), "m") is None
-    assert outcomes.reserved(Decision(DecisionKind.FORWARD_AGAIN), "m") is None
+def test_lodged_goes_ahead_for_new_and_forward_again() -> None:
+    assert outcomes.lodged(Decision(DecisionKind.NEW), "m") is None
+    assert outcomes.lodged(Decision(DecisionKind.FORWARD_AGAIN), "m") is None
 
 
 def test_retained_outcome_round_trips_through_the_authority_form() -> None:
@@ -97,14 +97,14 @@ def test_retained_outcome_round_trips_through_the_authority_form() -> None:
     )
     kept = outcomes.to_retain(result)
     assert "message" not in kept and "text" not in kept
-    assert outcomes.reserved(Decision(DecisionKind.RETAINED, kept), "m") == result
+    assert outcomes.lodged(Decision(DecisionKind.RETAINED, kept), "m") == result
     assert outcomes.retained(None, "m").outcome is Outcome.UNKNOWN
 
 
 def test_settle() -> None:
     assert outcomes.settle(Outcome.NOT_SENT, remote=False) == "abandon"
     assert outcomes.settle(Outcome.NOT_SENT, remote=True) == "abandon"
-    assert outcomes.settle(Outcome.UNKNOWN, remote=True) == "keep_reservation"
+    assert outcomes.settle(Outcome.UNKNOWN, remote=True) == "keep_lodged"
     assert outcomes.settle(Outcome.UNKNOWN, remote=False) == "accept"
     assert outcomes.settle(Outcome.DELIVERED, remote=True) == "accept"
 

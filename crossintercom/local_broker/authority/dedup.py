@@ -1,6 +1,6 @@
 """The per-host dedup authority (DESIGN §5).
 
-The broker reserves an operation id before it forwards a message and marks it accepted, with the
+The broker lodges an operation id before it forwards a message and marks it accepted, with the
 outcome it is about to report, once the write is confirmed. A retry of the same id then gets the
 retained outcome instead of a second delivery. Only a keyed HMAC-SHA256 of the canonical payload is
 stored, never message text; the key (``delivered-messages.key``) never leaves the host.
@@ -23,11 +23,11 @@ Threading: not thread-safe. The broker calls it from its single asyncio thread; 
 short local transaction (no fsync on commit in WAL/NORMAL), cheap enough to run on the loop. Calls
 must never overlap.
 
-Releases are batched: ``release`` forgets the record in memory at once (so the id behaves exactly
+Discards are batched: ``discard`` forgets the record in memory at once (so the id behaves exactly
 as unknown from then on) and its DELETE rides in the next write transaction, or in
-``flush_released``, which the broker calls a few times a second. A record whose DELETE was lost
+``flush_discarded``, which the broker calls a few times a second. A record whose DELETE was lost
 with a killed process comes back on open as the accepted record it was, and only suppresses a
-duplicate a little longer (until its expiry); nothing that a release promised is weakened.
+duplicate a little longer (until its expiry); nothing that a discard promised is weakened.
 
 The files themselves (creating, validating, loading, moving aside, and the text of every statement
 on their tables) are ``files``'s; this module keeps the records in memory and decides.
@@ -114,8 +114,8 @@ class DedupAuthority:
         self._entries: OrderedDict[str, Entry] = OrderedDict()
         self._bytes = 0
         self._conn: sqlite3.Connection | None = None
-        # Released ids whose DELETE has not been written yet (see the module docstring).
-        self._released: list[str] = []
+        # Discarded ids whose DELETE has not been written yet (see the module docstring).
+        self._discarded: list[str] = []
 
         self._key, conn, records = files.open_files(
             self._dir, mode=file_mode, ttl=self._ttl, wall=wall, clock=clock
@@ -143,11 +143,11 @@ class DedupAuthority:
         """
         return files.reset(runtime_dir)
 
-    def reserve(self, op_id: str, payload: bytes, *, remote: bool = False) -> Decision:
-        """Reserve ``op_id`` before forwarding; durable before it returns ``new``.
+    def lodge(self, op_id: str, payload: bytes, *, remote: bool = False) -> Decision:
+        """Lodge ``op_id`` before forwarding; durable before it returns ``new``.
 
         Known id with a different payload: ``conflict``. Accepted with the same payload:
-        ``retained``. Only reserved: ``uncertain`` for a local target (the first attempt may have
+        ``retained``. Only lodged: ``uncertain`` for a local target (the first attempt may have
         been delivered), ``forward_again`` for a remote one (the shared store answers by id).
         Unknown id past a bound (after dropping expired records): ``over_capacity``.
         """
@@ -157,11 +157,11 @@ class DedupAuthority:
         return decision
 
     def accept(self, op_id: str, outcome: dict[str, Any]) -> None:
-        """Mark a reserved id accepted, retaining ``outcome`` (ids, outcome, codes, receipts).
+        """Mark a lodged id accepted, retaining ``outcome`` (ids, outcome, codes, receipts).
 
         Accepting an accepted id replaces its outcome. Never refused for capacity: the message
-        already went out, so accounted bytes may briefly exceed ``max_bytes`` (new reservations
-        are refused meanwhile). Raises ``KeyError`` for an id that holds no record.
+        already went out, so accounted bytes may briefly exceed ``max_bytes`` (new ids are
+        refused meanwhile). Raises ``KeyError`` for an id that holds no record.
         """
         self.accept_many([(op_id, outcome)])
 
@@ -182,15 +182,15 @@ class DedupAuthority:
         return records.encode_outcome(outcome)
 
     def commit(
-        self, reserves: Sequence[tuple[str, bytes, bool]], accepts: Sequence[tuple[str, str]]
+        self, lodges: Sequence[tuple[str, bytes, bool]], accepts: Sequence[tuple[str, str]]
     ) -> tuple[list[Decision | AuthorityUnavailable], AuthorityUnavailable | None]:
-        """Reservations (id, payload, remote) and acceptances (id, encoded outcome, of
-        reserved ids) in one transaction: a group commit. Returns each reservation's decision,
-        in order (as ``reserve`` would have made them one after another), and the error that
-        failed the write, if one did: every write then failed and nothing changed, so each
-        reservation that needed one is that error, and so is the acceptances' outcome."""
+        """Ids to lodge (id, payload, remote) and acceptances (id, encoded outcome, of lodged
+        ids) in one transaction: a group commit. Returns each lodged id's decision, in order (as
+        ``lodge`` would have made them one after another), and the error that failed the write,
+        if one did: every write then failed and nothing changed, so each lodging that needed one
+        is that error, and so is the acceptances' outcome."""
         self._require_open()
-        for op_id, _, _ in reserves:
+        for op_id, _, _ in lodges:
             check_op_id(op_id)
         now = self._clock()
         self._expire(now)
@@ -198,7 +198,7 @@ class DedupAuthority:
         staged_bytes = 0
         decisions: list[Decision | None] = []
         rows: list[tuple[Any, ...]] = []
-        for op_id, payload, remote in reserves:
+        for op_id, payload, remote in lodges:
             digest = hmac.new(self._key, payload, hashlib.sha256).hexdigest()
             entry = self._entries.get(op_id) or staged.get(op_id)
             if entry is not None:
@@ -211,9 +211,9 @@ class DedupAuthority:
                 continue
             staged[op_id] = Entry(now + self._ttl, digest, False, size)
             staged_bytes += size
-            rows.append((op_id, digest, schema.RESERVED, self._wall() + self._ttl))
+            rows.append((op_id, digest, schema.LODGED, self._wall() + self._ttl))
             decisions.append(None)  # new, once the write succeeded
-        writes = [(schema.INSERT_RESERVED, rows)] if rows else []
+        writes = [(schema.INSERT_LODGED, rows)] if rows else []
         if accepts:
             writes.append((schema.SET_ACCEPTED, [(schema.ACCEPTED, t, i) for i, t in accepts]))
         try:
@@ -224,7 +224,7 @@ class DedupAuthority:
         self._bytes += staged_bytes
         for op_id, text in accepts:
             entry = self._entries.get(op_id)
-            if entry is None:  # released meanwhile: its DELETE went first, the UPDATE found none
+            if entry is None:  # discarded meanwhile: its DELETE went first, the UPDATE found none
                 continue
             size = record_size(op_id, text)
             self._bytes += size - entry.size
@@ -240,7 +240,7 @@ class DedupAuthority:
         return FORWARD_AGAIN if remote else UNCERTAIN
 
     def abandon(self, op_id: str) -> None:
-        """Drop a reservation whose message was not sent at all, so a retry may go through.
+        """Drop a lodged id whose message was not sent at all, so a retry may go through.
 
         Unknown ids are ignored. Raises ``ValueError`` for an accepted id: forgetting it would let
         a retry deliver twice.
@@ -253,23 +253,23 @@ class DedupAuthority:
             raise ValueError(f"operation {op_id!r} was accepted; it cannot be abandoned")
         self._drop([op_id])
 
-    def release(self, op_id: str) -> None:
+    def discard(self, op_id: str) -> None:
         """Forget ``op_id``: the sending client confirmed it has the outcome. Idempotent."""
-        self.release_many((op_id,))
+        self.discard_many((op_id,))
 
-    def release_many(self, op_ids: Sequence[str]) -> None:
-        """``release`` for several ids in one transaction."""
+    def discard_many(self, op_ids: Sequence[str]) -> None:
+        """``discard`` for several ids in one transaction."""
         self._require_open()
         for op_id in dict.fromkeys(op_ids):
             entry = self._entries.pop(op_id, None)
             if entry is not None:
                 self._bytes -= entry.size
-                self._released.append(op_id)
+                self._discarded.append(op_id)
 
-    def flush_released(self) -> None:
-        """Write the DELETEs of released records that no other write has carried yet."""
+    def flush_discarded(self) -> None:
+        """Write the DELETEs of discarded records that no other write has carried yet."""
         self._require_open()
-        if self._released:
+        if self._discarded:
             self._write(schema.DELETE_OP, [])
 
     def sweep(self) -> int:
@@ -294,7 +294,7 @@ class DedupAuthority:
     def close(self) -> None:
         if self._conn is not None:
             with contextlib.suppress(AuthorityUnavailable):
-                self.flush_released()  # else they come back on the next open until they expire
+                self.flush_discarded()  # else they come back on the next open until they expire
             conn, self._conn = self._conn, None
             conn.close()
 
@@ -334,16 +334,16 @@ class DedupAuthority:
 
     def _write_all(self, writes: list[tuple[str, list[tuple[Any, ...]]]]) -> None:
         """Run each statement once per parameter tuple, all as a single transaction, after the
-        DELETEs of released records (so a released id reserved again is deleted before it is
+        DELETEs of discarded records (so a discarded id lodged again is deleted before it is
         inserted).
 
         Callers update the in-memory mirror only after this returns, so a failed write leaves
-        memory and file in agreement; released ids stay pending until a write succeeds.
+        memory and file in agreement; discarded ids stay pending until a write succeeds.
         """
         conn = self._require_open()
-        released = self._released
-        if released:
-            writes = [(schema.DELETE_OP, [(op_id,) for op_id in released]), *writes]
+        discarded = self._discarded
+        if discarded:
+            writes = [(schema.DELETE_OP, [(op_id,) for op_id in discarded]), *writes]
         writes = [(sql, params) for sql, params in writes if params]
         try:
             if len(writes) == 1 and len(writes[0][1]) == 1:
@@ -360,7 +360,7 @@ class DedupAuthority:
                     raise
         except sqlite3.Error as e:
             raise AuthorityUnavailable(f"writing {self._db_path} failed: {e}") from e
-        self._released = []
+        self._discarded = []
 
     def _drop(self, op_ids: list[str]) -> None:
         self._write(schema.DELETE_OP, [(op_id,) for op_id in op_ids])

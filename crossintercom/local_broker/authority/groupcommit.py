@@ -1,8 +1,8 @@
 """Group commit for the dedup authority (docs/perf-log/2026-12.md, "Same-host path reshaped").
 
-Every reservation and acceptance asked for while the event loop turns is written in one
+Every lodging and acceptance asked for while the event loop turns is written in one
 transaction when it turns next, and each caller resumes once that transaction committed: durable
-before ``reserve`` answers ``new``, durable before the sender hears an accepted outcome, exactly
+before ``lodge`` answers ``new``, durable before the sender hears an accepted outcome, exactly
 as one write per call was, with one commit for all the sends that reached the same step at once.
 A send with no other under way writes at once.
 """
@@ -22,7 +22,7 @@ from crossintercom.local_broker.authority.dedup import (
 class GroupCommit:
     def __init__(self, authority: DedupAuthority) -> None:
         self.authority = authority
-        self._reserves: list[tuple[str, bytes, bool, asyncio.Future[Decision]]] = []
+        self._lodges: list[tuple[str, bytes, bool, asyncio.Future[Decision]]] = []
         self._accepts: list[tuple[str, str, asyncio.Future[None]]] = []
         self._due = False
         # Operations under way (counted by the broker from the frame's arrival): one alone
@@ -32,8 +32,8 @@ class GroupCommit:
     def _alone(self) -> bool:
         return self.busy <= 1 and not self._due
 
-    async def reserve(self, op_id: str, payload: bytes, *, remote: bool) -> Decision:
-        """``DedupAuthority.reserve``, in the next group; raises ``AuthorityUnavailable``."""
+    async def lodge(self, op_id: str, payload: bytes, *, remote: bool) -> Decision:
+        """``DedupAuthority.lodge``, in the next group; raises ``AuthorityUnavailable``."""
         self.authority.check_op_id(op_id)  # a bad call raises here, alone
         if self._alone():
             [decision], _ = self.authority.commit([(op_id, payload, remote)], [])
@@ -41,7 +41,7 @@ class GroupCommit:
                 raise decision
             return decision
         fut: asyncio.Future[Decision] = self._soon()
-        self._reserves.append((op_id, payload, remote, fut))
+        self._lodges.append((op_id, payload, remote, fut))
         return await fut
 
     async def accept(self, op_id: str, outcome: dict[str, Any]) -> None:
@@ -68,23 +68,23 @@ class GroupCommit:
     def _flush(self) -> None:
         self._due = False
         accepts, self._accepts = self._accepts, []
-        # A reservation of an id accepted in this very group waits for the next one, so it
+        # Lodging an id accepted in this very group waits for the next one, so it
         # sees the retained outcome, as it would have one write after the other.
         accepted = {op_id for op_id, _, _ in accepts}
-        reserves = [r for r in self._reserves if r[0] not in accepted]
-        self._reserves = [r for r in self._reserves if r[0] in accepted]
-        if self._reserves:
+        lodges = [r for r in self._lodges if r[0] not in accepted]
+        self._lodges = [r for r in self._lodges if r[0] in accepted]
+        if self._lodges:
             self._schedule()
         try:
             decisions, error = self.authority.commit(
-                [(op_id, payload, remote) for op_id, payload, remote, _ in reserves],
+                [(op_id, payload, remote) for op_id, payload, remote, _ in lodges],
                 [(op_id, text) for op_id, text, _ in accepts],
             )
         except (AuthorityUnavailable, ValueError) as exc:  # nothing was written
-            for fut in [r[3] for r in reserves] + [a[2] for a in accepts]:
+            for fut in [r[3] for r in lodges] + [a[2] for a in accepts]:
                 _fail(fut, exc)
             return
-        for (*_, rfut), decision in zip(reserves, decisions, strict=True):
+        for (*_, rfut), decision in zip(lodges, decisions, strict=True):
             if isinstance(decision, AuthorityUnavailable):
                 _fail(rfut, decision)
             elif not rfut.done():

@@ -15,7 +15,7 @@ RECORD_OVERHEAD = 64
 
 
 class DecisionKind(Enum):
-    """What ``reserve`` found; ``outcomes.reserved`` turns it into a result and its code (these
+    """What ``lodge`` found; ``outcomes.lodged`` turns it into a result and its code (these
     are not codes: nothing here is sent or stored)."""
 
     NEW = auto()
@@ -28,7 +28,7 @@ class DecisionKind(Enum):
 
 @dataclass(frozen=True)
 class Decision:
-    """What ``reserve`` found. ``outcome`` is set only for ``retained`` (a fresh copy each time)."""
+    """What ``lodge`` found. ``outcome`` is set only for ``retained`` (a fresh copy each time)."""
 
     kind: DecisionKind
     outcome: dict[str, Any] | None = None
@@ -42,7 +42,7 @@ OVER_CAPACITY = Decision(DecisionKind.OVER_CAPACITY)
 
 
 class Entry:
-    """In-memory mirror of one row, so ``reserve`` needs no read round trip."""
+    """In-memory mirror of one row, so ``lodge`` needs no read round trip."""
 
     __slots__ = ("accepted", "deadline", "digest", "size")
 

@@ -2,10 +2,11 @@
 
 The database is SQLite marked with ``application_id`` ``CIDA`` and ``user_version``
 ``SCHEMA_VERSION``, and holds exactly the tables of ``TABLES``. Each ``ops`` row is one record:
-the operation id, the hex HMAC of its payload, its state (reserved, or accepted with the outcome
-as a JSON object) and its wall-clock expiry. Every statement on these tables is here, next to the
-schema it depends on, with the check that an opened file is one of ours written with this key
-(``validate``) and what a stored record must be to be trusted (``parse_row``).
+the operation id, the hex HMAC of its payload, its state (lodged, stored as ``reserved``, or
+accepted with the outcome as a JSON object) and its wall-clock expiry. Every statement on these
+tables is here, next to the schema it depends on, with the check that an opened file is one of
+ours written with this key (``validate``) and what a stored record must be to be trusted
+(``parse_row``).
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ RESET_ADVICE = (
     "run `crossintercom broker --reset-authority` to move the authority files aside "
     "(retries of operations sent before the reset can then be delivered again)"
 )
-RESERVED = "reserved"
+# A lodged record's state as the file stores it (the format's word, kept across versions).
+LODGED = "reserved"
 ACCEPTED = "accepted"
 _KEY_CHECK_LABEL = b"crossintercom dedup authority key check v1"
 _HEX_RE = re.compile(f"[0-9a-f]{{{HMAC_HEX_LEN}}}")
@@ -47,7 +49,7 @@ TABLES = (
         "outcome TEXT, expires_wall REAL NOT NULL) WITHOUT ROWID",
     ),
 )
-INSERT_RESERVED = (
+INSERT_LODGED = (
     "INSERT INTO ops (op_id, hmac, state, outcome, expires_wall) VALUES (?, ?, ?, NULL, ?)"
 )
 SET_ACCEPTED = "UPDATE ops SET state = ?, outcome = ? WHERE op_id = ?"
@@ -117,9 +119,9 @@ def parse_row(
         raise bad("invalid operation id")
     if not isinstance(digest, str) or not _HEX_RE.fullmatch(digest):
         raise bad("invalid payload hmac")
-    if state == RESERVED:
+    if state == LODGED:
         if outcome is not None:
-            raise bad("a reservation carries an outcome")
+            raise bad("a lodged record carries an outcome")
     elif state == ACCEPTED:
         if not isinstance(outcome, str):
             raise bad("accepted without an outcome")

@@ -125,20 +125,20 @@ class Coordination:
                     code=Code.INVALID_ARGUMENT,
                 )
             policy.set(sid, f.pattern, action)
-        released = 0
+        unheld = 0
         if f.release is not None:
             taken = policy.take(sid, None if "*" in f.release else f.release)
             for msg in taken:  # queued as mail that waited while the session was away
-                self.delivery.queue_released(sid, msg)
+                self.delivery.queue_unheld(sid, msg)
             owner = self.registry.owner(sid)
             if taken and owner is not None:
                 self.delivery.drain_backlog(owner, sid)
-            released = len(taken)
+            unheld = len(taken)
         held = [
             p.HeldMail(mid, _sender(body), at, str(body.get("message", "")))
             for mid, body, at in policy.held(sid)
         ]
-        conn.write(p.InboundState(f.request_id, policy.rules(sid), held, released))
+        conn.write(p.InboundState(f.request_id, policy.rules(sid), held, unheld))
 
     async def _on_reservation(
         self, conn: Conn, f: p.Reserve | p.Unreserve | p.Reservations

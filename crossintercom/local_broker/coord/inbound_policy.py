@@ -10,7 +10,8 @@ specific matching rule wins, in that order, and no rule means accept. HOST is an
 which no name holds. A group is whatever its members say they are in (anyone may join one), so a
 group rule may hold or refuse but never accept: an allowlist of a group would admit anyone.
 Held mail is saved here, not pushed, shown or woken for, and its sender is told ``queued``;
-releasing it queues it for the session like mail that waited while it was away.
+unheld (the frame's ``release`` field, the ``release`` command), it is queued for the session
+like mail that waited while it was away.
 """
 
 from __future__ import annotations
@@ -179,7 +180,7 @@ class InboundPolicy:
         return [(sid, Message.from_dict(json.loads(body))) for _, sid, body in rows]
 
     def take(self, session: str, ids: list[str] | None) -> list[Message]:
-        """Held messages to release (``None``: all of them), removed from the hold."""
+        """Held messages to let out (``None``: all of them), removed from the hold."""
         found = [(mid, body) for mid, body, _ in self.held(session) if ids is None or mid in ids]
         self.db.executemany(
             "DELETE FROM held_mail WHERE session = ? AND message_id = ?",

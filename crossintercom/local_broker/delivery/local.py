@@ -160,8 +160,8 @@ class Delivery:
                 return outcomes.storage_failed(reply.id, asker_id, exc)
         return receipt
 
-    def queue_released(self, recipient: str, msg: Message) -> None:
-        """Mail an inbound policy held, released: queued like mail kept while away."""
+    def queue_unheld(self, recipient: str, msg: Message) -> None:
+        """Mail an inbound policy held, let out of the hold: queued like mail kept while away."""
         self._queue(recipient, msg.with_flags("resumed"))
 
     def _queue(self, recipient: str, msg: Message) -> None:

@@ -98,7 +98,7 @@ def combine(message_id: str, receipts: list[Receipt], *, group: bool) -> SendRes
     return SendResult(message_id, outcome, receipts[0].code, receipts[0].message)
 
 
-def reserved(decision: Decision, message_id: str) -> SendResult | None:
+def lodged(decision: Decision, message_id: str) -> SendResult | None:
     """What the dedup authority's answer means: ``None`` to go ahead, else the answer."""
     if decision.kind in (DecisionKind.NEW, DecisionKind.FORWARD_AGAIN):
         return None
@@ -137,7 +137,7 @@ def to_retain(result: SendResult) -> dict[str, Any]:
     return out
 
 
-Settle = Literal["abandon", "keep_reservation", "accept"]
+Settle = Literal["abandon", "keep_lodged", "accept"]
 
 
 def settle(outcome: Outcome, *, remote: bool) -> Settle:
@@ -145,7 +145,7 @@ def settle(outcome: Outcome, *, remote: bool) -> Settle:
     if outcome is Outcome.NOT_SENT:
         return "abandon"  # nothing went out: a retry may go through
     if outcome is Outcome.UNKNOWN and remote:
-        return "keep_reservation"  # a retry is forwarded and the store answers by id
+        return "keep_lodged"  # a retry is forwarded and the store answers by id
     return "accept"
 
 

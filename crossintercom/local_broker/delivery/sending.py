@@ -1,6 +1,6 @@
-"""Send, ask and reply: resolve, reserve, deliver or forward, settle (docs/delivery.md).
+"""Send, ask and reply: resolve, lodge, deliver or forward, settle (docs/delivery.md).
 
-An operation reserves its id in the dedup authority before anything leaves, delivers to local
+An operation lodges its id in the dedup authority before anything leaves, delivers to local
 targets and forwards the rest through the relay, then settles the record with the outcome.
 Each step's rule is in ``outcomes``; this module only sequences them.
 """
@@ -163,10 +163,10 @@ class Operations:
             self._check_crossing(conn.session_id, targets[0])
         self._check_rate(conn.session_id, msg.id)
         remote = any(not t.local for t in targets)
-        answer = outcomes.reserved(await self._reserve(msg, remote), msg.id)
+        answer = outcomes.lodged(await self._lodge(msg, remote), msg.id)
         if answer is not None:
             return answer
-        crash_at("after_reserve")
+        crash_at("after_lodge")
         if msg.expects_reply:
             try:
                 self.state.record_ask(msg.id, conn.session_id, targets[0].session_id)
@@ -185,11 +185,11 @@ class Operations:
         crash_at("after_accept")
         return result
 
-    async def _reserve(self, msg: Message, remote: bool) -> Decision:
+    async def _lodge(self, msg: Message, remote: bool) -> Decision:
         try:
-            return await self.commits.reserve(msg.id, msg.canonical_payload(), remote=remote)
+            return await self.commits.lodge(msg.id, msg.canonical_payload(), remote=remote)
         except AuthorityUnavailable as exc:
-            log.error("cannot reserve the message id", extra={"id": msg.id, "error": exc.message})
+            log.error("cannot lodge the message id", extra={"id": msg.id, "error": exc.message})
             raise _storage_refusal(exc) from None
 
     async def _settle(self, result: SendResult, remote: bool) -> None:
@@ -202,7 +202,7 @@ class Operations:
         except AuthorityUnavailable as exc:
             # The outcome stands: the message went where ``result`` says (a full disk struck
             # after it did). Only its dedup record was not written: a resend of this id finds
-            # the reservation pending, so it is forwarded again (the store answers by id) or,
+            # the lodged record pending, so it is forwarded again (the store answers by id) or,
             # local, told ``uncertain``; never delivered twice.
             log.error(
                 "cannot record the outcome of the message",
@@ -227,7 +227,7 @@ class Operations:
         # Identity covers the frame as sent, so a retry (same reply_to or none) matches.
         probe = self.build_message(conn, body, body.to or "")
         self._check_rate(replier, body.id)
-        answer = outcomes.reserved(await self._reserve(probe, False), body.id)
+        answer = outcomes.lodged(await self._lodge(probe, False), body.id)
         if answer is not None:
             return answer
         try:
