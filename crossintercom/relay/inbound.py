@@ -124,7 +124,8 @@ class Inbound:
                 time.sleep(1.0)
 
     def listener_up(self) -> bool:
-        """Whether the wake-up channel is set up now (PostgreSQL: its LISTEN connection open)."""
+        """Whether the wake-up channel is set up now (PostgreSQL: LISTEN on the store's
+        connection)."""
         waiter = self._waiter
         return waiter is not None and bool(getattr(waiter, "connected", True))
 

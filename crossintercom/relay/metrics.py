@@ -1,7 +1,7 @@
 """The relay's Prometheus metrics (docs/operations.md, "Monitoring").
 
 Counters and the store's latency histogram are prometheus-client's own, in a registry of the
-relay's; the relay's state (lease, generation, the LISTEN connection, the broker link, the
+relay's; the relay's state (lease, generation, its LISTEN, the broker link, the
 other hosts' leases, the mail waiting for this host) is read at scrape time from what the
 relay already holds, so a scrape runs no statement. The mail waiting and this host's
 reservations are read from the store every ``QUEUE_READ_S`` (a grouped statement each) by the

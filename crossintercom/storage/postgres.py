@@ -212,7 +212,7 @@ class Postgres:
         """Made in a thread other than the store's loop's (the relay's watcher, a test's), which
         the questions below are handed to."""
         return PostgresWaiter(
-            self.parsed.libpq_conninfo(),
+            self.driver,
             host_id,
             lambda: self.driver.blocking(self.notify_hosts({host_id})),
             trust_hints=self.driver.blocking(self._trust_hints()),

@@ -891,7 +891,6 @@ SWEEP_RESERVATIONS: Delete = delete(reservations).where(
 PG_NOTIFY: TextClause = text(
     "SELECT pg_notify(channel, :kind) FROM unnest(CAST(:channels AS text[])) AS channel"
 )
-PG_HEALTH = "SELECT 1"
 
 
 def pg_deallocate_all(n: int) -> str:

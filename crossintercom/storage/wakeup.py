@@ -10,39 +10,34 @@ covers lost hints.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import dataclasses
 import hashlib
 import logging
 import os
 import re
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Final, Self
+from typing import Any, Final, Protocol, Self, TypeVar
 
 import msgspec
-import psycopg
-from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_exponential
 from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
 from watchdog.observers.polling import PollingObserver
 
 from crossintercom.models import ReceiptOutcome
 from crossintercom.runtime import replace_file
-from crossintercom.storage import queries as q
 from crossintercom.storage import sqlitetrust
-from crossintercom.storage.engine import PG_KEEPALIVES, application_name, is_failover_error
 from crossintercom.storage.interface import CATCH_UP, ReceiptRow, Wake
 
+T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 POLL_INTERVAL_S = 0.5
-# A quiet listener proves its connection with a query this often (a commit each, so rarely:
-# an idle relay's load is its heartbeat, docs/operations.md "Sizing"): a dropped connection
-# also shows as an error on the wait, keepalives cover a silent network, and a hint missed
-# meanwhile is found by the heartbeat's probe.
-HEALTH_EVERY_S = 600.0
 
 # What a hint names (the NOTIFY payload's first character, the doorbell file's suffix).
 DELIVERIES: Final = "d"
@@ -186,128 +181,109 @@ class _ClosedOnExit:
         self.close()
 
 
-def connection_lost(exc: BaseException) -> bool:
-    """The listener's connection is gone or unusable for LISTEN: the server dropped it, or it
-    is a standby ("cannot execute LISTEN during recovery"), or a primary a failover demoted.
-    NOTIFYs are not replicated either: a hint sent to the old primary is lost with it, which
-    the catch-up after the reconnect (to the primary now) covers."""
-    return isinstance(exc, psycopg.OperationalError) or is_failover_error(exc)
+class PgListens(Protocol):
+    """The driver's LISTEN (``pgdriver.PgDriver``): the waiter's side of it."""
+
+    loop: asyncio.AbstractEventLoop | None
+
+    @property
+    def listens_up(self) -> bool: ...
+
+    @property
+    def listen_setups(self) -> int: ...
+
+    @property
+    def listen_pid(self) -> int | None: ...
+
+    async def listen(self, sink: Any, channels: frozenset[str]) -> None: ...
+
+    def unlisten(self, sink: Any) -> None: ...
+
+    def blocking(self, coro: Coroutine[Any, Any, T]) -> T: ...
 
 
 class PostgresWaiter(_ClosedOnExit):
-    """A dedicated autocommit connection that LISTENs on one host's channel."""
+    """One host's channel LISTENed on the store's own connection (``pgdriver.Listens``): the
+    driver hands each notification to ``hint`` on its loop, and ``wake``, in the caller's
+    thread, waits for them; no connection is held while it waits."""
 
     def __init__(
         self,
-        conninfo: str,
+        driver: PgListens,
         host_id: str,
         notify: Callable[[], None],
         *,
-        connect_timeout: float = 5.0,
         trust_hints: bool = True,
     ) -> None:
-        self._conninfo = conninfo
+        self._driver = driver
         self._trust_hints = trust_hints
         self._notify = notify
         self.channel = channel_name(host_id)
-        self._host_id = host_id
-        self._connect_timeout = connect_timeout
-        self._conn: psycopg.Connection[Any] | None = None
-        self._reconnected = False
-        self._proven = time.monotonic()
-        self.reconnects = 0
+        self._cond = threading.Condition()
+        # What the hints since the last ``wake`` name; the first wake is a catch-up.
+        self._pending: Wake | None = CATCH_UP
+        self._entered = False
+        self._setups = 0
 
     def __enter__(self) -> Self:
-        self._connect()
+        self._driver.blocking(self._driver.listen(self, frozenset({self.channel, ROSTER_CHANNEL})))
+        self._setups = self._driver.listen_setups
+        self._entered = True
         return self
 
     def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
+        if not self._entered:
+            return
+        self._entered = False
+        loop = self._driver.loop
+        # Not waited for: the loop may be stopping (the relay's shutdown).
+        with contextlib.suppress(RuntimeError):
+            if loop is not None:
+                loop.call_soon_threadsafe(self._driver.unlisten, self)
 
     @property
     def connected(self) -> bool:
-        """Whether the LISTEN connection is open (the metrics' ``listener_up``)."""
-        return self._conn is not None and not self._conn.closed and not self._conn.broken
+        """Whether the store's connection LISTENs now (the metrics' ``listener_up``)."""
+        return self._driver.listens_up
 
     @property
     def backend_pid(self) -> int | None:
-        return self._conn.info.backend_pid if self._conn is not None else None
+        """The server process of the connection LISTENing now."""
+        return self._driver.listen_pid
 
-    def _connect(self) -> None:
-        self.close()
-        conn = psycopg.connect(
-            self._conninfo,
-            autocommit=True,
-            connect_timeout=max(1, int(self._connect_timeout)),
-            # A fallback: an application_name of the user's (in the URL) wins.
-            fallback_application_name=application_name("listen", self._host_id),
-            **PG_KEEPALIVES,
-        )
-        try:
-            conn.execute(q.pg_listen(self.channel))
-            conn.execute(q.pg_listen(ROSTER_CHANNEL))
-        except BaseException:
-            conn.close()  # a standby refuses LISTEN: the next try looks for the primary
-            raise
-        self._conn = conn
+    @property
+    def reconnects(self) -> int:
+        """Connections LISTEN was set up on again since this waiter began (one lost each)."""
+        return max(0, self._driver.listen_setups - self._setups) if self._entered else 0
+
+    # -- on the driver's loop ------------------------------------------------------------
+
+    def hint(self, payload: str) -> None:
+        self._add(parse_hint(payload))
+
+    def listening(self) -> None:
         # Anything sent while nobody listened is found by the caller's catch-up query.
-        self._reconnected = True
+        self._add(CATCH_UP)
 
-    def _reconnect(self, budget: float) -> bool:
-        retrying = Retrying(
-            retry=retry_if_exception(connection_lost),
-            stop=stop_after_delay(max(budget, 0.0)),
-            wait=wait_exponential(multiplier=0.1, max=2.0),
-            reraise=True,
-        )
-        try:
-            retrying(self._connect)
-        except psycopg.Error as exc:
-            if not connection_lost(exc):
-                raise
-            log.warning("listener reconnect failed: %s", str(exc).splitlines()[0] if exc else "")
-            return False
-        self.reconnects += 1
-        return True
+    def _add(self, wake: Wake) -> None:
+        with self._cond:
+            self._pending = wake if self._pending is None else self._pending | wake
+            self._cond.notify_all()
+
+    # -- in the caller's thread ----------------------------------------------------------
 
     def wait(self, timeout: float) -> bool:
         return self.wake(timeout) is not None
 
     def wake(self, timeout: float) -> Wake | None:
-        deadline = time.monotonic() + timeout
-        if (self._conn is None or self._conn.closed) and not self._reconnect(timeout):
-            return None
-        if self._reconnected:
-            self._reconnected = False
-            return CATCH_UP
-        assert self._conn is not None
-        try:
-            # Consumed whole: closing the generator early drops the rest of a packet.
-            got = list(self._conn.notifies(timeout=timeout, stop_after=1))
-            if not got:
-                if time.monotonic() - self._proven >= HEALTH_EVERY_S:
-                    # Quiet is normal; a dead connection is not. Find out now.
-                    self._conn.execute(q.PG_HEALTH)
-                    self._proven = time.monotonic()
+        with self._cond:
+            if not self._cond.wait_for(lambda: self._pending is not None, timeout):
                 return None
-            got += self._conn.notifies(timeout=0)  # whatever else already arrived
-            self._proven = time.monotonic()
-            wake = Wake()
-            for n in got:
-                wake |= parse_hint(n.payload)
-            if wake.hinted and not self._trust_hints:
-                return Wake(wake.deliveries, receipts=True)  # read the rows instead
-            return wake
-        except psycopg.Error as exc:
-            if not connection_lost(exc):
-                raise
-            log.info("listener connection lost; reconnecting")
-            if self._reconnect(deadline - time.monotonic()):
-                self._reconnected = False
-                return CATCH_UP
-            return None
+            wake, self._pending = self._pending, None
+        assert wake is not None
+        if wake.hinted and not self._trust_hints:
+            return dataclasses.replace(wake, receipts=True, hinted=())  # read the rows instead
+        return wake
 
     def notify_self(self) -> None:
         """Send a hint to this waiter through the store (a health check end to end)."""

@@ -1,5 +1,5 @@
 """Every PostgreSQL connection a relay opens names its host in ``application_name``
-(``crossintercom relay|listen HOST``; the archive runs on the relay's own connection), so
+(``crossintercom relay HOST``; the archive and the LISTEN run on the relay's own connection), so
 ``pg_stat_activity`` (the bench's connections per host, `status`'s stuck-transaction report)
 tells whose each backend is. A name the user put in the store URL wins; an odd or long host id
 still gives a printable name of at most 63 bytes."""
@@ -30,17 +30,14 @@ def backend_names(url: str) -> list[str]:
 
 
 def test_a_relays_backends_carry_its_host_id(pg_url: str) -> None:
-    names = {application_name(role, "host-a") for role in ("relay", "listen")}
+    names = {application_name("relay", "host-a")}
     with Cluster(pg_url) as cluster:
         a = cluster.host("host-a")
         a.listen("sink")
         a.client("sender").send("sink@host-a", "hello")
-        # The pool and the LISTEN connection are open once the relay is up and has delivered.
+        # The relay's one connection (statements and LISTEN) is open once it is up.
         wait_for(
-            lambda: (
-                {application_name(r, "host-a") for r in ("relay", "listen")}
-                <= set(backend_names(pg_url))
-            ),
+            lambda: names <= set(backend_names(pg_url)),
             30,
             "the relay's backends to show its name",
         )
@@ -67,8 +64,7 @@ def test_the_urls_own_name_wins_and_odd_host_ids_are_capped(pg_url: str) -> None
     name = application_name("relay", host)
     assert name.startswith("crossintercom relay h\\xf4te\\n")
     assert len(name.encode()) == 63 and name.isprintable()
-    expected = [name, application_name("listen", host)]
-    assert names_of_a_store(pg_url, host) == sorted(expected)
+    assert names_of_a_store(pg_url, host) == [name]
 
     mine = make_url(pg_url).update_query_dict({"application_name": "mine"})
-    assert names_of_a_store(mine.render_as_string(hide_password=False), host) == ["mine"] * 2
+    assert names_of_a_store(mine.render_as_string(hide_password=False), host) == ["mine"]

@@ -1,6 +1,7 @@
 """Through a real PgBouncer (docs/operations.md, "Poolers"). In session mode `db upgrade`
 migrates, two hosts' relays exchange mail, each relay's listener stays LISTENing through the
-pooler and a NOTIFY sent through it wakes crossintercom's waiter. In transaction and statement
+pooler (on its one connection, which its statements use too) and a NOTIFY sent through it wakes
+crossintercom's waiter. In transaction and statement
 mode the relay, `db upgrade` and the overseer page refuse to start, in one line that names the
 fix."""
 
@@ -12,7 +13,9 @@ import psycopg
 import pytest
 from sqlalchemy.engine import make_url
 
-from crossintercom.storage.wakeup import PostgresWaiter, channel_name
+from crossintercom.storage import Waiter, open_store
+from crossintercom.storage.blocking import run
+from crossintercom.storage.wakeup import channel_name
 from tests.conftest import make_env, run_cli, wait_for
 from tests.relay.conftest import Cluster
 from tests.transport.pooler import Mode, PgBouncer
@@ -24,12 +27,11 @@ def _conninfo(url: str) -> str:
     return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
 
 
-def _listening(direct_url: str) -> set[str]:
-    """application_name of this database's backends whose last statement was a LISTEN."""
+def _backends(direct_url: str) -> set[str]:
+    """application_name of this database's backends."""
     with psycopg.connect(_conninfo(direct_url), autocommit=True) as conn:
         rows = conn.execute(
-            "SELECT application_name FROM pg_stat_activity "
-            "WHERE datname = current_database() AND query ILIKE 'LISTEN%'"
+            "SELECT application_name FROM pg_stat_activity WHERE datname = current_database()"
         ).fetchall()
     return {str(r[0]) for r in rows}
 
@@ -54,30 +56,38 @@ def test_session_mode_upgrades_relays_mail_and_wake_ups(
             back = b.cli_json("send", "--as", "worker", "--to", "planner@A", "and back")
             assert back["outcome"] in ("delivered", "queued"), back
 
-            # Each relay's listener session LISTENs through the pooler ...
+            # Each relay's one session (its statements and its LISTEN) goes through the pooler
             wait_for(
                 lambda: (
-                    {"crossintercom listen A", "crossintercom listen B"} <= _listening(pg_empty_url)
+                    {"crossintercom relay A", "crossintercom relay B"} <= _backends(pg_empty_url)
                 ),
                 30,
-                f"both relays' listeners to LISTEN through the pooler: {pooler.log()[-2000:]}",
+                f"both relays' sessions through the pooler: {pooler.log()[-2000:]}",
             )
         # ... and a NOTIFY sent through it reaches crossintercom's waiter behind it.
         conninfo = _conninfo(pooled)
-        with PostgresWaiter(conninfo, "C", lambda: None) as waiter:
-            assert waiter.wake(5.0) is not None  # the catch-up every waiter starts with
-            with psycopg.connect(conninfo, autocommit=True) as conn:
-                conn.execute("SELECT pg_notify(%s, 'd')", (channel_name("C"),))
-            woke: list[bool] = []
-
-            def woken() -> bool:
-                wake = waiter.wake(1.0)
-                woke.append(wake is not None and wake.deliveries)
-                return woke[-1]
-
-            wait_for(woken, 30, "the NOTIFY to reach the waiter through the pooler")
+        store = run(open_store(pooled, host_id="C"))
+        try:
+            _wake_through(store.waiter("C"), conninfo)
+        finally:
+            run(store.aclose())
     finally:
         pooler.stop()
+
+
+def _wake_through(waiter: Waiter, conninfo: str) -> None:
+    with waiter:
+        assert waiter.wake(5.0) is not None  # the catch-up every waiter starts with
+        with psycopg.connect(conninfo, autocommit=True) as conn:
+            conn.execute("SELECT pg_notify(%s, 'd')", (channel_name("C"),))
+        woke: list[bool] = []
+
+        def woken() -> bool:
+            wake = waiter.wake(1.0)
+            woke.append(wake is not None and wake.deliveries)
+            return woke[-1]
+
+        wait_for(woken, 30, "the NOTIFY to reach the waiter through the pooler")
 
 
 @pytest.mark.parametrize("mode", ["transaction", "statement"])

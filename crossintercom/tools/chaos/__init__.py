@@ -11,7 +11,7 @@ host (``faults``; in rounds of every kind once):
 * ``broker_kill``: SIGKILL of the broker; clients and the relay reconnect and respawn it;
 * ``listener_kill``: SIGKILL of the listener, restarted a moment later (it resumes its mail);
 * ``pg_terminate`` (PostgreSQL only): ``pg_terminate_backend`` of every other connection to the
-  store's database, that is the relays' pooled and LISTEN connections;
+  store's database, that is the relays' connections (their statements and LISTEN);
 * ``pg_blackhole`` (PostgreSQL only): the relays reach the store through a TCP proxy of the run's
   own (``proxy.TcpProxy``); it holds all traffic both ways, released a moment later;
 * ``pg_cut`` (PostgreSQL only): the proxy resets every relay connection at once;
