@@ -65,8 +65,9 @@ def _default_name() -> str:
     "--gateway",
     metavar="URL",
     help="claude-code, codex, opencode: use a gateway's MCP over HTTP (https://HOST:PORT of "
-    "its --mcp-listen), with the token in $CROSSINTERCOM_TOKEN, and (claude-code, codex) a "
-    "curl wake hook; nothing of crossintercom runs here (docs/agents.md#mcp-over-http).",
+    "its --mcp-listen), with the token in $CROSSINTERCOM_TOKEN, and a wake that long-polls "
+    "the gateway (claude-code, codex: a curl hook; opencode: its plugin's fetch); nothing of "
+    "crossintercom runs here (docs/agents.md#mcp-over-http).",
 )
 @click.option("--gateway-ca", metavar="FILE", help="The CA file the gateway is checked against.")
 @click.option(

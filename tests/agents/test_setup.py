@@ -236,6 +236,13 @@ def _drive(plugin: Path, driver: Path, body: str, env: dict[str, str]) -> subpro
     )
 
 
+def prompted(node: subprocess.Popen[str]) -> dict[str, Any]:
+    """The ``promptAsync`` request a driven plugin made (the stand-in exits 0 at it)."""
+    said, err = node.communicate(timeout=60)
+    assert node.returncode == 0, (said, err)
+    return dict(json.loads(said.strip().splitlines()[-1])["promptAsync"])
+
+
 @pytest.mark.skipif(shutil.which("node") is None, reason="needs node to run the OpenCode plugin")
 def test_opencode_plugin_starts_a_turn_on_new_mail(
     cli_env: dict[str, str], tmp_path: Path, runtime_home: Path
@@ -251,12 +258,10 @@ def test_opencode_plugin_starts_a_turn_on_new_mail(
     try:
         waiting(node, runtime_home)  # the plugin's `crossintercom wait` holds worker
         run_cli(cli_env, "send", "--as", "planner", "--to", "worker", "wake up, review #7")
-        said, err = node.communicate(timeout=60)
-        assert node.returncode == 0, (said, err)
+        prompt = prompted(node)
     finally:
         if node.poll() is None:
             node.kill()
-    prompt = json.loads(said.strip().splitlines()[-1])["promptAsync"]
     assert prompt["path"] == {"id": "s1"}
     text = prompt["body"]["parts"][0]["text"]
     assert "from planner@testhost" in text and "wake up, review #7" in text

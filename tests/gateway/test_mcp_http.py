@@ -247,10 +247,11 @@ def test_setup_writes_codex_and_opencode_remote_servers_their_binaries_take(
     gateway: tuple[Gateway, Host, Host],
 ) -> None:
     """`setup codex|opencode --gateway`: Codex's streamable HTTP server and curl Stop hook,
-    OpenCode's remote server; each real binary reads the entry as a remote server (OpenCode
-    connects to it through the gateway with the token)."""
+    OpenCode's remote server and its wake plugin's long poll; each real binary reads the entry
+    as a remote server (OpenCode connects to it through the gateway with the token)."""
     from tests.harnesses import install
     from tests.harnesses.isolation import require_harness
+    from tests.harnesses.test_opencode import sdk_installed
 
     gw, _a, _b = gateway
     token = Path(gw.grant("worker")).read_text().strip()
@@ -266,11 +267,14 @@ def test_setup_writes_codex_and_opencode_remote_servers_their_binaries_take(
     assert refused.returncode == 2 and "--gateway" in refused.stderr, refused.stderr
     hooks = json.loads((codex_home / "hooks.json").read_text())
     assert "curl" in json.dumps(hooks) and "codex-hook" in json.dumps(hooks)
-    assert not (project / ".opencode").exists()  # no plugin: it would need crossintercom
+    plugin = (project / ".opencode" / "plugins" / "crossintercom.js").read_text()
+    assert f'const GATEWAY = {{"url": "{url}", "tokenEnv": "CROSSINTERCOM_TOKEN"}};' in plugin
+    sdk_installed(project / ".opencode")
     for written in (
         codex_home / "config.toml",
         codex_home / "hooks.json",
         project / "opencode.json",
+        project / ".opencode" / "plugins" / "crossintercom.js",
     ):
         assert token not in written.read_text()
     env = install.with_node22(

@@ -22,10 +22,14 @@ from crossintercom.errors import UsageError
 
 # How long the plugin's `wait` child waits for mail before it is started again.
 OPENCODE_WAIT_S = 3600
+# How long one long poll of a gateway's /wait lasts: under the five minutes after which a
+# fetch may give up on an answer whose head has not come.
+OPENCODE_POLL_S = 240
 
 
 def plugin_source(agent: Agent) -> str:
-    return script_source("opencode_plugin.js", agent, OPENCODE_WAIT_S)
+    wait_s = OPENCODE_POLL_S if agent.gateway else OPENCODE_WAIT_S
+    return script_source("opencode_plugin.js", agent, wait_s)
 
 
 def opencode(agent: Agent, project: Path) -> list[Change]:
@@ -54,9 +58,6 @@ def opencode(agent: Agent, project: Path) -> list[Change]:
             "environment": agent.env,
         }
 
-    if agent.gateway:
-        # The wake plugin runs `crossintercom wait`, which is not installed here.
-        return [json_change(project / "opencode.json", config)]
     plugin = project / ".opencode" / "plugins" / "crossintercom.js"
     return [
         json_change(project / "opencode.json", config),

@@ -1,18 +1,24 @@
 // crossintercom: start a turn when mail arrives for the session NAME below (written by
-// `crossintercom setup opencode`; edit it there, not here). While a session is idle, one
-// `crossintercom wait` runs; when it prints mail, that text (framed as another agent's words)
-// becomes the session's next prompt, started with promptAsync so the plugin never holds a turn
-// open. Mail that arrives while the session is busy is held for its next idle moment. A one-shot
-// `opencode run` starts no waiter (it ends as it would without crossintercom), and the waiter
-// ends with OpenCode however OpenCode ends. See docs/agents.md#opencode.
+// `crossintercom setup opencode`; edit it there, not here). While a session is idle, one wait
+// for mail runs: `crossintercom wait`, or, set up with --gateway, a long poll of the gateway's
+// /wait with fetch (nothing of crossintercom installed here). When it hands over mail, that text
+// (framed as another agent's words) becomes the session's next prompt, started with promptAsync
+// so the plugin never holds a turn open. Mail that arrives while the session is busy is held for
+// its next idle moment. A one-shot `opencode run` starts no wait (it ends as it would without
+// crossintercom), and the wait ends with OpenCode however OpenCode ends. See
+// docs/agents.md#opencode.
 import { spawn } from "node:child_process";
 
 const COMMAND = __COMMAND__;
 const ENV = __ENV__;
 const NAME = __NAME__;
 const WAIT_S = __WAIT_S__;
+// null, or the gateway's URL and the environment variable that holds its token.
+const GATEWAY = __GATEWAY__;
 const EXIT_MAIL = 0;
 const EXIT_TIMEOUT = 6;
+// A gateway not reached (or failing) is asked again after this long, while the session is idle.
+const RETRY_MS = 5000;
 
 // `opencode run ...` answers its prompt and exits: the first word after the options is "run".
 const oneShot = () => process.argv.slice(2).find((arg) => !arg.startsWith("-")) === "run";
@@ -20,9 +26,9 @@ const oneShot = () => process.argv.slice(2).find((arg) => !arg.startsWith("-")) 
 export const CrossintercomMail = async ({ client }) => {
   const active = !oneShot();
   let disposed = false;
-  let waiter = null; // the running `crossintercom wait`
+  let waiter = null; // the running wait: {stop()}
   let idle = null; // the idle session to wake, if any
-  const held = []; // mail printed while no session was idle
+  const held = []; // mail handed over while no session was idle
 
   const deliver = async (sessionID, text) => {
     try {
@@ -46,8 +52,26 @@ export const CrossintercomMail = async ({ client }) => {
     }
   };
 
-  const wait = (replace) => {
-    if (!active || disposed || waiter !== null) return;
+  // How a wait ended: "mail" (its text), "again" (nothing came in time), "retry" (the gateway
+  // was not reached), or "stop" (anything else: the watch ends until the next idle).
+  const ended = async (how, text) => {
+    if (disposed) return;
+    if (how === "mail") {
+      if (idle !== null) {
+        const id = idle;
+        idle = null;
+        await deliver(id, text);
+      } else {
+        held.push(text);
+      }
+    } else if (how === "again" && idle !== null) {
+      wait(false); // keep waiting while the session stays idle
+    } else if (how === "retry" && idle !== null) {
+      setTimeout(() => idle !== null && wait(false), RETRY_MS).unref?.();
+    }
+  };
+
+  const spawnWait = (replace) => {
     const args = [...COMMAND.slice(1), "wait", "--as", NAME, "--format", "text"];
     args.push("--timeout", String(WAIT_S), ...(replace ? ["--replace"] : []));
     const child = spawn(COMMAND[0], args, {
@@ -55,31 +79,74 @@ export const CrossintercomMail = async ({ client }) => {
       env: { ...process.env, ...ENV, CROSSINTERCOM_HARNESS_PID: String(process.pid) },
       stdio: ["ignore", "pipe", "ignore"],
     });
-    waiter = child;
+    const self = {
+      stop: () => {
+        if (child.exitCode === null) child.kill("SIGTERM");
+      },
+    };
+    waiter = self;
     let out = "";
     child.stdout.setEncoding("utf8"); // a character split between two reads stays whole
     child.stdout.on("data", (chunk) => {
       out += chunk;
     });
     child.on("error", () => {
-      if (waiter === child) waiter = null;
+      if (waiter === self) waiter = null;
     });
     child.on("close", async (code) => {
-      if (waiter !== child) return;
+      if (waiter !== self) return;
       waiter = null;
-      if (disposed) return;
-      if (code === EXIT_MAIL && out.trim()) {
-        if (idle !== null) {
-          const id = idle;
-          idle = null;
-          await deliver(id, out);
-        } else {
-          held.push(out);
-        }
-      } else if (code === EXIT_TIMEOUT && idle !== null) {
-        wait(false); // nothing came: keep waiting while the session stays idle
-      }
+      if (code === EXIT_MAIL && out.trim()) await ended("mail", out);
+      else await ended(code === EXIT_TIMEOUT ? "again" : "stop");
     });
+  };
+
+  // The gateway's long poll, as the Claude Code curl hook makes it: the answer's first line is
+  // a key, the hand-over follows; confirming the key marks that mail shown. The token comes
+  // from the environment and goes only into the Authorization header. A poll aborted (dispose)
+  // confirms nothing, so its mail stays unseen for the next session.
+  const pollGateway = async () => {
+    const abort = new AbortController();
+    const self = { stop: () => abort.abort() };
+    waiter = self;
+    const headers = { Authorization: `Bearer ${process.env[GATEWAY.tokenEnv] ?? ""}` };
+    let how = "retry";
+    let text = "";
+    try {
+      const url = `${GATEWAY.url}/wait?format=text&timeout=${WAIT_S}`;
+      const answer = await fetch(url, { headers, signal: abort.signal });
+      const body = await answer.text();
+      if (answer.status === 204) {
+        how = "again";
+      } else if (answer.status === 200) {
+        how = "again";
+        const cut = body.indexOf("\n");
+        const key = cut < 0 ? "" : body.slice(0, cut);
+        text = cut < 0 ? "" : body.slice(cut + 1);
+        if (/^[A-Za-z0-9_-]+$/.test(key) && text.trim() && !disposed) {
+          // A confirmation that fails leaves the mail unseen: handed again, shown twice
+          // rather than lost.
+          try {
+            const shown = `${GATEWAY.url}/wait/shown?key=${encodeURIComponent(key)}`;
+            await fetch(shown, { method: "POST", headers, signal: abort.signal });
+          } catch {}
+          how = disposed ? "stop" : "mail";
+        }
+      } else if (answer.status >= 400 && answer.status < 500) {
+        how = "stop"; // the token refused (revoked, expired, unknown): nothing to retry
+      }
+    } catch {
+      how = "retry";
+    }
+    if (waiter !== self) return;
+    waiter = null;
+    await ended(how, text);
+  };
+
+  const wait = (replace) => {
+    if (!active || disposed || waiter !== null) return;
+    if (GATEWAY === null) spawnWait(replace);
+    else pollGateway();
   };
 
   return {
@@ -101,9 +168,9 @@ export const CrossintercomMail = async ({ client }) => {
     },
     dispose: async () => {
       disposed = true;
-      const child = waiter;
+      const running = waiter;
       waiter = null;
-      if (child !== null && child.exitCode === null) child.kill("SIGTERM");
+      if (running !== null) running.stop();
     },
   };
 };
