@@ -64,9 +64,9 @@ def _default_name() -> str:
 @click.option(
     "--gateway",
     metavar="URL",
-    help="claude-code, codex, opencode: use a gateway's MCP over HTTP (https://HOST:PORT of "
+    help="Use a gateway's MCP over HTTP (https://HOST:PORT of "
     "its --mcp-listen), with the token in $CROSSINTERCOM_TOKEN, and a wake that long-polls "
-    "the gateway (claude-code, codex: a curl hook; opencode: its plugin's fetch); nothing of "
+    "the gateway (claude-code, codex: a curl hook; opencode, pi: fetch in the plugin); nothing of "
     "crossintercom runs here (docs/agents.md#mcp-over-http).",
 )
 @click.option("--gateway-ca", metavar="FILE", help="The CA file the gateway is checked against.")
@@ -110,8 +110,6 @@ def setup(
         gateway=utf8("--gateway", gateway) if gateway else None,
         gateway_ca=utf8("--gateway-ca", gateway_ca) if gateway_ca else None,
     )
-    if gateway and harness not in ("claude-code", "codex", "opencode"):
-        raise UsageError("--gateway is written for claude-code, codex and opencode")
     if gateway and not gateway.startswith("https://"):
         raise UsageError("--gateway must be https://HOST:PORT (the token travels with it)")
     target = (directory or _default_dir(harness)).expanduser().absolute()

@@ -31,13 +31,15 @@ HANDED = "[crossintercom: 1 message from planner@host]\nreview #7\n"
 
 
 class FakeGateway:
-    """Answers ``/wait`` with ``status`` (200: a key and ``HANDED``) and records every request."""
+    """Answers the first ``/wait`` with ``status`` once released (200: a key and ``HANDED``),
+    later ones with 204 when it closes; records every request."""
 
     def __init__(self) -> None:
         self.status = 200
         self.requests: list[tuple[str, str, str]] = []  # method, path, Authorization
         self.release = threading.Event()
-        self.answered = threading.Event()  # a /wait answered (or its client gone)
+        self.closing = threading.Event()
+        self.answered = threading.Event()  # the first /wait answered (or its client gone)
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -45,12 +47,15 @@ class FakeGateway:
                 fake.requests.append(
                     (self.command, self.path, self.headers.get("Authorization", ""))
                 )
-                if self.path.startswith("/wait?"):
+                first = fake.paths().count(self.path) == 1
+                status = 204
+                body = b""
+                if self.path.startswith("/wait?") and first:
                     fake.release.wait(30)
+                    status = fake.status
                     body = f"k3y_1\n{HANDED}".encode() if fake.status == 200 else b""
-                else:
-                    body = b""
-                status = 204 if self.path.startswith("/wait/shown") else fake.status
+                elif self.path.startswith("/wait?"):
+                    fake.closing.wait(30)
                 try:
                     self.send_response(status)
                     self.send_header("Content-Length", str(len(body)))
@@ -58,7 +63,8 @@ class FakeGateway:
                     self.wfile.write(body)
                 except OSError:
                     pass  # the plugin aborted its poll
-                fake.answered.set()
+                if first:
+                    fake.answered.set()
 
             do_GET = do_POST = _answer
 
@@ -80,6 +86,7 @@ def gateway() -> Iterator[FakeGateway]:
         yield fake
     finally:
         fake.release.set()
+        fake.closing.set()
         fake.server.shutdown()
         fake.server.server_close()
 

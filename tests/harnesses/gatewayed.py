@@ -14,8 +14,9 @@ from pathlib import Path
 
 from tests.conftest import CLI, cli_json, run_cli, wait_for
 from tests.harnesses import kits
-from tests.harnesses.agentmail import WORKER, joins
+from tests.harnesses.agentmail import WORKER, Hostile, joins, peer_send, shown_only_framed
 from tests.harnesses.isolation import HarnessEnv
+from tests.harnesses.mockmodel import MockModel
 from tests.pgtls import make_certificates
 
 
@@ -67,3 +68,25 @@ def through_gateway(kit: kits.Kit, harness: str, henv: HarnessEnv) -> Iterator[J
         gateway.terminate()
         _, log = gateway.communicate(timeout=30)
         assert "cig_" not in log  # no token in the gateway's log
+
+
+def woken_by_hostile_mail(joined: Joined, mock: MockModel, timeout: float) -> Hostile:
+    """The peer sends hostile mail to the idle worker; the model request it wakes (one that
+    offers tools: a turn, not a title) shows it framed, and no request shows it raw."""
+    hostile = Hostile()
+    seen = len(mock.requests)
+    peer_send(joined.host, hostile.text)
+    woken = mock.wait_for(
+        lambda r: hostile.before in r.all_text() and bool(r.tool_names), timeout=timeout, after=seen
+    )
+    assert shown_only_framed(woken, hostile), woken.all_text()[-2000:]
+    for req in mock.model_requests():
+        assert hostile.fake_end not in req.all_text()
+    return hostile
+
+
+def shown_on_the_gateway(joined: Joined, hostile: Hostile) -> None:
+    """The wake confirmed its hand-over: the gateway's session holds the mail as shown, not
+    unseen for the next poll."""
+    unseen = run_cli(joined.host.env, "inbox", "--as", WORKER, "--unseen", "--json")
+    assert unseen.returncode == 0 and hostile.before not in unseen.stdout, unseen.stdout

@@ -13,16 +13,13 @@ import pytest
 
 from tests.conftest import run_cli, wait_for
 from tests.harnesses import kits
-from tests.harnesses.agentmail import (
-    WORKER,
-    Hostile,
-    crossintercom_tools,
-    peer_receives,
-    peer_send,
-    send_once,
-    shown_only_framed,
+from tests.harnesses.agentmail import WORKER, crossintercom_tools, peer_receives, send_once
+from tests.harnesses.gatewayed import (
+    Joined,
+    shown_on_the_gateway,
+    through_gateway,
+    woken_by_hostile_mail,
 )
-from tests.harnesses.gatewayed import Joined, through_gateway
 from tests.harnesses.isolation import HarnessEnv
 from tests.harnesses.mockmodel import MockModel
 from tests.harnesses.test_opencode import TURN_S, Server, sdk_installed
@@ -53,24 +50,12 @@ def test_opencode_over_http_mcp_sends_and_is_woken_by_the_plugins_poll(
         assert sent["from"]["name"] == WORKER
 
         # Idle now: the plugin's long poll of the gateway turns the peer's mail into a prompt.
-        hostile = Hostile()
-        seen = len(mock_model.requests)
-        peer_send(joined.host, hostile.text)
-        woken = mock_model.wait_for(
-            lambda r: hostile.before in r.all_text() and bool(r.tool_names),
-            timeout=TURN_S,
-            after=seen,
-        )
-        assert shown_only_framed(woken, hostile), woken.all_text()[-2000:]
+        hostile = woken_by_hostile_mail(joined, mock_model, TURN_S)
         wait_for(
             lambda: any(hostile.before in t for _, t in server.texts(session)), 30, "the woken turn"
         )
-        for req in mock_model.model_requests():
-            assert hostile.fake_end not in req.all_text()
     finally:
         server.stop()
-    # Confirmed: the gateway's session holds it as shown, not unseen for the next poll.
+    shown_on_the_gateway(joined, hostile)
     listed = run_cli(joined.host.env, "inbox", "--as", WORKER, "--json")
-    assert hostile.before in listed.stdout, (listed.stdout, listed.stderr)
-    unseen = run_cli(joined.host.env, "inbox", "--as", WORKER, "--unseen", "--json")
-    assert unseen.returncode == 0 and hostile.before not in unseen.stdout, unseen.stdout
+    assert hostile.before in listed.stdout, (listed.stdout, listed.stderr)  # saved, not lost

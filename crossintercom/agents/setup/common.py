@@ -40,7 +40,7 @@ GATEWAY_ENV = (ENV_GATEWAY, ENV_GATEWAY_TOKEN_FILE, ENV_GATEWAY_CA)
 # the files of its token and CA, never the token (docs/agents.md#through-a-gateway).
 CARRIED_ENV = (ENV_HOME, ENV_HOST_ID, ENV_GROUP, *GATEWAY_ENV)
 # The placeholders of a shipped plugin (script_source), replaced in one pass.
-_PLACEHOLDER = re.compile("__COMMAND__|__ENV__|__NAME__|__WAIT_S__|__GATEWAY__")
+_PLACEHOLDER = re.compile("__COMMAND__|__ENV__|__NAME__|__WAIT_S__|__GATEWAY_POLL__|__GATEWAY__")
 # A harness config larger than this is not one setup should rewrite.
 MAX_FILE_BYTES = 16 << 20
 
@@ -148,8 +148,11 @@ def script_source(template: str, agent: Agent, wait_s: int) -> str:
     """A harness plugin shipped in this package (``template``), its placeholders filled in as
     JavaScript literals: how to start crossintercom, the env it carries, the name, the wait,
     and the gateway to long-poll instead (its URL and the name of the token's environment
-    variable, never the token), or null."""
-    text = resources.files("crossintercom.agents.setup").joinpath(template).read_text()
+    variable, never the token), or null; and the poll itself (``gateway_poll.js``) as code."""
+    here = resources.files("crossintercom.agents.setup")
+    text = here.joinpath(template).read_text()
+    # Both plugins poll a gateway with the same function, pasted in (each file stands alone).
+    poll = here.joinpath("gateway_poll.js").read_text().rstrip("\n")
     values = {
         "__COMMAND__": agent.command,
         "__ENV__": agent.env,
@@ -160,7 +163,9 @@ def script_source(template: str, agent: Agent, wait_s: int) -> str:
         ),
     }
     # One pass: a value holding a placeholder's word is never substituted again.
-    return _PLACEHOLDER.sub(lambda m: json.dumps(values[m[0]]), text)
+    return _PLACEHOLDER.sub(
+        lambda m: poll if m[0] == "__GATEWAY_POLL__" else json.dumps(values[m[0]]), text
+    )
 
 
 def is_ours(hook: Any, fmt: str) -> bool:

@@ -20,6 +20,8 @@ const EXIT_TIMEOUT = 6;
 // A gateway not reached (or failing) is asked again after this long, while the session is idle.
 const RETRY_MS = 5000;
 
+__GATEWAY_POLL__
+
 // `opencode run ...` answers its prompt and exits: the first word after the options is "run".
 const oneShot = () => process.argv.slice(2).find((arg) => !arg.startsWith("-")) === "run";
 
@@ -53,7 +55,7 @@ export const CrossintercomMail = async ({ client }) => {
   };
 
   // How a wait ended: "mail" (its text), "again" (nothing came in time), "retry" (the gateway
-  // was not reached), or "stop" (anything else: the watch ends until the next idle).
+  // was not reached), or anything else ("stop", "error"): the watch ends until the next idle.
   const ended = async (how, text) => {
     if (disposed) return;
     if (how === "mail") {
@@ -71,7 +73,7 @@ export const CrossintercomMail = async ({ client }) => {
     }
   };
 
-  const spawnWait = (replace) => {
+  const spawnWait = (replace, done) => {
     const args = [...COMMAND.slice(1), "wait", "--as", NAME, "--format", "text"];
     args.push("--timeout", String(WAIT_S), ...(replace ? ["--replace"] : []));
     const child = spawn(COMMAND[0], args, {
@@ -79,74 +81,33 @@ export const CrossintercomMail = async ({ client }) => {
       env: { ...process.env, ...ENV, CROSSINTERCOM_HARNESS_PID: String(process.pid) },
       stdio: ["ignore", "pipe", "ignore"],
     });
-    const self = {
-      stop: () => {
-        if (child.exitCode === null) child.kill("SIGTERM");
-      },
-    };
-    waiter = self;
     let out = "";
     child.stdout.setEncoding("utf8"); // a character split between two reads stays whole
     child.stdout.on("data", (chunk) => {
       out += chunk;
     });
-    child.on("error", () => {
-      if (waiter === self) waiter = null;
+    child.on("error", () => done("error", "")); // not startable: stay quiet rather than loop
+    child.on("close", (code) => {
+      if (code === EXIT_MAIL && out.trim()) done("mail", out);
+      else done(code === EXIT_TIMEOUT ? "again" : "stop", "");
     });
-    child.on("close", async (code) => {
-      if (waiter !== self) return;
-      waiter = null;
-      if (code === EXIT_MAIL && out.trim()) await ended("mail", out);
-      else await ended(code === EXIT_TIMEOUT ? "again" : "stop");
-    });
-  };
-
-  // The gateway's long poll, as the Claude Code curl hook makes it: the answer's first line is
-  // a key, the hand-over follows; confirming the key marks that mail shown. The token comes
-  // from the environment and goes only into the Authorization header. A poll aborted (dispose)
-  // confirms nothing, so its mail stays unseen for the next session.
-  const pollGateway = async () => {
-    const abort = new AbortController();
-    const self = { stop: () => abort.abort() };
-    waiter = self;
-    const headers = { Authorization: `Bearer ${process.env[GATEWAY.tokenEnv] ?? ""}` };
-    let how = "retry";
-    let text = "";
-    try {
-      const url = `${GATEWAY.url}/wait?format=text&timeout=${WAIT_S}`;
-      const answer = await fetch(url, { headers, signal: abort.signal });
-      const body = await answer.text();
-      if (answer.status === 204) {
-        how = "again";
-      } else if (answer.status === 200) {
-        how = "again";
-        const cut = body.indexOf("\n");
-        const key = cut < 0 ? "" : body.slice(0, cut);
-        text = cut < 0 ? "" : body.slice(cut + 1);
-        if (/^[A-Za-z0-9_-]+$/.test(key) && text.trim() && !disposed) {
-          // A confirmation that fails leaves the mail unseen: handed again, shown twice
-          // rather than lost.
-          try {
-            const shown = `${GATEWAY.url}/wait/shown?key=${encodeURIComponent(key)}`;
-            await fetch(shown, { method: "POST", headers, signal: abort.signal });
-          } catch {}
-          how = disposed ? "stop" : "mail";
-        }
-      } else if (answer.status >= 400 && answer.status < 500) {
-        how = "stop"; // the token refused (revoked, expired, unknown): nothing to retry
-      }
-    } catch {
-      how = "retry";
-    }
-    if (waiter !== self) return;
-    waiter = null;
-    await ended(how, text);
+    return {
+      stop: () => {
+        if (child.exitCode === null) child.kill("SIGTERM");
+      },
+    };
   };
 
   const wait = (replace) => {
     if (!active || disposed || waiter !== null) return;
-    if (GATEWAY === null) spawnWait(replace);
-    else pollGateway();
+    let self = null;
+    const done = async (how, text) => {
+      if (waiter !== self) return;
+      waiter = null;
+      await ended(how, text);
+    };
+    self = GATEWAY === null ? spawnWait(replace, done) : pollGateway(GATEWAY, WAIT_S, done);
+    waiter = self;
   };
 
   return {

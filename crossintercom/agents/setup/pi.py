@@ -10,6 +10,7 @@ from typing import Any
 
 from crossintercom.agents.setup.common import (
     SERVER_KEY,
+    TOKEN_ENV,
     Agent,
     Change,
     json_change,
@@ -20,20 +21,35 @@ from crossintercom.agents.setup.common import (
 
 # How long the extension's `wait` child waits for mail before it is started again.
 PI_WAIT_S = 3600
+# How long one long poll of a gateway's /wait lasts: under the five minutes after which Node's
+# fetch gives up on an answer whose head has not come.
+PI_POLL_S = 240
 # Above the longest ask the MCP server allows (600 s); Pi's own default is 60 s per request.
 PI_TOOL_TIMEOUT_S = 660
 
 
 def extension_source(agent: Agent) -> str:
-    return script_source("pi_extension.ts", agent, PI_WAIT_S)
+    return script_source("pi_extension.ts", agent, PI_POLL_S if agent.gateway else PI_WAIT_S)
 
 
 def pi(agent: Agent, project: Path) -> list[Change]:
     def config(data: dict[str, Any]) -> None:
+        # The gateway's MCP over streamable HTTP, the token from the environment (Pi expands
+        # `${NAME}` in a header); or crossintercom's stdio server run here.
+        server: dict[str, Any] = (
+            {
+                "url": f"{agent.gateway.rstrip('/')}/mcp",
+                "headers": {"Authorization": f"Bearer ${{{TOKEN_ENV}}}"},
+            }
+            if agent.gateway
+            else {
+                "command": agent.command[0],
+                "args": [*agent.command[1:], *agent.mcp_args()],
+                "env": agent.env,
+            }
+        )
         table(data, "mcpServers")[SERVER_KEY] = {
-            "command": agent.command[0],
-            "args": [*agent.command[1:], *agent.mcp_args()],
-            "env": agent.env,
+            **server,
             # Pi's default ("codemode") reaches a server's tools only from scripts; the agent
             # calls these directly, and Pi then waits for the server before the first prompt.
             "exposure": "direct",
