@@ -368,9 +368,13 @@ def _http_protocol() -> type[asyncio.Protocol]:
             self._head_due.cancel()
             super().connection_lost(exc)
 
+        def handle_websocket_upgrade(self, event: Any) -> None:
+            # The WebSocket protocol takes the transport over: this one never sees its end.
+            self._head_due.cancel()
+            super().handle_websocket_upgrade(event)
+
         def _head_late(self) -> None:
-            started = self.cycle is not None or self.transport.get_protocol() is not self
-            if not started and not self.transport.is_closing():
+            if self.cycle is None and not self.transport.is_closing():
                 self.transport.close()
 
     return Http

@@ -35,6 +35,7 @@ class Gateway:
     port: int
     certs: TlsFiles
     root: Path
+    log: Path
     tokens: dict[str, str] = field(default_factory=dict)
     mcp_port: int | None = None
 
@@ -69,11 +70,11 @@ class Gateway:
         if self.proc.poll() is None:
             self.proc.terminate()
         try:
-            _, err = self.proc.communicate(timeout=30)
+            self.proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             self.proc.kill()
-            _, err = self.proc.communicate()
-        return err
+            self.proc.wait()
+        return self.log.read_text()
 
 
 def start_gateway(
@@ -83,23 +84,27 @@ def start_gateway(
     cert = ["--cert", str(root / "server.crt"), "--key", str(root / "server.key")] if tls else []
     # MCP on the frames' own port (the harness test gives it a port of its own).
     cert += ["--mcp"] if mcp else []
-    proc = subprocess.Popen(
-        [*CLI, "gateway", "serve", "--listen", listen, "--ready-file", str(ready), *cert],
-        env=host.env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    # Its log goes to a file: a pipe nobody reads until the end fills, and then the gateway
+    # stops at its next log line.
+    log = ready.with_name(ready.name.replace("ready", "log"))
+    with log.open("w") as err:
+        proc = subprocess.Popen(
+            [*CLI, "gateway", "serve", "--listen", listen, "--ready-file", str(ready), *cert],
+            env=host.env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            text=True,
+        )
 
     def listening() -> bool:
         if proc.poll() is not None:
-            raise AssertionError(f"gateway exited {proc.returncode}: {proc.communicate()}")
+            raise AssertionError(f"gateway exited {proc.returncode}: {log.read_text()}")
         return ready.exists() and ready.read_text().endswith("\n")
 
     wait_for(listening, 120, "the gateway to listen")
     ports = [int(p) for p in ready.read_text().split()]
-    return Gateway(host, proc, ports[0], certs, root, mcp_port=ports[0] if mcp else None)
+    return Gateway(host, proc, ports[0], certs, root, log, mcp_port=ports[0] if mcp else None)
 
 
 @pytest.fixture
@@ -116,6 +121,7 @@ def gateway(sqlite_store: str) -> Iterator[tuple[Gateway, Host, Host]]:  # noqa:
         cluster.close()
     for token in gw.tokens.values():  # never in what the gateway logs
         assert token not in log, "a token reached the gateway's log"
+    assert "Traceback" not in log, log
 
 
 def sandbox_json(env: dict[str, str], *args: str, timeout: float = 60) -> tuple[int, Any]:

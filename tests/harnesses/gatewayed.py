@@ -32,19 +32,20 @@ def through_gateway(kit: kits.Kit, harness: str, henv: HarnessEnv) -> Iterator[J
     certs = Path(tempfile.mkdtemp(prefix="gwc-", dir=henv.root))
     ca = make_certificates(certs).ca
     ready = certs / "ready"
-    gateway = subprocess.Popen(
-        [
-            *CLI,
-            *("gateway", "serve", "--listen", "127.0.0.1:0", "--mcp-listen", "127.0.0.1:0"),
-            *("--cert", str(certs / "server.crt"), "--key", str(certs / "server.key")),
-            *("--ready-file", str(ready)),
-        ],
-        env=kit.env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    log = certs / "gateway.log"  # a file: an unread pipe fills and stops the gateway
+    with log.open("w") as err:
+        gateway = subprocess.Popen(
+            [
+                *CLI,
+                *("gateway", "serve", "--listen", "127.0.0.1:0", "--mcp-listen", "127.0.0.1:0"),
+                *("--cert", str(certs / "server.crt"), "--key", str(certs / "server.key")),
+                *("--ready-file", str(ready)),
+            ],
+            env=kit.env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+        )
     try:
         wait_for(lambda: len(ready.read_text().split()) == 2 if ready.exists() else False, 30,
                  "the gateway to listen")  # fmt: skip
@@ -66,8 +67,8 @@ def through_gateway(kit: kits.Kit, harness: str, henv: HarnessEnv) -> Iterator[J
         yield Joined(kit, dataclasses.replace(kit, env=env))
     finally:
         gateway.terminate()
-        _, log = gateway.communicate(timeout=30)
-        assert "cig_" not in log  # no token in the gateway's log
+        gateway.wait(timeout=30)
+        assert "cig_" not in log.read_text()  # no token in the gateway's log
 
 
 def woken_by_hostile_mail(joined: Joined, mock: MockModel, timeout: float) -> Hostile:
