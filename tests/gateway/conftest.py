@@ -3,19 +3,22 @@ and runtime dir, no store, no broker and no socket of A's in reach, only the gat
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import functools
 import json
 import ssl
 import subprocess
 import tempfile
-from collections.abc import Iterator
+import threading
+from collections.abc import Coroutine, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
+from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
-from websockets.sync.client import ClientConnection, connect
 
 from crossintercom import protocol as p
 from tests.conftest import CLI, run_cli, wait_for
@@ -134,22 +137,62 @@ def sandbox_json(env: dict[str, str], *args: str, timeout: float = 60) -> tuple[
         raise AssertionError((out.returncode, out.stdout, out.stderr)) from None
 
 
+class Frames:
+    """The gateway's WebSocket as a test holds it: asyncio's client, run on a loop in a thread
+    of its own. (websockets' sync client reads and writes one TLS object from two threads; a
+    request written while its reader takes TLS 1.3's session tickets was sometimes never sent,
+    and the gateway rightly dropped the silent connection after ``HEAD_S``.)"""
+
+    def __init__(self, ws: ClientConnection) -> None:
+        self.ws = ws
+
+    def send(self, message: bytes | str) -> None:
+        _run(self.ws.send(message))
+
+    def recv(self, timeout: float) -> bytes | str:
+        return _run(asyncio.wait_for(self.ws.recv(), timeout), timeout + 5)
+
+    def __enter__(self) -> Frames:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        _run(self.ws.close())
+
+
+T = TypeVar("T")
+
+
+@functools.cache
+def _loop() -> asyncio.AbstractEventLoop:
+    loop = asyncio.new_event_loop()
+    threading.Thread(target=loop.run_forever, name="ws-client", daemon=True).start()
+    return loop
+
+
+def _run(coro: Coroutine[Any, Any, T], timeout: float = 60) -> T:
+    return asyncio.run_coroutine_threadsafe(coro, _loop()).result(timeout)
+
+
 def open_frames(
     port: int, token: str, *, address: str = "127.0.0.1", ca: Path | None = None
-) -> ClientConnection:
+) -> Frames:
     """The gateway's WebSocket, opened by hand with TOKEN (raises ``InvalidStatus`` when it is
     refused)."""
     scheme = "wss" if ca is not None else "ws"
     ctx = ssl.create_default_context(cafile=str(ca)) if ca is not None else None
-    return connect(
-        f"{scheme}://{address}:{port}/v1/frames",
-        ssl=ctx,
-        server_hostname="localhost" if ca is not None else None,
-        additional_headers={"Authorization": f"Bearer {token}"} if token else None,
-        proxy=None,
-        open_timeout=30,
-        max_size=None,
-    )
+
+    async def opening() -> ClientConnection:
+        return await connect(
+            f"{scheme}://{address}:{port}/v1/frames",
+            ssl=ctx,
+            server_hostname="localhost" if ca is not None else None,
+            additional_headers={"Authorization": f"Bearer {token}"} if token else None,
+            proxy=None,
+            open_timeout=30,
+            max_size=None,
+        )
+
+    return Frames(_run(opening()))
 
 
 def hostile(

@@ -155,8 +155,10 @@ def test_prometheus_counts_the_deliveries_and_alerts_on_a_stopped_relay(
         assert not [x for x in prom.alerts() if x["state"] == "firing"], prom.alerts()
 
         # B's relay stops: the relay-down alert fires once its window has passed.
-        b.stop_relay()
+        # Timed from before the stop: the relay stops answering scrapes before stop_relay
+        # has seen it exit.
         stopped = time.time()
+        b.stop_relay()
 
         def firing() -> dict[str, Any] | None:
             return next(
