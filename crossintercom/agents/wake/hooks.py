@@ -99,8 +99,13 @@ def claude_one_shot(environ: dict[str, str] | None = None) -> bool:
     turn. There it runs an ``asyncRewake`` hook synchronously and waits for it, so the hook must
     return at once. Claude Code names its pid to hooks (``CLAUDE_PID``); its arguments say."""
     environ = dict(os.environ) if environ is None else environ
-    pid = lifeline.parse_pid(environ.get("CLAUDE_PID", "")) or lifeline.find_harness(environ)
-    args = _cmdline(pid)[1:]
+    named = lifeline.parse_pid(environ.get("CLAUDE_PID", ""))
+    cmdline = _cmdline(named or lifeline.find_harness(environ))
+    # An ancestor found by walking up is Claude Code only if its command says so (a test
+    # runner's own "-p" is not a print flag).
+    if named is None and not any("claude" in a.lower() for a in cmdline[:2]):
+        return False
+    args = cmdline[1:]
     if not any(a in ("-p", "--print") for a in args):
         return False
     streaming = any(
