@@ -173,6 +173,26 @@ def test_threads_open_in_place_and_the_reply_form_follows_the_message(
         ids = page.eval_on_selector_all("#thread > li", "els => els.map(e => e.dataset.id)")
         assert ids[-1] == joined["id"], ids  # oldest first, the newcomer last
         assert page.evaluate("window.__pwned") is None
+
+        # A newer copy of the row replaces it while its thread is being read (live mail does):
+        # the thread opens under the row that is there now.
+        page.click("#thread-close")
+        held: list[Any] = []
+        # A Python function: Playwright cannot call a builtin method as a route handler.
+        page.route("**/api/thread/**", lambda route: held.append(route))  # noqa: PLW0108
+        page.click(f"{rows['second']} a.thread")
+        for _ in range(600):  # the thread's request reaches the route (events run while waiting)
+            if held:
+                break
+            page.wait_for_timeout(50)
+        page.eval_on_selector(rows["second"], "e => e.replaceWith(e.cloneNode(true))")
+        for route in held:
+            route.continue_()
+        page.wait_for_selector("#thread-section:not([hidden]) #thread li")
+        assert (
+            page.eval_on_selector(rows["second"], "e => e.nextElementSibling.id")
+            == "thread-section"
+        )
         first.kill()
 
 

@@ -61,6 +61,8 @@ async function showThread(id, from) {
   const box = document.getElementById("thread-section");
   document.getElementById("thread-id").textContent = id;
   document.getElementById("thread").replaceChildren(...(Array.isArray(items) ? items : []).map(messageItem));
+  // A newer copy of the row may have replaced it while the thread was read: open under that.
+  if (from && !from.isConnected) from = document.querySelector(`#feed > li[data-id="${CSS.escape(from.dataset.id || "")}"]`);
   if (from && !box.contains(from)) from.after(box);
   else if (!from) document.getElementById("feed").before(box);
   box.hidden = false;
