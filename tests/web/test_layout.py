@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import background_cli
+from tests.conftest import background_cli, wait_for
 from tests.relay.conftest import Cluster
 from tests.web.conftest import WebServer, hosts_for, open_page, start_web
 
@@ -178,13 +178,13 @@ def test_threads_open_in_place_and_the_reply_form_follows_the_message(
         # the thread opens under the row that is there now.
         page.click("#thread-close")
         held: list[Any] = []
-        # A Python function: Playwright cannot call a builtin method as a route handler.
-        page.route("**/api/thread/**", lambda route: held.append(route))  # noqa: PLW0108
+
+        def hold(route: Any) -> None:
+            held.append(route)
+
+        page.route("**/api/thread/**", hold)
         page.click(f"{rows['second']} a.thread")
-        for _ in range(600):  # the thread's request reaches the route (events run while waiting)
-            if held:
-                break
-            page.wait_for_timeout(50)
+        wait_for(lambda: page.evaluate("1") and held, 30, "the thread's request")
         page.eval_on_selector(rows["second"], "e => e.replaceWith(e.cloneNode(true))")
         for route in held:
             route.continue_()
