@@ -12,9 +12,11 @@ Contract of the translation: ``StoreUnavailable`` means nothing was written (saf
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -190,6 +192,23 @@ def autocommit(conn: Connection) -> Connection:
         return conn.execution_options(isolation_level="AUTOCOMMIT")
     # A lone statement takes the locks it needs itself; a read then leaves writers alone.
     return conn.execution_options(**{SQLITE_AUTOCOMMIT: True})
+
+
+@contextlib.contextmanager
+def unprepared(conn: Connection) -> Iterator[None]:
+    """Statements run here are not prepared on the server. psycopg prepares a statement after
+    a few runs, in a round trip of its own, which outside a transaction is a commit of its own:
+    for the heartbeat, one commit more after each plan refresh (docs/storage.md, "Idle load")."""
+    raw: Any = conn.connection.driver_connection
+    threshold = getattr(raw, "prepare_threshold", None)
+    if threshold is None:  # SQLite, or preparing already off
+        yield
+        return
+    raw.prepare_threshold = None
+    try:
+        yield
+    finally:
+        raw.prepare_threshold = threshold
 
 
 def check_writable(path: Path, masked: str, *, must_exist: bool) -> None:

@@ -28,6 +28,7 @@ from crossintercom.reservations import (
     Quotas,
     conflicts,
 )
+from crossintercom.storage import engine as db
 from crossintercom.storage import migrate
 from crossintercom.storage import queries as q
 from crossintercom.storage.archive import SqlArchive
@@ -235,7 +236,8 @@ class SqlStore(Generic[D]):
         def one(conn: Connection) -> Beat | None:
             if not in_one and conn.execute(q.HEARTBEAT, params).rowcount != 1:
                 return None
-            rows = conn.execute(stmt, params).all()
+            with db.unprepared(conn):  # once every heartbeat_s: planning it costs less
+                rows = conn.execute(stmt, params).all()
             if not rows or not rows[0][7]:
                 return None
             hosts = tuple(HostRow(*row[:4]) for row in rows)

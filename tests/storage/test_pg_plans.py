@@ -185,3 +185,31 @@ def _stale_plan(url: str) -> str:
         return run(store.driver.run(_cached_plans))
     finally:
         run(store.aclose())
+
+
+def _prepared(conn: Connection) -> list[str]:
+    return list(conn.execute(text("SELECT statement FROM pg_prepared_statements")).scalars())
+
+
+def test_the_heartbeat_is_never_prepared_so_a_plan_refresh_costs_an_idle_relay_no_commit(
+    pg_url: str,
+) -> None:
+    """psycopg prepares a statement after a few runs, in a round trip of its own: outside a
+    transaction that is a commit of its own, one more for an idle relay after each plan
+    refresh. The beat runs unprepared; the delivery path's statements still are prepared
+    (the control: the check sees a prepared statement when there is one)."""
+    store = postgres_store(parse_store_url(pg_url), pool_size=1)
+    try:
+        cycles = Cycles(store)
+        for _ in range(12):
+            assert run(store.beat(A, cycles.gens[0], ["s1"])) is not None
+        cycles.blocking(store, 12)
+        prepared = run(store.driver.run(_prepared))
+        threshold = run(
+            store.driver.run(lambda c: c.connection.driver_connection.prepare_threshold)
+        )
+    finally:
+        run(store.aclose())
+    assert not [s for s in prepared if "bumped" in s], prepared
+    assert [s for s in prepared if "INSERT INTO messages" in s], prepared
+    assert threshold == 5  # psycopg's default, back after each beat
