@@ -1,10 +1,12 @@
 """The relay's periodic work, carried by its heartbeat: the look for sessions holding up the
-store (``stuck_check_s``) and the housekeeping (``housekeeping_s``: expiry, purge, the host's
-dead reservations) run inside the heartbeat's own transaction when they are due, so an idle
-relay commits once a heartbeat and nothing else (docs/storage.md, "Idle load"). The beat
-proves the relay current before they run, as the fence they need (a relay frozen past a
-takeover must not expire or purge). What they find past one batch is finished afterwards in
-transactions of their own, as before: then the relay is not idle.
+store (``stuck_check_s``), the housekeeping (``housekeeping_s``: expiry, purge, the host's
+dead reservations) and, while metrics are served, their counts of the mail waiting and the
+host's reservations (``metrics.QUEUE_READ_S``) run inside the heartbeat's own transaction
+when they are due, so an idle relay commits once a heartbeat and nothing else
+(docs/storage.md, "Idle load"). The beat proves the relay current before they run, as the
+fence they need (a relay frozen past a takeover must not expire or purge). What they find
+past one batch is finished afterwards in transactions of their own, as before: then the relay
+is not idle.
 """
 
 from __future__ import annotations
@@ -31,8 +33,9 @@ class Chores:
         self._beat = beat
         self._housekeeping_due = time.monotonic() + relay.settings.housekeeping_s
 
-    async def beat(self) -> Beat | None:
-        """One heartbeat, with the chores that are due in its transaction; None when fenced."""
+    async def beat(self, *, count: bool = False) -> Beat | None:
+        """One heartbeat, with the chores that are due in its transaction; None when fenced.
+        ``count``: the metrics' reads of the store too (``counts_chore``), into ``metrics``."""
         relay, store = self.relay, self.relay.store
         look = self.stuck.due()
         now = time.monotonic()
@@ -41,6 +44,8 @@ class Chores:
             self._housekeeping_due = now + relay.settings.housekeeping_s
         keep = relay.settings.purge_after_s
         chores: list[Chore] = [store.stuck_chore(STUCK_IDLE_S)] if look else []
+        if count:
+            chores.append(store.counts_chore(relay.host, relay.generation))
         if house:
             chores += [
                 store.expire_chore(),
@@ -63,6 +68,10 @@ class Chores:
         done = list(beat.chores)
         if look:
             self.stuck.seen(done.pop(0))
+        if count:
+            queued, reserved = done.pop(0)
+            relay.metrics.queued(queued)
+            relay.metrics.reserved(reserved)
         if house:
             expired, (purged, receipts), _swept = done
             if expired or purged or receipts:

@@ -4,8 +4,9 @@ Counters and the store's latency histogram are prometheus-client's own, in a reg
 relay's; the relay's state (lease, generation, its LISTEN, the broker link, the
 other hosts' leases, the mail waiting for this host) is read at scrape time from what the
 relay already holds, so a scrape runs no statement. The mail waiting and this host's
-reservations are read from the store every ``QUEUE_READ_S`` (a grouped statement each) by the
-relay's heartbeat loop, only while the metrics are served.
+reservations are read from the store every ``QUEUE_READ_S`` (a grouped statement each) inside
+the relay's heartbeat (``relay/chores.py``: no commit of their own), only while the metrics are
+served.
 Labels take bounded values only: an outcome, a code, a store operation's name (from the
 code), a host id; never a message id, a session or free text. Served by prometheus-client's
 own HTTP server on a thread of its own, so a scrape never waits on the relay's event loop.
@@ -34,7 +35,7 @@ if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
 
 # How often the mail waiting for this host is counted in the store while metrics are served:
-# one grouped read, on the heartbeat loop's turn, never one per scrape.
+# two grouped reads inside a heartbeat (relay/chores.py), never one per scrape.
 QUEUE_READ_S: Final = 5.0
 DEFAULT_ADDRESS: Final = "127.0.0.1"
 # Store operations take from a millisecond (a pooled read) to the driver's deadline.

@@ -441,15 +441,13 @@ class Relay(RelayCore):
         chores = Chores(self, self.stuck, self._watched_heartbeat)
         while not self.stopping.is_set():
             try:
-                beat = await chores.beat()
+                count = self.metrics.queue_due()
+                beat = await chores.beat(count=count)
                 if beat is None:
                     self.fenced()
                     return
                 self.metrics.state.beat_at = time.monotonic()
-                if self.metrics.queue_due():
-                    self.metrics.queued(await self.store.queued_mail(self.host))
-                    gen = self.generation
-                    self.metrics.reserved(await self.store.reservation_counts(self.host, gen))
+                if count:
                     self._count_broker_mail()
                 self.report_store(self.stuck.warning)
                 if self._published is None or self.local_sessions != self._published:

@@ -360,13 +360,14 @@ class MailboxStore(Protocol):
         """``sweep_reservations`` as a chore: how many went."""
         ...
 
-    async def hosts(self, *, reports: bool = False) -> list[HostRow]:
-        """Every host's lease row; with ``reports``, what each wrote of itself too."""
+    def counts_chore(self, host_id: str, generation: int) -> Chore:
+        """What the relay's metrics count in the store, as a chore: (``queued_mail`` of
+        ``host_id``, the host's live reservations at ``generation`` by mode, a mode with none
+        absent); two grouped reads, no commit of their own."""
         ...
 
-    async def reservation_counts(self, host_id: str, generation: int) -> dict[str, int]:
-        """The host's live reservations at ``generation``, by mode (one grouped read; a mode
-        with none is absent)."""
+    async def hosts(self, *, reports: bool = False) -> list[HostRow]:
+        """Every host's lease row; with ``reports``, what each wrote of itself too."""
         ...
 
     async def record_error(self, host_id: str, generation: int, code: str, error: str) -> bool:

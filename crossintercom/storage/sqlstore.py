@@ -282,24 +282,17 @@ class SqlStore(Generic[D]):
         )
 
     async def queued_mail(self, host_id: str | None = None) -> list[QueuedMail]:
-        stmt = q.queued_mail(host_id is not None)
-        params = {"host": host_id} if host_id is not None else {}
+        return await self.run(partial(_queued_mail, host_id=host_id), single_statement=True)
 
-        def read(conn: Connection) -> list[QueuedMail]:
-            return [
-                QueuedMail(host, int(n), age(oldest, now))
-                for host, n, oldest, now in conn.execute(stmt, params)
-            ]
-
-        return await self.run(read, single_statement=True)
-
-    async def reservation_counts(self, host_id: str, generation: int) -> dict[str, int]:
+    def counts_chore(self, host_id: str, generation: int) -> Chore:
         params = {"host": host_id, "gen": generation, "now": datetime.now(UTC)}
 
-        def read(conn: Connection) -> dict[str, int]:
-            return {str(mode): int(n) for mode, n in conn.execute(q.RESERVATION_COUNTS, params)}
+        def read(conn: Connection) -> tuple[list[QueuedMail], dict[str, int]]:
+            counts = conn.execute(q.RESERVATION_COUNTS, params)
+            by_mode = {str(mode): int(n) for mode, n in counts}
+            return _queued_mail(conn, host_id), by_mode
 
-        return await self.run(read, single_statement=True)
+        return Chore(read)
 
     # -- roster ---------------------------------------------------------------------------
 
@@ -747,3 +740,10 @@ class SqlStore(Generic[D]):
             await self.run(lambda c: c.execute(q.update_settings(values)))
             with self._settings_lock:
                 self._settings_cache = None  # this store sees its own change at once
+
+
+def _queued_mail(conn: Connection, host_id: str | None) -> list[QueuedMail]:
+    """Mail waiting for ``host_id`` (every host when None), one grouped read."""
+    params = {"host": host_id} if host_id is not None else {}
+    rows = conn.execute(q.queued_mail(host_id is not None), params)
+    return [QueuedMail(host, int(n), age(oldest, now)) for host, n, oldest, now in rows]

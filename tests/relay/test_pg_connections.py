@@ -2,7 +2,8 @@
 docs/operations.md, "Sizing"): one connection, its statements' (the archive's included) and
 its LISTEN on the same one, with the archive on and writing; and, idle, at most 0.2 commits
 per second at the product's own pace (heartbeat_s = lease_s / 3), counted by the server
-(``pg_stat_database.xact_commit``) over a measured window.
+(``pg_stat_database.xact_commit``) over a measured window, with its metrics served (their
+reads of the store ride in the heartbeat: relay/chores.py).
 
 On a throwaway server with autovacuum off: its workers' visits to the database are
 transactions counted there too (about one a minute), and the figure is the relay's."""
@@ -19,6 +20,7 @@ from crossintercom.storage import migrate
 from crossintercom.storage.engine import application_name
 from crossintercom.tools.pgcluster import ThrowawayPostgres, pg_bin
 from tests.relay.conftest import Cluster, Host, wait_for
+from tests.relay.metricskit import free_port, scrape, value
 from tests.relay.test_archive import archived_ids, turn_archive_on
 
 pytestmark = [
@@ -69,13 +71,15 @@ def commits(admin: Admin) -> int:
     return int(str(found[0]))
 
 
-def quiet_host(cluster: Cluster) -> Host:
+def quiet_host(cluster: Cluster) -> tuple[Host, int]:
     """Host A alone on the store, at the product's heartbeat (the tests' is shorter), with the
-    archive on."""
+    archive on and its metrics served on the port returned."""
     a = cluster.host("A", relay=False, heartbeat_s=5.0)
     turn_archive_on(a)
+    port = free_port()
+    a.env["CROSSINTERCOM_METRICS"] = f"127.0.0.1:{port}"
     a.start_relay()
-    return a
+    return a, port
 
 
 def test_a_relay_with_the_archive_on_holds_one_connection_and_idles_at_one_commit_a_beat(
@@ -83,7 +87,7 @@ def test_a_relay_with_the_archive_on_holds_one_connection_and_idles_at_one_commi
 ) -> None:
     url = store_url(quiet_server)
     with Cluster(url) as cluster, psycopg.connect(quiet_server.url, autocommit=True) as admin:
-        a = quiet_host(cluster)
+        a, port = quiet_host(cluster)
         worker = a.listen("worker")  # a same-host recipient: its mail is archived too
         planner = a.client("planner")
         sent = [planner.send("worker@A", f"m{i}").id for i in range(10)]
@@ -118,3 +122,5 @@ def test_a_relay_with_the_archive_on_holds_one_connection_and_idles_at_one_commi
         assert (c1 - c0) / elapsed <= IDLE_COMMITS_PER_S, (c1 - c0, round(elapsed, 2))
         seen = connections(admin)
         assert sum(seen.values()) <= 1, seen
+        # The metrics' reads of the store ran meanwhile (nothing waits for this host).
+        assert value(scrape(port), "crossintercom_queued_messages") == 0
