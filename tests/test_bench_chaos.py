@@ -202,6 +202,9 @@ def check_peer(report: dict[str, Any], figures: dict[tuple[str, str], Any]) -> N
         if path == "cross-host postgres" and metric in PEER:
             assert f["peer"] > 0 and f["peer_ratio"] > 0 and f["peer_is"], f
             assert len(f["peer_ratios"]) >= 1, f
+            # The targets against the peer, judged in the run (whatever the quick run gives).
+            if metric in ("one-way p50", "throughput", "backlog catch-up"):
+                assert f["peer_target"] > 0 and isinstance(f["peer_target_met"], bool), f
         else:
             assert f["peer"] is None and f["peer_ratio"] is None, f
     assert set(report["details"]["cpu_ms_per_message"]["postgres"]) >= {

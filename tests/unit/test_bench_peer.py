@@ -52,13 +52,31 @@ def test_peer_figures_carry_the_median_ratio_beside_the_raw_one(
         peer=1000.0,
         peer_ratios=[0.8, 0.9, 1.2],
         peer_is="PgQueuer",
+        peer_target=1.5,
     )
     assert f.ratio == pytest.approx(0.1) and f.peer_ratio == pytest.approx(0.9)
+    assert f.peer_target_met is False  # 0.9x of the peer's rate against >= 1.5x
     report = BenchReport("postgres", "pg", True, "now", {}, figures=[f])
     assert report.to_dict()["figures"][0]["peer_ratio"] == pytest.approx(0.9)
+    assert report.to_dict()["figures"][0]["peer_target_met"] is False
     render(report)
     out = capsys.readouterr().out
     assert "ratio to peer" in out and "0.90x" in out and "peer (cross-host postgres" in out
+    assert "peer target" in out and ">=1.5x NOT met" in out
+    # Lower is better for a latency: 0.8x of the peer's time meets <= 1.0x.
+    latency = Figure(
+        "p",
+        "one-way p50",
+        "ms",
+        4.0,
+        1.0,
+        "raw",
+        False,
+        peer=5.0,
+        peer_ratios=[0.8],
+        peer_target=1.0,
+    )
+    assert latency.peer_target_met is True
 
 
 def test_cpu_is_counted_for_the_processes_named_and_the_calling_thread() -> None:

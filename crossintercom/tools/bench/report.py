@@ -37,18 +37,31 @@ class Figure:
     peer_ratio: float | None = None
     peer_ratios: list[float] = field(default_factory=list)
     peer_is: str = ""
+    # The target against the peer (``run.PEER_TARGETS``), met or not, as ``target`` for raw.
+    peer_target: float | None = None
+    peer_target_met: bool | None = None
 
     def __post_init__(self) -> None:
         if self.peer_ratios:
             self.peer_ratio = statistics.median(self.peer_ratios)
+        if self.peer_target is not None and self.peer_ratio is not None:
+            self.peer_target_met = _met(self.peer_ratio, self.peer_target, self.higher_is_better)
         if self.ratios:
             self.ratio = statistics.median(self.ratios)
         else:
             self.ratio = self.crossintercom / self.baseline if self.baseline > 0 else float("inf")
         if self.target is not None:
-            self.target_met = (
-                self.ratio >= self.target if self.higher_is_better else self.ratio <= self.target
-            )
+            self.target_met = _met(self.ratio, self.target, self.higher_is_better)
+
+
+def _met(ratio: float, target: float, higher_is_better: bool) -> bool:
+    return ratio >= target if higher_is_better else ratio <= target
+
+
+def _target(target: float | None, met: bool | None, higher_is_better: bool) -> str:
+    if target is None:
+        return "-"
+    return f"{'>=' if higher_is_better else '<='}{target}x {'met' if met else 'NOT met'}"
 
 
 @dataclass
@@ -95,15 +108,10 @@ def render(report: BenchReport) -> None:
     )
     columns = ("path", "metric", "pairing", "crossintercom", "baseline", "ratio", "target")
     peer = any(f.peer is not None for f in report.figures)
-    for col in (*columns, "peer", "ratio to peer") if peer else columns:
+    for col in (*columns, "peer", "ratio to peer", "peer target") if peer else columns:
         table.add_column(col, justify="left" if col in ("path", "metric", "pairing") else "right")
     for f in report.figures:
         fmt = "{:,.0f}" if f.unit == "msg/s" else "{:.2f}"
-        if f.target is None:
-            target = "-"
-        else:
-            sign = ">=" if f.higher_is_better else "<="
-            target = f"{sign}{f.target}x {'met' if f.target_met else 'NOT met'}"
         row = [
             f.path,
             f"{f.metric} ({f.unit})",
@@ -111,10 +119,13 @@ def render(report: BenchReport) -> None:
             fmt.format(f.crossintercom),
             fmt.format(f.baseline),
             f"{f.ratio:.2f}x",
-            target,
+            _target(f.target, f.target_met, f.higher_is_better),
         ]
-        if peer:
-            row += ["-", "-"] if f.peer is None else [fmt.format(f.peer), f"{f.peer_ratio:.2f}x"]
+        if peer and f.peer is not None:
+            row += [fmt.format(f.peer), f"{f.peer_ratio:.2f}x"]
+            row.append(_target(f.peer_target, f.peer_target_met, f.higher_is_better))
+        elif peer:
+            row += ["-", "-", "-"]
         table.add_row(*row)
     console = Console()
     console.print(table)

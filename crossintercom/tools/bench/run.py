@@ -77,6 +77,8 @@ PEER_IS = {
     "the consumer until it has started them all",
     "cpu": "PgQueuer: its consumer process, the producers' thread and its database's backends",
 }
+# Targets against the peer, as ratios crossintercom / PgQueuer (median of the rounds' ratios).
+PEER_TARGETS = {"cross_one_way_p50": 1.0, "cross_throughput": 1.5, "catch_up": 2.0}
 NO_PEER_STORE = (
     "the peer phase runs on PostgreSQL only: give --store postgresql://... or --own-postgres"
 )
@@ -121,6 +123,7 @@ def _figures(kind: str, rounds: Rounds, same_host: bool) -> list[Figure]:
             "peer": median([p for _, p in pairs]),
             "peer_ratios": [ci / p for ci, p in pairs if p > 0],
             "peer_is": PEER_IS[key],
+            "peer_target": PEER_TARGETS.get(key),
         }
 
     def fig(key: str, path: str, metric: str, unit: str, is_: str, pairing: str) -> Figure:
