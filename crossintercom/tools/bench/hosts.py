@@ -10,9 +10,10 @@ latency figure is each many-host p50 beside the two-host ones just before and af
 
 Counted by the server while the many hosts are up: idle commits per second per relay (the
 ``pg_stat_database.xact_commit`` delta over a quiet window, less the bench's own reads, over
-relays and seconds; target at most 0.2) and database connections per host (each host's backends
-in ``pg_stat_activity``, told apart by the ``application_name`` its relay gives every connection:
-``storage.engine.application_name``), sampled idle and during the sends; the most on any host is
+relays and seconds, the median of consecutive windows; target at most 0.2) and database
+connections per host (each host's backends in ``pg_stat_activity``, told apart by the
+``application_name`` its relay gives every connection: ``storage.engine.application_name``),
+sampled idle and during the sends; the most on any host is
 the figure (target at most 1: statements and LISTEN on one), beside the server's
 ``max_connections``. Then every host sends one message to the next one's session (a ring): each
 must come back ``delivered``. And the memory of a host: its relay's and its broker's resident
@@ -127,13 +128,16 @@ class HostsBench:
         token: str,
         step: Callable[[str], None],
         rounds: int = len(MANYS),
+        windows: int = 1,
     ) -> None:
         self.store_url, self.conninfo = store_url, conninfo
         self.n, self.sends, self.quiet_s, self.step = hosts, sends, quiet_s, step
+        self.windows = windows
         self.manys, self.twos = MANYS[:rounds], TWOS[: rounds + 1]
         self.ids = [f"bench-h{k:02d}-{token}" for k in range(hosts)]
         self.cluster = Cluster(root, store_url, SimHost)
         self.out: dict[str, Any] = {"hosts": hosts, "sends": sends, "quiet_s": quiet_s}
+        self.out["quiet_windows"] = windows
 
     def run(self) -> dict[str, Any]:
         with self.cluster:
@@ -208,28 +212,41 @@ class HostsBench:
             await asyncio.to_thread(self._stop, more)
 
     async def _idle(self) -> None:
-        """Commits per idle relay per second over the quiet window, what ran in it (with
-        pg_stat_statements) and each host's backends."""
+        """Commits per idle relay per second over the quiet windows (the median of the
+        windows' rates), what ran in them (with pg_stat_statements) and each host's backends."""
         counters = StoreCounters(self.conninfo)
+        windows: list[dict[str, Any]] = []
         try:
             # The hosts' start-up work is published before the window opens (FLUSH_S).
             await asyncio.sleep(FLUSH_S)
-            reads = counters.reads
+            mark = counters.reads
             calls0 = counters.calls()
-            vacuums0 = counters.vacuums()
-            sessions0 = counters.sessions()
-            c0, _ = counters.read()
-            own = counters.reads - reads  # these reads' transactions count in the second
-            t0 = time.monotonic()
-            await asyncio.sleep(self.quiet_s)
-            c1, _ = counters.read()
-            seconds = time.monotonic() - t0
+            t_all = time.monotonic()
+            for _ in range(self.windows):
+                vacuums0, sessions0 = counters.vacuums(), counters.sessions()
+                c0, _ = counters.read()
+                # The bench's reads since the last window's count are published in this one.
+                own = counters.reads - mark
+                t0 = time.monotonic()
+                await asyncio.sleep(self.quiet_s)
+                mark = counters.reads
+                c1, _ = counters.read()
+                seconds = time.monotonic() - t0
+                commits = max(0, c1 - c0 - own)
+                windows.append(
+                    {
+                        "seconds": round(seconds, 2),
+                        "commits": commits,
+                        "commits_per_s_per_relay": commits / self.n / seconds,
+                        # The server's own: autovacuum and autoanalyze runs finished in it.
+                        "autovacuum_runs": counters.vacuums() - vacuums0,
+                        "sessions_opened": counters.sessions() - sessions0,
+                    }
+                )
+            seconds = time.monotonic() - t_all
             calls1 = counters.calls()
-            vacuums = counters.vacuums() - vacuums0
-            sessions = counters.sessions() - sessions0
         finally:
             counters.close()
-        commits = max(0, c1 - c0 - own)
         ran = {q: n - calls0.get(q, 0) for q, n in calls1.items() if n > calls0.get(q, 0)}
         top = sorted(ran.items(), key=lambda qn: -qn[1])[:_TOP_STATEMENTS]
         backends = await asyncio.to_thread(Backends(self.conninfo, self.ids).once)
@@ -238,12 +255,14 @@ class HostsBench:
             "server_max_connections": server[0],
             "server_backends": server[1],
             "relays": self.n,
-            "seconds": round(seconds, 2),
-            "commits": commits,
-            "commits_per_s_per_relay": commits / self.n / seconds,
-            # The server's own: autovacuum and autoanalyze runs finished in the window.
-            "autovacuum_runs": vacuums,
-            "sessions_opened": sessions,
+            "seconds": sum(w["seconds"] for w in windows),
+            "commits": sum(w["commits"] for w in windows),
+            "commits_per_s_per_relay": statistics.median(
+                w["commits_per_s_per_relay"] for w in windows
+            ),
+            "windows": windows,
+            "autovacuum_runs": sum(w["autovacuum_runs"] for w in windows),
+            "sessions_opened": sum(w["sessions_opened"] for w in windows),
             "statements_per_s_per_relay_all": round(sum(ran.values()) / self.n / seconds, 2),
             # Calls per second per relay of each statement, most first (the bench's own too).
             "statements_per_s_per_relay": [

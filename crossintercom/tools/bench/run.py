@@ -447,6 +447,7 @@ def run_bench(
                         hosts=counts.scale_hosts,
                         sends=counts.latency,
                         quiet_s=counts.scale_quiet_s,
+                        windows=counts.scale_quiet_windows,
                         token=token,
                         step=step,
                     ).figures()
@@ -489,6 +490,7 @@ def _fleet(
                 hosts=hosts,
                 sends=counts.latency,
                 quiet_s=counts.scale_quiet_s,
+                windows=counts.scale_quiet_windows,
                 token=token,
                 step=step,
                 rounds=1,
