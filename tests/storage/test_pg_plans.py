@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import psycopg
 import pytest
@@ -191,6 +191,11 @@ def _prepared(conn: Connection) -> list[str]:
     return list(conn.execute(text("SELECT statement FROM pg_prepared_statements")).scalars())
 
 
+def _prepare_threshold(conn: Connection) -> int | None:
+    raw: Any = conn.connection.driver_connection
+    return cast(int | None, raw.prepare_threshold)
+
+
 def test_the_heartbeat_is_never_prepared_so_a_plan_refresh_costs_an_idle_relay_no_commit(
     pg_url: str,
 ) -> None:
@@ -205,9 +210,7 @@ def test_the_heartbeat_is_never_prepared_so_a_plan_refresh_costs_an_idle_relay_n
             assert run(store.beat(A, cycles.gens[0], ["s1"])) is not None
         cycles.blocking(store, 12)
         prepared = run(store.driver.run(_prepared))
-        threshold = run(
-            store.driver.run(lambda c: c.connection.driver_connection.prepare_threshold)
-        )
+        threshold = run(store.driver.run(_prepare_threshold))
     finally:
         run(store.aclose())
     assert not [s for s in prepared if "bumped" in s], prepared
