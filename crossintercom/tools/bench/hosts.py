@@ -136,8 +136,12 @@ class HostsBench:
         self.manys, self.twos = MANYS[:rounds], TWOS[: rounds + 1]
         self.ids = [f"bench-h{k:02d}-{token}" for k in range(hosts)]
         self.cluster = Cluster(root, store_url, SimHost)
-        self.out: dict[str, Any] = {"hosts": hosts, "sends": sends, "quiet_s": quiet_s}
-        self.out["quiet_windows"] = windows
+        self.out: dict[str, Any] = {
+            "hosts": hosts,
+            "sends": sends,
+            "quiet_s": quiet_s,
+            "quiet_windows": windows,
+        }
 
     def run(self) -> dict[str, Any]:
         with self.cluster:
