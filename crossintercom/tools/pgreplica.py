@@ -205,8 +205,10 @@ class ReplicatedPostgres:
             old.wipe_data()
             old.base_backup_of(self.primary)
         old.launch()
-        self.standby, self._stopped = old, None
         self._streaming(self.primary, old)
+        # Only now the standby again: a fail_over() meanwhile would promote a standby not yet
+        # synchronous (and lose what it had not streamed) and stop the primary streamed from.
+        self.standby, self._stopped = old, None
         return time.monotonic() - started
 
     def replication(self) -> list[tuple[str, str, str]]:
