@@ -51,6 +51,10 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
+# The longest pause between two polls of a cheap predicate (see wait_for).
+MAX_POLL_S = 0.1
+
+
 def wait_for(
     predicate: Callable[[], Any],
     timeout: float,
@@ -59,16 +63,23 @@ def wait_for(
 ) -> Any:
     """Poll ``predicate`` until it returns something truthy (returned); fail after ``timeout``.
 
+    The pause starts at ``interval`` and grows to ``MAX_POLL_S``, and is never shorter than the
+    predicate took: a wait that runs a CLI or scrapes a page each time would otherwise keep a
+    core busy on a machine the other tests share (the suite is CPU-bound on 2 cores).
     ``what`` may be a callable, evaluated only on failure (to describe the final state)."""
     deadline = time.monotonic() + timeout
+    pause = interval
     while True:
+        began = time.monotonic()
         value = predicate()
         if value:
             return value
-        if time.monotonic() > deadline:
+        now = time.monotonic()
+        if now > deadline:
             text = what() if callable(what) else what
             raise AssertionError(f"timed out after {timeout}s waiting for {text}")
-        time.sleep(interval)
+        time.sleep(min(max(pause, now - began), MAX_POLL_S * 5))
+        pause = min(pause * 1.5, max(MAX_POLL_S, interval))
 
 
 def broker_pid(home: Path) -> int | None:
