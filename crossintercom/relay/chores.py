@@ -1,7 +1,7 @@
 """The relay's periodic work, carried by its heartbeat: the look for sessions holding up the
 store (``stuck_check_s``), the housekeeping (``housekeeping_s``: expiry, purge, the host's
 dead reservations) and, while metrics are served, their counts of the mail waiting and the
-host's reservations (``metrics.QUEUE_READ_S``) run inside the heartbeat's own transaction
+host's reservations (at every beat) run inside the heartbeat's own transaction
 when they are due, so an idle relay commits once a heartbeat and nothing else
 (docs/storage.md, "Idle load"). The beat proves the relay current before they run, as the
 fence they need (a relay frozen past a takeover must not expire or purge). What they find

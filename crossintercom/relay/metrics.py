@@ -4,9 +4,9 @@ Counters and the store's latency histogram are prometheus-client's own, in a reg
 relay's; the relay's state (lease, generation, its LISTEN, the broker link, the
 other hosts' leases, the mail waiting for this host) is read at scrape time from what the
 relay already holds, so a scrape runs no statement. The mail waiting and this host's
-reservations are read from the store every ``QUEUE_READ_S`` (a grouped statement each) inside
-the relay's heartbeat (``relay/chores.py``: no commit of their own), only while the metrics are
-served.
+reservations are read from the store at every heartbeat (``heartbeat_s``, a grouped statement
+each) inside the heartbeat's transaction (``relay/chores.py``: no commit of their own), only
+while the metrics are served.
 Labels take bounded values only: an outcome, a code, a store operation's name (from the
 code), a host id; never a message id, a session or free text. Served by prometheus-client's
 own HTTP server on a thread of its own, so a scrape never waits on the relay's event loop.
@@ -34,9 +34,6 @@ from crossintercom.storage import Ack, QueuedMail
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
 
-# How often the mail waiting for this host is counted in the store while metrics are served:
-# two grouped reads inside a heartbeat (relay/chores.py), never one per scrape.
-QUEUE_READ_S: Final = 5.0
 DEFAULT_ADDRESS: Final = "127.0.0.1"
 # Store operations take from a millisecond (a pooled read) to the driver's deadline.
 _LATENCY_BUCKETS: Final = (
@@ -108,7 +105,6 @@ class RelayState:
     # The other hosts' leases: host id -> alive.
     peers: Callable[[], dict[str, bool]] = dict
     queued: QueuedMail | None = None
-    queued_read_at: float = -QUEUE_READ_S
     # This host's live reservations by mode, read with the queued mail (None before).
     reserved: dict[str, int] | None = None
     # Read from the broker's status with the queued mail (None before, or while unreachable).
@@ -180,7 +176,7 @@ class _StateCollector(Collector):
         if queued is not None:
             yield GaugeMetricFamily(
                 "crossintercom_queued_messages",
-                f"Deliveries waiting in the store for this host (read every {QUEUE_READ_S:g} s)",
+                "Deliveries waiting in the store for this host (read at every heartbeat)",
                 value=queued.count,
             )
             age = queued.oldest_age_s if queued.count else 0.0
@@ -193,7 +189,7 @@ class _StateCollector(Collector):
             reserved = GaugeMetricFamily(
                 "crossintercom_reservations",
                 "Live path reservations this host's sessions hold, by mode (read from the store "
-                f"every {QUEUE_READ_S:g} s)",
+                "at every heartbeat)",
                 labels=["mode"],
             )
             for mode in MODES:
@@ -203,14 +199,14 @@ class _StateCollector(Collector):
             yield GaugeMetricFamily(
                 "crossintercom_held_messages",
                 "Messages held by an inbound policy of this host's sessions, waiting for the "
-                f"session to let them through or refuse them (read every {QUEUE_READ_S:g} s)",
+                "session to let them through or refuse them (read at every heartbeat)",
                 value=st.held,
             )
         if st.dead_letters is not None:
             yield GaugeMetricFamily(
                 "crossintercom_dead_letters",
                 "Mail this host's sessions sent that was refused or expired and is not resent, "
-                f"kept for the retention (read every {QUEUE_READ_S:g} s)",
+                "kept for the retention (read at every heartbeat)",
                 value=st.dead_letters,
             )
 
@@ -307,7 +303,7 @@ class RelayMetrics:
                 self._in_doubt.inc()
 
     def queue_due(self) -> bool:
-        return self.serving and time.monotonic() - self.state.queued_read_at >= QUEUE_READ_S
+        return self.serving
 
     def reserved(self, by_mode: dict[str, int]) -> None:
         self.state.reserved = by_mode
@@ -318,7 +314,6 @@ class RelayMetrics:
 
     def queued(self, found: Sequence[QueuedMail]) -> None:
         st = self.state
-        st.queued_read_at = time.monotonic()
         st.queued = next((m for m in found if m.host_id == st.host), QueuedMail(st.host, 0, 0.0))
 
     # --- serving ----------------------------------------------------------------------------------

@@ -221,7 +221,7 @@ def queued_mail(one_host: bool) -> Select[str, int, Any, Any]:
 
 
 # The host's live reservations at its generation, by mode (the relay's reservation gauges,
-# every QUEUE_READ_S while metrics are served): one grouped read. Params: host, gen, now.
+# at every heartbeat while metrics are served): one grouped read. Params: host, gen, now.
 RESERVATION_COUNTS: Select[str, int] = (
     select(reservations.c.mode, func.count())
     .where(
