@@ -51,8 +51,9 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
-# The longest pause between two polls of a cheap predicate (see wait_for).
+# The longest pause between two polls of a cheap predicate, and of a slow one (see wait_for).
 MAX_POLL_S = 0.1
+MAX_SLOW_POLL_S = 0.5
 
 
 def wait_for(
@@ -64,8 +65,9 @@ def wait_for(
     """Poll ``predicate`` until it returns something truthy (returned); fail after ``timeout``.
 
     The pause starts at ``interval`` and grows to ``MAX_POLL_S``, and is never shorter than the
-    predicate took: a wait that runs a CLI or scrapes a page each time would otherwise keep a
-    core busy on a machine the other tests share (the suite is CPU-bound on 2 cores).
+    predicate took (up to ``MAX_SLOW_POLL_S``): a wait that runs a CLI or scrapes a page each
+    time would otherwise keep a core busy on a machine the other tests share (the suite is
+    CPU-bound on 2 cores).
     ``what`` may be a callable, evaluated only on failure (to describe the final state)."""
     deadline = time.monotonic() + timeout
     pause = interval
@@ -78,7 +80,7 @@ def wait_for(
         if now > deadline:
             text = what() if callable(what) else what
             raise AssertionError(f"timed out after {timeout}s waiting for {text}")
-        time.sleep(min(max(pause, now - began), MAX_POLL_S * 5))
+        time.sleep(min(max(pause, now - began), MAX_SLOW_POLL_S))
         pause = min(pause * 1.5, max(MAX_POLL_S, interval))
 
 

@@ -1,12 +1,11 @@
 """The relay's periodic work, carried by its heartbeat: the look for sessions holding up the
 store (``stuck_check_s``), the housekeeping (``housekeeping_s``: expiry, purge, the host's
-dead reservations) and, while metrics are served, their counts of the mail waiting and the
-host's reservations (at every beat) run inside the heartbeat's own transaction
-when they are due, so an idle relay commits once a heartbeat and nothing else
-(docs/storage.md, "Idle load"). The beat proves the relay current before they run, as the
-fence they need (a relay frozen past a takeover must not expire or purge). What they find
-past one batch is finished afterwards in transactions of their own, as before: then the relay
-is not idle.
+dead reservations) when they are due and, at every beat while metrics are served, their
+counts of the mail waiting and the host's reservations run inside the heartbeat's own
+transaction, so an idle relay commits once a heartbeat and nothing else (docs/storage.md,
+"Idle load"). The beat proves the relay current before they run, as the fence they need (a
+relay frozen past a takeover must not expire or purge). What they find past one batch is
+finished afterwards in transactions of their own, as before: then the relay is not idle.
 """
 
 from __future__ import annotations

@@ -302,9 +302,6 @@ class RelayMetrics:
             if error.code == Code.STORE_IN_DOUBT:
                 self._in_doubt.inc()
 
-    def queue_due(self) -> bool:
-        return self.serving
-
     def reserved(self, by_mode: dict[str, int]) -> None:
         self.state.reserved = by_mode
 

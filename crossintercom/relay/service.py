@@ -441,7 +441,7 @@ class Relay(RelayCore):
         chores = Chores(self, self.stuck, self._watched_heartbeat)
         while not self.stopping.is_set():
             try:
-                count = self.metrics.queue_due()
+                count = self.metrics.serving  # the metrics' store counts ride every beat
                 beat = await chores.beat(count=count)
                 if beat is None:
                     self.fenced()

@@ -13,8 +13,8 @@ Counted by the server while the many hosts are up: idle commits per second per r
 relays and seconds, the median of consecutive windows; target at most 0.2) and database
 connections per host (each host's backends in ``pg_stat_activity``, told apart by the
 ``application_name`` its relay gives every connection: ``storage.engine.application_name``),
-sampled idle and during the sends; the most on any host is
-the figure (target at most 1: statements and LISTEN on one), beside the server's
+sampled idle and during the sends; the most on any host is the figure (target at most 1:
+statements and LISTEN on one), beside the server's
 ``max_connections``. Then every host sends one message to the next one's session (a ring): each
 must come back ``delivered``. And the memory of a host: its relay's and its broker's resident
 set (``VmRSS``), median and most. ``rounds=1`` (``bench --scale --hosts N``): one crowd, between
