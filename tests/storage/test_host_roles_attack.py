@@ -447,3 +447,30 @@ def test_a_queued_delivery_is_not_erased_unheard(hosts: dict[str, Host]) -> None
         assert conn.execute("DELETE FROM deliveries WHERE message_id = 'to-a'").rowcount == 1
     told = run(b.store.receipts(b.host, b.gen))
     assert [(r.message_id, r.outcome) for r in told] == [("to-a", "delivered")]
+
+
+def test_the_finish_check_binds_host_roles_alone(hosts: dict[str, Host], pg_url: str) -> None:
+    """Revision 0019: the admin (here a superuser) is trusted with every row, so it finishes a
+    queued delivery without a receipt and dates a receipt as written, with no trigger fired
+    for it (a host role doing the same is refused: the test above)."""
+    a, b = hosts["A"], hosts["B"]
+    finish = (
+        "UPDATE deliveries SET state = 'delivered', reason = 'queued', finished_at = now() "
+        "WHERE message_id = 'to-a'"
+    )
+    libpq = make_url(pg_url).set(drivername="postgresql").render_as_string(hide_password=False)
+    with psycopg.connect(libpq, autocommit=True) as admin:
+        assert admin.execute("SHOW is_superuser").fetchone() == ("on",)
+        with admin.transaction():
+            assert admin.execute(finish).rowcount == 1
+            admin.execute(
+                "INSERT INTO receipts (sender_host, message_id, recipient_session, "
+                "recipient_host, outcome, code, created) VALUES (%s, 'to-a', 'sa', %s, "
+                "'delivered', 'queued', '2000-01-01')",
+                (b.host, a.host),
+            )
+        row = admin.execute(
+            "SELECT d.state, extract(year FROM r.created) FROM deliveries AS d "
+            "JOIN receipts AS r USING (message_id) WHERE d.message_id = 'to-a'"
+        ).fetchone()
+    assert row == ("delivered", 2000)

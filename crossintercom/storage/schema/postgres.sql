@@ -401,3 +401,22 @@ CREATE TRIGGER receipts_created BEFORE INSERT ON receipts
     FOR EACH ROW EXECUTE FUNCTION public.crossintercom_receipt_created();
 REVOKE ALL ON FUNCTION public.crossintercom_finish_told(),
     public.crossintercom_receipt_created() FROM PUBLIC;
+-- --- revision 0019: the two triggers of 0018 fire for host roles only ------------------------
+-- 0018's functions asked pg_has_role, which counts a superuser a member of every role: a relay
+-- connected as a superuser (the trusted admin, like the shared role) paid a check meant for
+-- host roles, and had each of its acks refused at commit unless the receipt was there. The
+-- test moves into the triggers' WHEN, so for anyone else no event is queued or fired at all
+-- (docs/performance.md, "Store work per delivered message"). is_superuser is the current
+-- role's, which no host role can make a superuser's.
+DROP TRIGGER deliveries_finish_told ON deliveries;
+CREATE CONSTRAINT TRIGGER deliveries_finish_told AFTER UPDATE OF state ON deliveries
+    DEFERRABLE INITIALLY DEFERRED FOR EACH ROW
+    WHEN (OLD.state = 'queued' AND NEW.state <> 'queued'
+          AND NOT pg_catalog.current_setting('is_superuser')::boolean
+          AND pg_catalog.pg_has_role(session_user, 'crossintercom_hosts', 'MEMBER'))
+    EXECUTE FUNCTION public.crossintercom_finish_told();
+DROP TRIGGER receipts_created ON receipts;
+CREATE TRIGGER receipts_created BEFORE INSERT ON receipts FOR EACH ROW
+    WHEN (NOT pg_catalog.current_setting('is_superuser')::boolean
+          AND pg_catalog.pg_has_role(session_user, 'crossintercom_hosts', 'MEMBER'))
+    EXECUTE FUNCTION public.crossintercom_receipt_created();
