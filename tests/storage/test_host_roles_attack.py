@@ -474,3 +474,40 @@ def test_the_finish_check_binds_host_roles_alone(hosts: dict[str, Host], pg_url:
             "JOIN receipts AS r USING (message_id) WHERE d.message_id = 'to-a'"
         ).fetchone()
     assert row == ("delivered", 2000)
+
+
+def test_the_finish_check_reads_the_newest_receipts_first(
+    hosts: dict[str, Host], pg_url: str
+) -> None:
+    """Revision 0019: the check finds the receipt an ack wrote among the sender's newest, not by
+    reading every receipt the sender's host has not read yet (300 here, as when it is down):
+    counted in the rows its index scans fetched, no clock."""
+    a, b = hosts["A"], hosts["B"]
+    libpq = make_url(pg_url).set(drivername="postgresql").render_as_string(hide_password=False)
+    with psycopg.connect(libpq, autocommit=True) as admin:
+        admin.execute(
+            "INSERT INTO receipts (sender_host, message_id, recipient_session, recipient_host, "
+            "outcome, created) SELECT %s, 'old-' || n, 'sa', %s, 'delivered', now() "
+            "FROM generate_series(1, 300) AS n",
+            (b.host, a.host),
+        )
+    read = (
+        "SELECT coalesce(sum(idx_tup_fetch), 0) FROM pg_stat_xact_user_tables "
+        "WHERE relname = 'receipts'"
+    )
+    with a.connect() as conn, conn.transaction():
+        conn.execute(
+            "UPDATE deliveries SET state = 'delivered', reason = 'queued', finished_at = now() "
+            "WHERE message_id = 'to-a'"
+        )
+        conn.execute(
+            "INSERT INTO receipts (sender_host, message_id, recipient_session, recipient_host, "
+            "outcome, code, created) VALUES (%s, 'to-a', 'sa', %s, 'delivered', 'queued', now())",
+            (b.host, a.host),
+        )
+        before = conn.execute(read).fetchone()
+        conn.execute("SET CONSTRAINTS deliveries_finish_told IMMEDIATE")  # the check, now
+        after = conn.execute(read).fetchone()
+    assert before is not None and after is not None
+    fetched = int(str(after[0])) - int(str(before[0]))
+    assert 1 <= fetched <= 10, (before, after)

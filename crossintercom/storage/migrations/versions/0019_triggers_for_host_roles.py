@@ -1,8 +1,10 @@
-"""the triggers of revision 0018 fire for host roles only (PostgreSQL)
+"""revision 0018's triggers fire for host roles alone; its check reads newest first (PostgreSQL)
 
 The triggers, made again with a WHEN that leaves out superusers and roles that are not host
-roles, are the section "revision 0019" of storage/schema/postgres.sql, run as written there;
-SQLite has no roles, and nothing changes in its file.
+roles, and the finish check, which looks for the receipt among the sender's newest instead of
+reading every one its host has not read, are the section "revision 0019" of
+storage/schema/postgres.sql, run as written there; SQLite has no roles, and nothing changes in
+its file.
 
 Revision ID: 0019
 Revises: 0018
