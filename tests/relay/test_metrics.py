@@ -7,6 +7,7 @@ import math
 import os
 import re
 import signal
+from typing import Any
 
 from crossintercom.relay.metrics import parse_address
 from tests.relay.conftest import Cluster, Host, wait_for
@@ -15,9 +16,12 @@ from tests.relay.metricskit import Samples, free_port, scrape, total, value
 SENT = 4
 
 
-def _up_with_metrics(cluster: Cluster, *host_ids: str) -> tuple[list[Host], list[int]]:
-    """``cluster.up`` with each relay serving metrics on a port of its own."""
-    hosts = [cluster.host(h, relay=False) for h in host_ids]
+def _up_with_metrics(
+    cluster: Cluster, *host_ids: str, **settings: dict[str, Any]
+) -> tuple[list[Host], list[int]]:
+    """``cluster.up`` with each relay serving metrics on a port of its own; ``settings`` as
+    ``cluster.up``'s, by host id."""
+    hosts = [cluster.host(h, relay=False, **settings.get(h, {})) for h in host_ids]
     ports = [free_port() for _ in hosts]
     for host, port in zip(hosts, ports, strict=True):
         host.env["CROSSINTERCOM_METRICS"] = f"127.0.0.1:{port}"
@@ -89,7 +93,8 @@ def test_two_relays_count_what_they_forward_and_hand_in(cluster: Cluster) -> Non
 
 
 def test_mail_waiting_for_a_host_shows_in_its_gauges(cluster: Cluster) -> None:
-    (a, b), (_, port_b) = _up_with_metrics(cluster, "A", "B")
+    # A's sends give up waiting for B's answer after a second, not the default 5.
+    (a, b), (_, port_b) = _up_with_metrics(cluster, "A", "B", A={"remote_ack_wait_s": 1})
     b.listen("worker")
     a.wait_sees("worker", "B")
     # B's broker frozen: B's relay reads the rows but cannot hand them over, so they wait.
