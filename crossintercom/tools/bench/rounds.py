@@ -48,7 +48,8 @@ class Rounds:
     """Per figure key, each round's (crossintercom, raw) value."""
 
     values: dict[str, list[tuple[float, float]]] = field(default_factory=lambda: defaultdict(list))
-    once: dict[str, float] = field(default_factory=dict)
+    # Each backlog catch-up's rate (msg/s).
+    drains: list[float] = field(default_factory=list)
     outcomes: dict[str, Counter[str]] = field(default_factory=lambda: defaultdict(Counter))
     store_work: dict[str, Any] | None = None
     # Every `delivered` sample (ms) with its raw round trip, by path: the chart's curves.
@@ -193,13 +194,14 @@ class ClusterBench:
                     await self._same_host(out, uds, senders, full, alpha, gamma)
                 await self._cross_host(out, store, senders, replier, beta)
                 self.step(f"{self.kind} round {r + 1}/{c.repeats}")
-            rate, got = await paths.catch_up(full, beta, self.sinks, c.backlog, c.window)
-            out.once["catch_up"] = rate
-            out.outcomes["catch_up_fill"] += got
-            if self.peer is not None:
-                drained = await asyncio.to_thread(self.peer.drain, c.backlog)
-                out.peer["catch_up"].append((rate, drained))
-            self.step(f"{self.kind} backlog catch-up")
+            for r in range(c.drains):
+                rate, got = await paths.catch_up(full, beta, self.sinks, c.backlog, c.window)
+                out.drains.append(rate)
+                out.outcomes["catch_up_fill"] += got
+                if self.peer is not None:
+                    drained = await asyncio.to_thread(self.peer.drain, c.backlog)
+                    out.peer["catch_up"].append((rate, drained))
+                self.step(f"{self.kind} backlog catch-up {r + 1}/{c.drains}")
             if conninfo is not None:
                 from crossintercom.tools.bench.store_work import per_message
 

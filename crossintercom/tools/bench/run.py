@@ -174,7 +174,7 @@ def _figures(kind: str, rounds: Rounds, same_host: bool) -> list[Figure]:
             path,
             "backlog catch-up",
             "msg/s",
-            rounds.once["catch_up"],
+            median(rounds.drains),
             median(rates),
             raw["rate"],
             True,

@@ -16,6 +16,7 @@ class Counts:
     raw_rows: int  # rows per raw batched-claim round
     raw_tx: int  # one-row SQLite transactions per round
     backlog: int  # messages queued for the catch-up after a relay restart
+    drains: int  # catch-ups (each with the peer's drain after it); the figure is their median
     scale_sessions: int  # sessions on one broker for --scale
     scale_hosts: int  # simulated hosts on one PostgreSQL for --scale
     scale_quiet_s: int  # the quiet window over which idle commits are counted
@@ -31,8 +32,8 @@ class Counts:
     @classmethod
     def for_run(cls, quick: bool) -> Counts:
         if quick:
-            return cls(2, 20, 5, 160, 1000, 50, 150, 200, 6, 5, 1)
-        return cls(5, 300, 100, 3000, 20_000, 1000, 10_000, 1000, 20, 15, 4)
+            return cls(2, 20, 5, 160, 1000, 50, 150, 1, 200, 6, 5, 1)
+        return cls(5, 300, 100, 3000, 20_000, 1000, 10_000, 3, 1000, 20, 15, 4)
 
 
 def text(i: int) -> str:
