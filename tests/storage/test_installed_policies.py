@@ -78,9 +78,9 @@ def test_a_batch_asks_for_the_host_a_few_times_per_message(
 ) -> None:
     """Counted by the server (``track_functions``): two host roles' enqueue, fetch and ack of
     40 messages. Called bare in a policy, the function ran 18 times per message (once or more
-    per row and policy); the policies ask once per statement, and what is left per message is
-    the calls inside the row-dependent functions (a message's sender, whether it was addressed
-    to the role's host)."""
+    per row and policy); the policies ask once per statement, and the row-dependent functions
+    (whether a message was addressed to the role's host, received by it) read host_roles
+    themselves since revision 0019 (147 calls before, 24 after)."""
     libpq = pg_url.replace("+psycopg", "")
     database = make_url(pg_url).database or ""
     roles: list[str] = []
@@ -114,7 +114,7 @@ def test_a_batch_asks_for_the_host_a_few_times_per_message(
             calls = _host_calls(admin) - before
         finally:
             drop_host_roles(pg_server, roles, pg_url)
-    assert 0 < calls <= 5 * MESSAGES, calls
+    assert 0 < calls <= MESSAGES, calls
 
 
 def _backends_of(admin: Conn, roles: list[str]) -> list[tuple[object, ...]]:
