@@ -414,10 +414,8 @@ REVOKE ALL ON FUNCTION public.crossintercom_finish_told(),
 CREATE OR REPLACE FUNCTION public.crossintercom_finish_told() RETURNS trigger LANGUAGE plpgsql
     SECURITY DEFINER SET search_path = pg_catalog, public, pg_temp AS $$
 BEGIN
-    IF NOT pg_catalog.pg_has_role(session_user, 'crossintercom_hosts', 'MEMBER') THEN
-        RETURN NULL;
-    END IF;
-    -- A plain SELECT, not EXISTS: the planner drops an EXISTS subquery's ORDER BY.
+    -- Host roles only: the trigger's WHEN says who. A plain SELECT, not EXISTS: the planner
+    -- drops an EXISTS subquery's ORDER BY.
     PERFORM 1 FROM public.receipts AS r
     WHERE r.sender_host::text OPERATOR(pg_catalog.=) (
               SELECT m.sender_host::text FROM public.messages AS m
